@@ -1,0 +1,122 @@
+"""Batch lever: the VRAM feedback law, OOM shrink, and the LR rule / accumulation when B changes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .config import TriAccelConfig
+
+__all__ = ["BatchLaw", "OOMAtMinimumBatch", "resolve_memory_limit"]
+
+
+class OOMAtMinimumBatch(RuntimeError):
+    """Out of memory with the batch already at `batch_min`: nothing smaller is allowed."""
+
+
+def resolve_memory_limit(budget: int | None, device_total: int | None) -> int | None:
+    """MemMax in bytes: the smaller of the device's memory and the user's budget.
+
+    Raises ValueError when the budget exceeds the device (a budget the device cannot honour is
+    almost always a unit mistake). Returns None when neither is known.
+    """
+    if device_total is not None and device_total <= 0:
+        raise ValueError(f"device_total={device_total!r}: must be a positive number of bytes")
+    if budget is not None and device_total is not None and budget > device_total:
+        raise ValueError(f"memory_budget={budget} bytes exceeds the device's {device_total} bytes: "
+                         f"allowed (0, {device_total}]")
+    if budget is None:
+        return device_total
+    return budget
+
+
+class BatchLaw:
+    """B + delta_up if mem < rho_low*MemMax; B - delta_down if mem > rho_high*MemMax; else B.
+
+    B stays within [batch_min, min(batch_max, ceiling)] and on the grid (multiples of batch_multiple,
+    or `batch_buckets` when given, where a step moves one bucket). An OOM multiplies B by oom_shrink
+    at once and lowers the ceiling below the size that failed, so growth never retries it. Under
+    lr_rule="accumulate", B is a micro-batch of the fixed logical batch `batch_init`.
+    """
+
+    def __init__(self, cfg: TriAccelConfig) -> None:
+        self.cfg = cfg
+        self.batch = cfg.batch_init
+        upper = cfg.batch_max
+        if cfg.lr_rule == "accumulate":
+            upper = min(upper, cfg.batch_init)  # a micro-batch never exceeds the logical batch
+        self.ceiling = upper
+        self.ooms = 0
+
+    # -- grid -------------------------------------------------------------------------------
+    def _grid(self) -> list[int]:
+        c = self.cfg
+        if c.batch_buckets is not None:
+            return [b for b in c.batch_buckets if b <= self.ceiling]
+        return list(range(c.batch_min, self.ceiling + 1, c.batch_multiple))
+
+    def _clip(self, b: int) -> int:
+        """Largest grid value <= b, but at least batch_min (the grid's first value)."""
+        grid = self._grid()
+        below = [g for g in grid if g <= b]
+        return below[-1] if below else grid[0]
+
+    # -- law --------------------------------------------------------------------------------
+    def update(self, used: int, mem_max: int) -> int:
+        """One control decision from memory use `used` (bytes) against MemMax (bytes)."""
+        c = self.cfg
+        b = self.batch
+        if c.batch_buckets is not None:
+            grid = self._grid()
+            i = grid.index(self._clip(b))
+            if used < c.rho_low * mem_max:
+                b = grid[min(i + 1, len(grid) - 1)]
+            elif used > c.rho_high * mem_max:
+                b = grid[max(i - 1, 0)]
+        else:
+            if used < c.rho_low * mem_max:
+                b = min(b + c.delta_up, self.ceiling)
+            elif used > c.rho_high * mem_max:
+                b = max(b - c.delta_down, c.batch_min)
+        self.batch = self._clip(b)
+        return self.batch
+
+    def oom(self) -> int:
+        """Shrink at once after an out-of-memory error; raises OOMAtMinimumBatch at batch_min."""
+        c = self.cfg
+        self.ooms += 1
+        if self.batch <= c.batch_min:
+            raise OOMAtMinimumBatch(
+                f"out of memory at batch_min={c.batch_min}: lower batch_min, the model size or the "
+                "input size; no smaller batch is allowed")
+        failed = self.batch
+        self.ceiling = max(c.batch_min, self._clip(failed - 1))
+        self.batch = self._clip(min(math.floor(failed * c.oom_shrink), self.ceiling))
+        return self.batch
+
+    # -- consistency ------------------------------------------------------------------------
+    def accumulation(self) -> int:
+        """Micro-batches per optimizer step (1 unless lr_rule="accumulate")."""
+        if self.cfg.lr_rule != "accumulate":
+            return 1
+        return math.ceil(self.cfg.batch_init / self.batch)
+
+    def logical_batch(self) -> int:
+        """Samples per optimizer step."""
+        return self.cfg.batch_init if self.cfg.lr_rule == "accumulate" else self.batch
+
+    def lr_scale(self) -> float:
+        """LR multiplier that keeps optimisation consistent with the current batch."""
+        ratio = self.batch / self.cfg.batch_init
+        rule = self.cfg.lr_rule
+        if rule == "linear":
+            return ratio
+        if rule == "sqrt":
+            return math.sqrt(ratio)
+        return 1.0  # "none", and "accumulate" (the logical batch does not change)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "ceiling": self.ceiling, "ooms": self.ooms}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.batch, self.ceiling, self.ooms = int(sd["batch"]), int(sd["ceiling"]), int(sd["ooms"])

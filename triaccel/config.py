@@ -1,0 +1,228 @@
+"""`TriAccelConfig`: every knob of the control loop, validated at construction.
+
+Units: steps are optimizer steps; memory is bytes; batch sizes are samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["TriAccelConfig", "parse_bytes"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+CURVATURE_MODES = ("fisher", "hessian", "off")
+LR_RULES = ("linear", "sqrt", "none", "accumulate")
+PRECISIONS = ("fp16", "bf16", "fp32")
+
+
+def parse_bytes(value: int | float | str, name: str = "memory_budget") -> int:
+    """Parse a byte count: an int, or a string like "4GiB", "512 MiB", "3.5GB", "1e9".
+
+    Raises ValueError naming `name` when the value is not a positive size.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r}: expected a positive number of bytes or a string like '4GiB'")
+    if isinstance(value, (int, float)):
+        n = value
+    elif isinstance(value, str):
+        m = _BYTES_RE.match(value)
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise ValueError(
+                f"{name}={value!r}: cannot parse; use bytes or a number with one of the units "
+                "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (e.g. '4GiB')"
+            )
+        n = float(m.group(1)) * _UNITS[unit]
+    else:
+        raise ValueError(f"{name}={value!r}: expected int bytes or a string like '4GiB'")
+    if not math.isfinite(n) or n <= 0 or n != int(n):
+        raise ValueError(f"{name}={value!r}: must be a positive whole number of bytes")
+    return int(n)
+
+
+def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ValueError(f"{name}={value!r} is invalid: allowed {allowed}")
+
+
+@dataclass(frozen=True)
+class TriAccelConfig:
+    """All knobs of the Tri-Accel loop. Frozen; use `replace(**changes)`.
+
+    Precision lever (per layer, from the EMA `v` of Var[grad]):
+      beta: EMA factor in [0, 1): v <- beta*v + (1-beta)*Var.
+      tau_low, tau_high: thresholds on v (FP16 below tau_low, FP32 at/above tau_high, BF16 between).
+        None -> calibrated at the end of warm-up as `calibration_quantiles` of the layers' v.
+      calibration_quantiles: (q_low, q_high), 0 <= q_low <= q_high <= 1.
+      hysteresis: relative band >= 0 around each threshold a layer must cross to change level.
+      min_dwell: steps a layer keeps its variance-chosen level before it may change again (>= 0).
+      base_precision: precision of every non-norm layer during warm-up and when
+        `adaptive_precision` is off ("fp16" | "bf16" | "fp32").
+    Curvature lever (every t_curv steps, on b_curv samples, top_k eigenvalues per layer):
+      curvature: "fisher" (empirical Fisher from per-sample grads) | "hessian" (HVP) | "off".
+      alpha: LR scale is 1/(1 + alpha*max(lambda_max, 0)); None -> calibrated at the first curvature
+        observation so that the layer with the largest lambda_max gets scale 1/2.
+      tau_curv: lambda_max above it promotes the layer one precision level for `promotion_window`
+        steps; None -> the 90th percentile of lambda_max over layers at the first observation.
+      promotion_window: steps a promotion lasts; None -> t_curv.
+    Batch lever (every t_ctrl steps, from measured device memory):
+      rho_low, rho_high: fractions of MemMax (0 < rho_low < rho_high <= 1) below/above which B grows
+        by delta_up / shrinks by delta_down (samples, multiples of batch_multiple).
+      batch_init, batch_min, batch_max: samples, multiples of batch_multiple, min <= init <= max.
+      batch_buckets: optional sorted allowed batch sizes (bounds compiled shapes under JAX); the
+        controller then moves between buckets instead of by delta_up/delta_down.
+      memory_budget: bytes (int) or a string like "4GiB"; MemMax = min(device limit, budget).
+      oom_shrink: factor in (0, 1) applied to B at once on out-of-memory.
+      lr_rule: how optimisation stays consistent when B changes: "linear" (lr * B/batch_init),
+        "sqrt" (lr * sqrt(B/batch_init)), "none", or "accumulate" (the logical batch stays
+        batch_init; B is the micro-batch and gradients accumulate over ceil(batch_init/B) of them).
+    Loop:
+      t_ctrl: steps between control decisions (precision, batch); warmup_steps: steps before the
+        first precision decision (thresholds are calibrated then).
+      adaptive_precision, elastic_batch: switches for ablations (curvature="off" for the third).
+    """
+
+    beta: float = 0.9
+    tau_low: float | None = None
+    tau_high: float | None = None
+    calibration_quantiles: tuple[float, float] = (0.25, 0.9)
+    hysteresis: float = 0.1
+    min_dwell: int = 200
+    base_precision: str = "bf16"
+    curvature: str = "fisher"
+    top_k: int = 5
+    t_curv: int = 200
+    b_curv: int = 32
+    alpha: float | None = None
+    tau_curv: float | None = None
+    promotion_window: int | None = None
+    rho_low: float = 0.6
+    rho_high: float = 0.85
+    delta_up: int = 32
+    delta_down: int = 32
+    batch_init: int = 96
+    batch_min: int = 8
+    batch_max: int = 1024
+    batch_multiple: int = 8
+    batch_buckets: tuple[int, ...] | None = None
+    memory_budget: int | str | None = None
+    oom_shrink: float = 0.5
+    lr_rule: str = "linear"
+    t_ctrl: int = 50
+    warmup_steps: int = 100
+    adaptive_precision: bool = True
+    elastic_batch: bool = True
+
+    def __post_init__(self) -> None:
+        # Normalise containers first so that the frozen instance is hashable/JSON-safe.
+        object.__setattr__(self, "calibration_quantiles", tuple(self.calibration_quantiles))
+        if self.batch_buckets is not None:
+            object.__setattr__(self, "batch_buckets", tuple(self.batch_buckets))
+        if self.memory_budget is not None:
+            object.__setattr__(self, "memory_budget", parse_bytes(self.memory_budget, "memory_budget"))
+        self._validate()
+
+    # -- validation -------------------------------------------------------------------------
+    def _validate(self) -> None:
+        def real(name: str, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> None:
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            ok = ok and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+            rng = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+            _check(ok, name, v, f"a real number in {rng}")
+
+        def integer(name: str, lo: int) -> None:
+            v = getattr(self, name)
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= lo, name, v, f"an integer >= {lo}")
+
+        def choice(name: str, options: tuple[str, ...]) -> None:
+            v = getattr(self, name)
+            _check(v in options, name, v, "one of " + ", ".join(repr(o) for o in options))
+
+        real("beta", 0.0, 1.0, hi_open=True)
+        for name in ("tau_low", "tau_high", "alpha", "tau_curv"):
+            if getattr(self, name) is not None:
+                real(name, 0.0, math.inf, hi_open=True)
+        if self.tau_low is not None and self.tau_high is not None:
+            _check(self.tau_low <= self.tau_high, "tau_low", self.tau_low,
+                   f"a value <= tau_high ({self.tau_high})")
+        if (self.tau_low is None) != (self.tau_high is None):
+            raise ValueError(
+                f"tau_low={self.tau_low!r}, tau_high={self.tau_high!r}: give both thresholds or neither "
+                "(None calibrates both at the end of warm-up)"
+            )
+        q = self.calibration_quantiles
+        _check(len(q) == 2 and all(isinstance(x, (int, float)) for x in q) and 0 <= q[0] <= q[1] <= 1,
+               "calibration_quantiles", q, "(q_low, q_high) with 0 <= q_low <= q_high <= 1")
+        real("hysteresis", 0.0, 1.0, hi_open=True)
+        integer("min_dwell", 0)
+        choice("base_precision", PRECISIONS)
+        choice("curvature", CURVATURE_MODES)
+        integer("top_k", 1)
+        integer("t_curv", 1)
+        integer("b_curv", 1)
+        if self.promotion_window is not None:
+            integer("promotion_window", 1)
+        real("rho_low", 0.0, 1.0, lo_open=True, hi_open=True)
+        real("rho_high", 0.0, 1.0, lo_open=True)
+        _check(self.rho_low < self.rho_high, "rho_low", self.rho_low, f"a value < rho_high ({self.rho_high})")
+        integer("batch_multiple", 1)
+        m = self.batch_multiple
+        for name in ("batch_min", "batch_init", "batch_max", "delta_up", "delta_down"):
+            integer(name, 1)
+            v = getattr(self, name)
+            _check(v % m == 0, name, v, f"a positive multiple of batch_multiple ({m})")
+        _check(self.batch_min <= self.batch_max, "batch_min", self.batch_min,
+               f"a value <= batch_max ({self.batch_max})")
+        _check(self.batch_min <= self.batch_init <= self.batch_max, "batch_init", self.batch_init,
+               f"[batch_min, batch_max] = [{self.batch_min}, {self.batch_max}]")
+        if self.batch_buckets is not None:
+            b = self.batch_buckets
+            ok = len(b) > 0 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in b)
+            ok = ok and list(b) == sorted(set(b)) and b[0] >= self.batch_min and b[-1] <= self.batch_max
+            _check(ok, "batch_buckets", b,
+                   f"a strictly increasing tuple of ints within [batch_min, batch_max] = "
+                   f"[{self.batch_min}, {self.batch_max}]")
+            _check(self.batch_init in b, "batch_init", self.batch_init, f"one of batch_buckets {b}")
+        real("oom_shrink", 0.0, 1.0, lo_open=True, hi_open=True)
+        choice("lr_rule", LR_RULES)
+        integer("t_ctrl", 1)
+        integer("warmup_steps", 0)
+        for name in ("adaptive_precision", "elastic_batch"):
+            _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
+
+    # -- conveniences -----------------------------------------------------------------------
+    @property
+    def curvature_enabled(self) -> bool:
+        return self.curvature != "off"
+
+    def replace(self, **changes: Any) -> "TriAccelConfig":
+        """A copy with `changes` applied (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (tuples become lists)."""
+        d = dataclasses.asdict(self)
+        d["calibration_quantiles"] = list(self.calibration_quantiles)
+        if self.batch_buckets is not None:
+            d["batch_buckets"] = list(self.batch_buckets)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TriAccelConfig":
+        """Inverse of `to_dict`; unknown keys raise ValueError naming them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown TriAccelConfig field(s) {unknown}; known: {sorted(names)}")
+        return cls(**dict(d))

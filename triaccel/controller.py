@@ -1,0 +1,263 @@
+"""`Controller`: the one control loop over precision, curvature-scaled LR and batch size.
+
+Backends observe numbers (variances, eigenvalues, memory, OOMs) and apply the `Decision`; the
+controller never touches a framework. Same inputs -> same decisions, whichever backend fed them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from .batching import BatchLaw, resolve_memory_limit
+from .config import TriAccelConfig
+from .curvature import CurvatureLaw
+from .layers import LayerSpec, as_specs
+from .precision import Precision, PrecisionLaw
+from .stats import variance_from_moments
+from .telemetry import Telemetry
+
+__all__ = ["Controller", "Decision"]
+
+CHANGES = ("precision", "lr", "batch")
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, dtype=np.float64)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class Decision:
+    """What the backend applies until the next decision.
+
+    precisions: per-layer compute precision, (L,). lr_scales: curvature LR multipliers (L,) in
+    (0, 1]. lr_batch_scale: LR multiplier of the batch rule. batch_size: samples per micro-batch.
+    accumulation: micro-batches per optimizer step. logical_batch: samples per optimizer step.
+    changed: which of "precision", "lr", "batch" differ from the previous decision. Between
+    boundaries `Controller.decide` returns the decision in force (the same object), so a backend
+    applies a decision when it is not the one it applied last.
+    """
+
+    step: int
+    precisions: tuple[Precision, ...]
+    lr_scales: np.ndarray
+    lr_batch_scale: float
+    batch_size: int
+    accumulation: int
+    logical_batch: int
+    changed: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def lr_multipliers(self) -> np.ndarray:
+        """(L,) total multiplier on each layer's LR: curvature scale x batch-rule scale."""
+        return self.lr_scales * self.lr_batch_scale
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "precisions": [p.short for p in self.precisions],
+                "lr_scales": self.lr_scales.tolist(), "lr_batch_scale": self.lr_batch_scale,
+                "batch_size": self.batch_size, "accumulation": self.accumulation,
+                "logical_batch": self.logical_batch, "changed": sorted(self.changed)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Decision":
+        return cls(step=d["step"], precisions=tuple(Precision.parse(p) for p in d["precisions"]),
+                   lr_scales=_frozen(d["lr_scales"]), lr_batch_scale=d["lr_batch_scale"],
+                   batch_size=d["batch_size"], accumulation=d["accumulation"],
+                   logical_batch=d["logical_batch"], changed=frozenset(d["changed"]))
+
+    def same_as(self, other: "Decision") -> bool:
+        """Equal in everything the backend applies (the step and `changed` aside)."""
+        return (self.precisions == other.precisions and np.array_equal(self.lr_scales, other.lr_scales)
+                and self.lr_batch_scale == other.lr_batch_scale and self.batch_size == other.batch_size
+                and self.accumulation == other.accumulation and self.logical_batch == other.logical_batch)
+
+
+class Controller:
+    """Collects per-step observations and re-decides at control boundaries.
+
+    Boundaries: precision and batch every `t_ctrl` steps (step % t_ctrl == 0); LR scales and
+    curvature promotions at curvature steps (step % t_curv == 0) once eigenvalues were observed.
+    An OOM shrinks the batch immediately (`observe_oom`).
+    """
+
+    def __init__(self, config: TriAccelConfig, layers: Sequence[LayerSpec | str]) -> None:
+        if not isinstance(config, TriAccelConfig):
+            raise TypeError(f"config: expected TriAccelConfig, got {type(config).__name__}")
+        self.config = config
+        self.layers = as_specs(layers)
+        if not self.layers:
+            raise ValueError("layers: at least one layer is needed")
+        L = len(self.layers)
+        pinned = np.array([s.kind == "norm" for s in self.layers])
+        self._precision = PrecisionLaw(
+            L, pinned, beta=config.beta, tau_low=config.tau_low, tau_high=config.tau_high,
+            quantiles=config.calibration_quantiles, hysteresis=config.hysteresis,
+            min_dwell=config.min_dwell, base=Precision.parse(config.base_precision))
+        self._curvature = CurvatureLaw(L, config.top_k, alpha=config.alpha, tau_curv=config.tau_curv)
+        self._batch = BatchLaw(config)
+        self._mem_used: int | None = None   # peak bytes in use since the last batch decision
+        self._mem_limit: int | None = None  # MemMax, bytes
+        self._curv_pending = False
+        self.telemetry = Telemetry()
+        self._decision = self._make(step=-1, changed=frozenset(CHANGES))
+
+    # -- observations -----------------------------------------------------------------------
+    @property
+    def layer_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.layers)
+
+    def _vector(self, name: str, value: Any) -> np.ndarray:
+        v = np.asarray(value, dtype=np.float64)
+        if v.shape != (len(self.layers),):
+            raise ValueError(f"{name}: expected shape ({len(self.layers)},) (one value per layer), got {v.shape}")
+        return v
+
+    def observe_grad_variance(self, step: int, var: Any) -> None:
+        """Fold raw per-layer Var[grad] (shape (L,), unscaled gradients, finite, >= 0) of `step`."""
+        v = self._vector("var", var)
+        if not np.isfinite(v).all() or (v < 0).any():
+            raise ValueError("var: must be finite and >= 0 (a step with non-finite gradients is skipped, "
+                             "not observed)")
+        self._precision.observe(v)
+
+    def observe_grad_moments(self, step: int, sums: Any, sumsqs: Any, counts: Any) -> None:
+        """Like `observe_grad_variance`, from per-layer sum, sum of squares and element count (L,)."""
+        var = variance_from_moments(self._vector("sums", sums), self._vector("sumsqs", sumsqs),
+                                    self._vector("counts", counts))
+        self.observe_grad_variance(step, var)
+
+    def observe_curvature(self, step: int, eigvals: Any) -> None:
+        """Top-k eigenvalues per layer, shape (L, top_k); LR scales follow at the next boundary.
+
+        Promotions (lambda_max > tau_curv) start at `step` and last `promotion_window` steps.
+        """
+        if not self.config.curvature_enabled:
+            raise ValueError('observe_curvature: curvature="off" in the config')
+        promote = self._curvature.observe(eigvals)
+        if self.config.adaptive_precision:
+            window = self.config.promotion_window or self.config.t_curv
+            self._precision.promote(step, promote, window)
+        self._curv_pending = True
+
+    def observe_memory(self, step: int, used_bytes: int, limit_bytes: int) -> None:
+        """Device bytes in use (peak since the last observation) and the device's capacity."""
+        if used_bytes < 0:
+            raise ValueError(f"used_bytes={used_bytes}: must be >= 0")
+        limit = resolve_memory_limit(self.config.memory_budget, int(limit_bytes))
+        self._mem_limit = limit
+        self._mem_used = used_bytes if self._mem_used is None else max(self._mem_used, used_bytes)
+
+    def observe_oom(self, step: int) -> Decision:
+        """Out of memory at `step`: shrink the batch now and return the new decision."""
+        self._batch.oom()
+        return self._commit(step, event="oom")
+
+    # -- decisions --------------------------------------------------------------------------
+    def is_control_step(self, step: int) -> bool:
+        return step % self.config.t_ctrl == 0
+
+    def is_curvature_step(self, step: int) -> bool:
+        return self.config.curvature_enabled and step % self.config.t_curv == 0
+
+    @property
+    def decision(self) -> Decision:
+        """The decision in force."""
+        return self._decision
+
+    def decide(self, step: int) -> Decision:
+        """Re-take decisions if `step` is a boundary; otherwise return the decision in force."""
+        if step == self._decision.step:
+            return self._decision
+        control = self.is_control_step(step)
+        curvature = self.is_curvature_step(step) and self._curv_pending
+        if not (control or curvature):
+            return self._decision
+        cfg = self.config
+        if control:
+            if cfg.adaptive_precision:
+                self._precision.update_levels(step, warm=step >= cfg.warmup_steps)
+            if cfg.elastic_batch and self._mem_used is not None and self._mem_limit is not None:
+                self._batch.update(self._mem_used, self._mem_limit)
+            self._mem_used = None
+        if curvature:
+            self._curv_pending = False
+        return self._commit(step, event="decide")
+
+    def _make(self, step: int, changed: frozenset[str]) -> Decision:
+        b = self._batch
+        return Decision(step=step, precisions=self._precision.effective(step),
+                        lr_scales=_frozen(self._curvature.scales), lr_batch_scale=b.lr_scale(),
+                        batch_size=b.batch, accumulation=b.accumulation(), logical_batch=b.logical_batch(),
+                        changed=changed)
+
+    def _commit(self, step: int, event: str) -> Decision:
+        new = self._make(step, frozenset())
+        old = self._decision
+        changed = set()
+        if new.precisions != old.precisions:
+            changed.add("precision")
+        if not np.array_equal(new.lr_scales, old.lr_scales) or new.lr_batch_scale != old.lr_batch_scale:
+            changed.add("lr")
+        if (new.batch_size, new.accumulation) != (old.batch_size, old.accumulation):
+            changed.add("batch")
+        new = Decision(**{**new.__dict__, "changed": frozenset(changed)})
+        self._decision = new
+        self._record(new, event)
+        return new
+
+    def _record(self, d: Decision, event: str) -> None:
+        lam = self._curvature.lam_max
+        self.telemetry.append({
+            "event": event, **d.to_dict(),
+            "var_ema": [None if np.isnan(x) else float(x) for x in self._precision.ema],
+            "lambda_max": [None if np.isnan(x) else float(x) for x in lam],
+            "tau_low": self._precision.tau_low, "tau_high": self._precision.tau_high,
+            "mem_used": self._mem_used, "mem_limit": self._mem_limit, "ooms": self._batch.ooms,
+        })
+
+    # -- reporting & state ------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """Latest per-layer state by layer name, plus batch and memory (JSON-safe)."""
+        d = self._decision
+        lam = self._curvature.lam_max
+        return {
+            "step": d.step, "batch_size": d.batch_size, "accumulation": d.accumulation,
+            "logical_batch": d.logical_batch, "lr_batch_scale": d.lr_batch_scale,
+            "mem_limit": self._mem_limit, "ooms": self._batch.ooms,
+            "layers": {
+                s.name: {"precision": d.precisions[i].short, "lr_scale": float(d.lr_scales[i]),
+                         "lambda_max": None if np.isnan(lam[i]) else float(lam[i]),
+                         "var_ema": None if np.isnan(self._precision.ema[i]) else float(self._precision.ema[i])}
+                for i, s in enumerate(self.layers)},
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe; `load_state_dict` on a controller with the same config and layers resumes it."""
+        return {
+            "config": self.config.to_dict(),
+            "layers": [[s.name, s.kind] for s in self.layers],
+            "precision": self._precision.state_dict(),
+            "curvature": self._curvature.state_dict(),
+            "batch": self._batch.state_dict(),
+            "mem_used": self._mem_used, "mem_limit": self._mem_limit, "curv_pending": self._curv_pending,
+            "decision": self._decision.to_dict(),
+            "telemetry": list(self.telemetry.records),
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if sd["config"] != self.config.to_dict():
+            raise ValueError("state_dict: saved with a different TriAccelConfig; build the controller "
+                             "with TriAccelConfig.from_dict(state['config'])")
+        if [list(x) for x in sd["layers"]] != [[s.name, s.kind] for s in self.layers]:
+            raise ValueError("state_dict: saved for different layers (names/kinds/order differ)")
+        self._precision.load_state_dict(sd["precision"])
+        self._curvature.load_state_dict(sd["curvature"])
+        self._batch.load_state_dict(sd["batch"])
+        self._mem_used, self._mem_limit = sd["mem_used"], sd["mem_limit"]
+        self._curv_pending = sd["curv_pending"]
+        self._decision = Decision.from_dict(sd["decision"])
+        self.telemetry.records = list(sd["telemetry"])
