@@ -1,0 +1,290 @@
+"""Framework-free half of memory-elastic batching: the epoch sampler and the OOM-retry step driver.
+
+The control law (when and how the batch size changes) lives in `triaccel.batching` and the
+`Controller`; this module only makes a changing batch size *safe*:
+
+- `ElasticSampler` hands out the sample indices of an epoch in a seeded, deterministic order, in
+  pieces of any size. Indices that have been taken but not yet completed are "in flight"; a step
+  either completes them or puts them back (front of the queue), so every index of an epoch is
+  completed exactly once whatever the batch sizes and failures were. Its `state_dict` resumes
+  mid-epoch exactly (in-flight indices are saved as not done).
+- `run_elastic_step` runs one optimizer step's logical batch as micro-batches, survives
+  out-of-memory errors by shrinking at once and replaying the failed samples at the smaller size,
+  and never runs a sample twice within the step nor skips one.
+
+Both backends (`triaccel.backends.torch.data`, `triaccel.backends.jax.data`) plug their framework's
+OOM test, memory release and micro-step into these two pieces.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Sequence, TypeVar
+
+import numpy as np
+
+from .batching import OOMAtMinimumBatch
+
+__all__ = [
+    "ElasticSampler",
+    "ElasticStepReport",
+    "OOMAtMinimumBatch",
+    "run_elastic_step",
+    "split_indices",
+    "validate_batch_bounds",
+    "check_batch_size",
+]
+
+T = TypeVar("T")
+
+
+def check_batch_size(name: str, value: Any) -> int:
+    """Return `value` as an int if it is a positive integer (bools refused), else ValueError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name}={value!r}: must be a positive integer (allowed range [1, inf))")
+    return int(value)
+
+
+def validate_batch_bounds(num_samples: int, batch_min: int, batch_max: int | None = None) -> None:
+    """ValueError when the batch bounds cannot fit a dataset of `num_samples` samples.
+
+    A batch_min larger than the dataset could never be filled, so every step would be short and
+    the law's lower bound meaningless; that is almost always a configuration mistake.
+    """
+    n = check_batch_size("num_samples", num_samples)
+    lo = check_batch_size("batch_min", batch_min)
+    if lo > n:
+        raise ValueError(f"batch_min={lo} exceeds the dataset's num_samples={n}: allowed [1, {n}]")
+    if batch_max is not None:
+        hi = check_batch_size("batch_max", batch_max)
+        if hi < lo:
+            raise ValueError(f"batch_max={hi} is below batch_min={lo}: allowed [{lo}, inf)")
+
+
+def split_indices(indices: np.ndarray, size: int) -> list[np.ndarray]:
+    """Consecutive pieces of `indices` of `size` elements (the last may be shorter), order kept."""
+    size = check_batch_size("size", size)
+    return [indices[i:i + size] for i in range(0, len(indices), size)]
+
+
+class ElasticSampler:
+    """Seeded per-epoch permutation of `range(num_samples)`, consumed in pieces of any size.
+
+    Epoch e's order is `np.random.default_rng(SeedSequence([seed, e])).permutation(num_samples)`
+    (identity order when `shuffle=False`), so it depends only on (seed, epoch).
+
+    Queue discipline: `take(n)` returns the next up-to-n indices of the current epoch (put-back
+    indices first, in the order they were put back, then the permutation), and marks them in
+    flight. `complete(idx)` retires in-flight indices; `put_back(idx)` returns in-flight indices
+    to the front of the queue, to be replayed next. An epoch is finished once every index has been
+    completed; `next_epoch()` only starts the next one then, so no index is ever lost.
+    """
+
+    def __init__(self, num_samples: int, seed: int = 0, *, shuffle: bool = True) -> None:
+        self.num_samples = check_batch_size("num_samples", num_samples)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed={seed!r}: must be a non-negative integer (allowed [0, inf))")
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.epoch = 0
+        self._start_epoch(0)
+
+    # -- epoch ------------------------------------------------------------------------------
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The full sample order of `epoch` (int64, shape (num_samples,))."""
+        if not self.shuffle:
+            return np.arange(self.num_samples, dtype=np.int64)
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, int(epoch)]))
+        return rng.permutation(self.num_samples).astype(np.int64)
+
+    def _start_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self._perm = self.permutation(self.epoch)
+        self.cursor = 0                       # next position in the permutation
+        self._pending: deque[int] = deque()   # put-back indices, replayed before the permutation
+        self._in_flight: set[int] = set()     # taken, neither completed nor put back
+        self.completed = 0                    # indices of this epoch completed so far
+
+    @property
+    def remaining(self) -> int:
+        """Indices of this epoch not yet handed out (put-back ones included)."""
+        return len(self._pending) + self.num_samples - self.cursor
+
+    @property
+    def in_flight(self) -> int:
+        """Indices taken and neither completed nor put back."""
+        return len(self._in_flight)
+
+    @property
+    def epoch_done(self) -> bool:
+        """True once every index of the epoch has been completed."""
+        return self.completed == self.num_samples
+
+    def next_epoch(self) -> None:
+        """Start the next epoch; ValueError if the current one still has unfinished indices."""
+        if not self.epoch_done:
+            raise ValueError(
+                f"epoch={self.epoch} is not finished: {self.remaining} indices not handed out and "
+                f"{self.in_flight} in flight; finishing it first keeps every sample exactly once")
+        self._start_epoch(self.epoch + 1)
+
+    # -- queue ------------------------------------------------------------------------------
+    def take(self, n: int) -> np.ndarray:
+        """The next up-to-n indices of this epoch (int64); fewer at the end, empty when none left."""
+        n = check_batch_size("n", n)
+        out: list[int] = []
+        while self._pending and len(out) < n:
+            out.append(self._pending.popleft())
+        k = min(n - len(out), self.num_samples - self.cursor)
+        fresh = self._perm[self.cursor:self.cursor + k]
+        self.cursor += k
+        idx = np.concatenate([np.asarray(out, dtype=np.int64), fresh])
+        self._in_flight.update(idx.tolist())
+        return idx
+
+    def _check_in_flight(self, name: str, idx: np.ndarray) -> list[int]:
+        ids = np.asarray(idx, dtype=np.int64).reshape(-1).tolist()
+        bad = [i for i in ids if i not in self._in_flight]
+        if bad or len(set(ids)) != len(ids):
+            raise ValueError(
+                f"{name}: indices {bad[:8] or 'repeated'} are not (uniquely) in flight; only indices "
+                "returned by take() and not yet completed or put back are allowed")
+        return ids
+
+    def complete(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Retire in-flight indices: their samples have been used for this epoch."""
+        ids = self._check_in_flight("complete(indices)", np.asarray(indices))
+        self._in_flight.difference_update(ids)
+        self.completed += len(ids)
+
+    def put_back(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Return in-flight indices to the front of the queue, order kept; take() replays them next."""
+        ids = self._check_in_flight("put_back(indices)", np.asarray(indices))
+        self._in_flight.difference_update(ids)
+        self._pending.extendleft(reversed(ids))
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe state. In-flight indices are saved as put back (not done), in sorted order.
+
+        Save between steps, when nothing is in flight, to resume with the exact same order.
+        """
+        return {
+            "num_samples": self.num_samples,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "pending": sorted(self._in_flight) + list(self._pending),
+            "completed": self.completed,
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Resume from `state_dict()`; ValueError if it belongs to another dataset/seed/order."""
+        for key in ("num_samples", "seed", "shuffle"):
+            if sd[key] != getattr(self, key):
+                raise ValueError(f"state_dict[{key!r}]={sd[key]!r} does not match this sampler's "
+                                 f"{key}={getattr(self, key)!r}")
+        cursor, pending = int(sd["cursor"]), [int(i) for i in sd["pending"]]
+        completed = int(sd["completed"])
+        if not 0 <= cursor <= self.num_samples:
+            raise ValueError(f"state_dict['cursor']={cursor}: allowed [0, {self.num_samples}]")
+        if completed + len(pending) + self.num_samples - cursor != self.num_samples:
+            raise ValueError(
+                f"state_dict is inconsistent: completed={completed} + pending={len(pending)} + "
+                f"unread={self.num_samples - cursor} != num_samples={self.num_samples}")
+        self._start_epoch(int(sd["epoch"]))
+        self.cursor = cursor
+        self._pending = deque(pending)
+        self.completed = completed
+
+
+@dataclass
+class ElasticStepReport(Generic[T]):
+    """What one elastic step did.
+
+    outputs/weights/sizes: per successful micro-batch, in order: run_micro's return value, the
+    weight it got (its sample count / the step's sample count; they sum to 1) and its size.
+    ooms: out-of-memory errors survived; replayed: samples re-run after an OOM (counted once per
+    retry); micro_batch: the micro-batch size in force at the end (after any shrink).
+    """
+
+    num_samples: int
+    micro_batch: int
+    outputs: list[T] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    ooms: int = 0
+    replayed: int = 0
+
+    def mean_loss(self) -> float:
+        """Sample-weighted mean of float(outputs) over the step (a host sync per micro-batch)."""
+        return float(sum(w * float(o) for w, o in zip(self.weights, self.outputs)))
+
+
+def run_elastic_step(
+    indices: np.ndarray | Sequence[int],
+    *,
+    micro_batch: int,
+    run_micro: Callable[[np.ndarray, float], T],
+    is_oom: Callable[[BaseException], bool],
+    on_oom: Callable[[], int],
+    free_memory: Callable[[], None] = lambda: None,
+) -> ElasticStepReport[T]:
+    """Run the logical batch `indices` as micro-batches of `micro_batch`, surviving OOMs.
+
+    run_micro(chunk, weight): forward+backward over the samples `chunk` (int64 array), with the
+      loss scaled by `weight` = len(chunk) / len(indices), so that summed gradients equal the
+      gradient of the mean loss over the whole logical batch. It must leave no trace of a chunk
+      that raises (the backends make sure of that).
+    is_oom(exc): True only for the framework's out-of-memory error; anything else propagates.
+    on_oom(): the controller's immediate shrink; returns the new micro-batch size. It raises
+      `OOMAtMinimumBatch` when already at batch_min.
+    free_memory(): releases cached memory; called after the except block has been left, since the
+      exception's traceback frames keep the failed step's tensors alive.
+
+    Exactly-once by construction: a chunk leaves the work queue only when run_micro returns; a
+    failed chunk and every chunk not run yet are re-split at the new size and stay at the front of
+    the queue, order kept. Chunks already done are kept.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if idx.size == 0:
+        raise ValueError("indices: empty; a step needs at least one sample")
+    micro = check_batch_size("micro_batch", micro_batch)
+    total = int(idx.size)
+    report: ElasticStepReport[T] = ElasticStepReport(num_samples=total, micro_batch=micro)
+    queue: deque[np.ndarray] = deque(split_indices(idx, micro))
+    while queue:
+        chunk = queue[0]
+        failed_msg: str | None = None
+        try:
+            out = run_micro(chunk, len(chunk) / total)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless it is an OOM
+            if not is_oom(exc):
+                raise
+            failed_msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # Out of the except block: the exception and its frames (holding the failed chunk's
+        # activations) are gone, so free_memory can actually return that memory.
+        if failed_msg is None:
+            queue.popleft()
+            report.outputs.append(out)
+            report.weights.append(len(chunk) / total)
+            report.sizes.append(len(chunk))
+            continue
+        report.ooms += 1
+        free_memory()
+        new = on_oom()
+        new = check_batch_size("on_oom() result", new)
+        if new >= micro:
+            # No smaller size to retry with: the same chunk would fail the same way forever.
+            raise OOMAtMinimumBatch(
+                f"out of memory on a micro-batch of {len(chunk)} samples and the batch cannot "
+                f"shrink below {new}: lower batch_min or the model/input size ({failed_msg})")
+        micro = min(new, micro)
+        rest = np.concatenate(list(queue))
+        report.replayed += len(chunk)
+        queue = deque(split_indices(rest, micro))
+    report.micro_batch = micro
+    return report
+
