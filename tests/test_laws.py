@@ -1,0 +1,209 @@
+"""Each law against hand-computed cases from the formulas in DESIGN.md."""
+
+import math
+
+import numpy as np
+import pytest
+
+from triaccel import OOMAtMinimumBatch, Precision, TriAccelConfig, resolve_memory_limit
+from triaccel.batching import BatchLaw
+from triaccel.curvature import CurvatureLaw, fisher_topk_from_gram, lr_scales_from_eigs, ritz
+from triaccel.layers import LayerSpec, order_layers
+from triaccel.precision import PrecisionLaw
+from triaccel.stats import group_by_layer, variance_from_moments
+
+F16, B16, F32 = Precision.FP16, Precision.BF16, Precision.FP32
+
+
+def law(n=1, **kw):
+    args = dict(beta=0.5, tau_low=1.0, tau_high=10.0, quantiles=(0.25, 0.9), hysteresis=0.0,
+                min_dwell=0, base=B16)
+    args.update(kw)
+    return PrecisionLaw(n, np.zeros(n, bool), **args)
+
+
+# -- precision ---------------------------------------------------------------------------------
+def test_precision_parse_and_names():
+    assert Precision.parse("bf16") is B16 and Precision.parse("float16") is F16 and Precision.parse(2) is F32
+    assert F16 < B16 < F32 and B16.short == "bf16" and B16.dtype_name == "bfloat16"
+    with pytest.raises(ValueError, match="precision"):
+        Precision.parse("fp8")
+
+
+def test_ema_starts_at_first_value_then_follows_beta():
+    p = law()
+    p.observe(np.array([4.0]))
+    assert p.ema[0] == 4.0
+    p.observe(np.array([2.0]))
+    assert p.ema[0] == pytest.approx(0.5 * 4 + 0.5 * 2)  # v = beta*v + (1-beta)*Var = 3
+
+
+@pytest.mark.parametrize("v,expected", [(0.5, F16), (1.0, B16), (5.0, B16), (10.0, F32), (20.0, F32)])
+def test_thresholds(v, expected):
+    p = law()
+    p.observe(np.array([v]))
+    p.update_levels(step=0, warm=True)
+    assert p.effective(0) == (expected,)
+
+
+def test_hysteresis_band():
+    p = law(hysteresis=0.1, beta=0.0)  # beta 0: the EMA is the last value
+    seq = [(1.5, B16), (0.95, B16), (0.85, F16), (1.05, F16), (1.15, B16), (10.5, B16), (11.5, F32),
+           (9.5, F32), (8.9, B16)]
+    for step, (v, expected) in enumerate(seq):
+        p.observe(np.array([v]))
+        p.update_levels(step, warm=True)
+        assert p.effective(step) == (expected,), (step, v)
+
+
+def test_min_dwell_holds_level():
+    p = law(beta=0.0, min_dwell=10)
+    p.observe(np.array([0.5]))
+    p.update_levels(0, warm=True)          # leaving warm-up: free change to FP16
+    p.observe(np.array([50.0]))
+    p.update_levels(5, warm=True)
+    assert p.effective(5) == (F16,)        # 5 steps since the last change < 10
+    p.update_levels(10, warm=True)
+    assert p.effective(10) == (F32,)
+
+
+def test_warmup_keeps_base_and_calibrates_after():
+    p = law(n=4, tau_low=None, tau_high=None, quantiles=(0.25, 0.75))
+    p.observe(np.array([1.0, 2.0, 3.0, 4.0]))
+    p.update_levels(0, warm=False)
+    assert p.effective(0) == (B16,) * 4 and not p.calibrated
+    p.update_levels(1, warm=True)
+    assert p.tau_low == pytest.approx(np.quantile([1, 2, 3, 4], 0.25))   # 1.75
+    assert p.tau_high == pytest.approx(np.quantile([1, 2, 3, 4], 0.75))  # 3.25
+    assert p.effective(1) == (F16, B16, B16, F32)
+
+
+def test_promotion_window_and_pinned():
+    p = PrecisionLaw(2, np.array([False, True]), beta=0.5, tau_low=1.0, tau_high=10.0, quantiles=(0.25, 0.9),
+                     hysteresis=0.0, min_dwell=0, base=B16)
+    p.observe(np.array([0.5, 0.5]))
+    p.update_levels(0, warm=True)
+    assert p.effective(0) == (F16, F32)    # norm layer pinned FP32
+    p.promote(100, np.array([True, True]), window=50)
+    assert p.effective(100) == (B16, F32) and p.effective(149) == (B16, F32) and p.effective(150) == (F16, F32)
+
+
+# -- curvature ---------------------------------------------------------------------------------
+def test_lr_scale_formula():
+    s = lr_scales_from_eigs(np.array([0.0, 1.0, 4.0, -3.0]), alpha=0.5)
+    np.testing.assert_allclose(s, [1.0, 1 / 1.5, 1 / 3.0, 1.0])
+
+
+def test_curvature_law_calibrates_alpha_and_tau():
+    c = CurvatureLaw(3, 2, alpha=None, tau_curv=None)
+    promote = c.observe(np.array([[4.0, 1.0], [2.0, 0.0], [1.0, 0.5]]))
+    assert c.alpha == pytest.approx(0.25)                    # largest lambda_max gets scale 1/2
+    np.testing.assert_allclose(c.scales, [0.5, 1 / 1.5, 1 / 1.25])
+    assert c.tau_curv == pytest.approx(np.quantile([4.0, 2.0, 1.0], 0.9))
+    assert promote.tolist() == [True, False, False]
+    with pytest.raises(ValueError, match="eigvals.*shape"):
+        c.observe(np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="finite"):
+        c.observe(np.full((3, 2), np.nan))
+
+
+def test_fisher_topk_from_gram_matches_explicit_fisher():
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=(6, 20))                   # 6 per-sample gradients of a 20-parameter layer
+    fisher = g.T @ g / 6
+    expected = np.sort(np.linalg.eigvalsh(fisher))[::-1][:3]
+    np.testing.assert_allclose(fisher_topk_from_gram(g @ g.T, 3), expected, rtol=1e-10)
+    padded = fisher_topk_from_gram(g[:2] @ g[:2].T, 4)     # rank 2: the rest are zero
+    assert padded[2:].tolist() == [0.0, 0.0] and padded[0] > 0
+
+
+def test_ritz_recovers_eigenpairs():
+    rng = np.random.default_rng(1)
+    q, _ = np.linalg.qr(rng.normal(size=(8, 8)))
+    h = q @ np.diag(np.arange(8.0)) @ q.T
+    v = q[:, [7, 6, 5]] @ np.linalg.qr(rng.normal(size=(3, 3)))[0]   # a rotated basis of the top-3 space
+    vals, rot = ritz(v.T @ h @ v)
+    np.testing.assert_allclose(vals, [7, 6, 5], atol=1e-10)
+    ritz_vecs = v @ rot
+    np.testing.assert_allclose(np.abs(ritz_vecs.T @ q[:, [7, 6, 5]]), np.eye(3), atol=1e-10)
+
+
+# -- batch -------------------------------------------------------------------------------------
+CFG = TriAccelConfig(batch_init=96, batch_min=32, batch_max=160, delta_up=32, delta_down=16,
+                     rho_low=0.5, rho_high=0.8)
+
+
+def test_batch_law_grow_hold_shrink_and_bounds():
+    b = BatchLaw(CFG)
+    assert b.update(used=40, mem_max=100) == 128      # 40 < 50: +32
+    assert b.update(used=60, mem_max=100) == 128      # within [50, 80]: hold
+    assert b.update(used=10, mem_max=100) == 160
+    assert b.update(used=10, mem_max=100) == 160      # batch_max
+    assert b.update(used=90, mem_max=100) == 144      # 90 > 80: -16
+    for _ in range(20):
+        b.update(used=99, mem_max=100)
+    assert b.batch == 32                              # batch_min
+
+
+def test_oom_shrinks_at_once_and_caps_growth():
+    b = BatchLaw(CFG)
+    b.update(10, 100)                                 # 128
+    assert b.oom() == 64                              # floor(128 * 0.5)
+    assert b.ceiling == 120
+    for _ in range(5):
+        b.update(0, 100)
+    assert b.batch == 120                             # never back to the size that failed
+    b.batch = 32
+    with pytest.raises(OOMAtMinimumBatch, match="batch_min=32"):
+        b.oom()
+
+
+def test_lr_rules_and_accumulation():
+    for rule, expected in [("linear", 128 / 96), ("sqrt", math.sqrt(128 / 96)), ("none", 1.0)]:
+        b = BatchLaw(CFG.replace(lr_rule=rule))
+        b.update(0, 100)
+        assert b.lr_scale() == pytest.approx(expected) and b.accumulation() == 1 and b.logical_batch() == 128
+    acc = BatchLaw(CFG.replace(lr_rule="accumulate"))
+    acc.update(0, 100)
+    assert acc.batch == 96                            # micro-batch capped at the logical batch
+    acc.oom()
+    assert (acc.batch, acc.accumulation(), acc.logical_batch(), acc.lr_scale()) == (48, 2, 96, 1.0)
+    acc.batch = 40
+    assert acc.accumulation() == 3                    # 40 + 40 + 16 = 96
+
+
+def test_buckets_move_one_bucket():
+    b = BatchLaw(TriAccelConfig(batch_init=64, batch_min=16, batch_max=256, batch_buckets=(16, 32, 64, 128, 256)))
+    assert b.update(0, 100) == 128 and b.update(0, 100) == 256 and b.update(99, 100) == 128
+    assert b.oom() == 64 and b.ceiling == 64
+
+
+def test_resolve_memory_limit():
+    assert resolve_memory_limit(None, 80) == 80 and resolve_memory_limit(40, 80) == 40
+    assert resolve_memory_limit(40, None) == 40 and resolve_memory_limit(None, None) is None
+    with pytest.raises(ValueError, match="memory_budget=100 bytes exceeds"):
+        resolve_memory_limit(100, 80)
+
+
+# -- stats and layers --------------------------------------------------------------------------
+def test_moments_to_variance_and_grouping():
+    rng = np.random.default_rng(2)
+    tensors = [rng.normal(size=n) for n in (5, 3, 7)]
+    mom = np.array([[t.sum(), (t * t).sum(), t.size] for t in tensors]).T   # (3, n_tensors)
+    per_layer = group_by_layer(mom, np.array([0, 0, 1]), 2)
+    var = variance_from_moments(*per_layer)
+    np.testing.assert_allclose(var, [np.concatenate(tensors[:2]).var(), tensors[2].var()], rtol=1e-12)
+    with pytest.raises(ValueError, match="counts"):
+        variance_from_moments([1.0], [1.0], [0])
+    with pytest.raises(ValueError, match="tensor_layer"):
+        group_by_layer(mom, np.array([0, 5, 1]), 2)
+
+
+def test_layer_order_is_natural_and_unique():
+    names = ["layer2.10.conv", "layer2.9.conv", "fc", "conv1", "layer10.0", "layer2.9.bn"]
+    assert [s.name for s in order_layers(names)] == [
+        "conv1", "fc", "layer2.9.bn", "layer2.9.conv", "layer2.10.conv", "layer10.0"]
+    with pytest.raises(ValueError, match="duplicate"):
+        order_layers(["a", "a"])
+    with pytest.raises(ValueError, match="kind"):
+        LayerSpec("a", "conv")
