@@ -1,0 +1,26 @@
+# Two entry points that set themselves up on a fresh machine: `make demo`, `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+EXTRAS := torch,jax,gpu,examples,dev
+DEMO_ARGS ?=
+
+.PHONY: setup test demo clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+# Triton kernels run on the CPU through the interpreter.
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(PY) -m examples.cifar.train $(DEMO_ARGS)
+
+clean:
+	rm -rf $(VENV)
