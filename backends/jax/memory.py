@@ -1,0 +1,97 @@
+"""Device-memory probe for JAX: what the controller's batch lever observes. No decisions here.
+
+Source of truth is the XLA allocator (`device.memory_stats()`): ``bytes_in_use`` and
+``peak_bytes_in_use`` count live buffers whether or not JAX preallocated its pool, and
+``bytes_limit`` is the pool JAX may use (75% of the GPU by default with preallocation, see
+XLA_PYTHON_CLIENT_MEM_FRACTION). NVML is read lazily and only reports the device total and the
+process' reserved bytes (with preallocation that is the whole pool, useless as "used"), so it is
+a fallback for the limit only. On CPU there are no allocator statistics: the probe returns None
+after one warning and the batch lever stays where the config puts it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+__all__ = ["MemorySample", "MemoryProbe", "nvml_total_bytes"]
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """One reading, in bytes. used: peak in use since the previous reading (see MemoryProbe);
+    in_use: live now; limit: what this process may allocate; source: "memory_stats"."""
+
+    used: int
+    in_use: int
+    limit: int
+    source: str
+
+
+def nvml_total_bytes(device: Any) -> int | None:
+    """Total memory of `device` from NVML (lazy import); None when NVML or the device is absent."""
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        idx = int(getattr(device, "local_hardware_id", None) or getattr(device, "id", 0))
+        handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except Exception:  # NVML present but no NVIDIA device/driver: not an error for the caller
+        return None
+
+
+class MemoryProbe:
+    """Reads device memory for `Controller.observe_memory`.
+
+    XLA keeps one process-wide peak and offers no reset, so "peak since the last reading" is the
+    allocator peak when it rose since the last reading, else the bytes in use now (a transient
+    peak below an older, higher peak is then not seen: conservative for growth only after
+    the batch already shrank).
+    """
+
+    def __init__(self, device: Any = None) -> None:
+        self.device = device if device is not None else jax.local_devices()[0]
+        self._last_peak = 0
+        self._warned = False
+        self._limit_fallback: int | None = None
+
+    def stats(self) -> dict[str, int] | None:
+        """The raw allocator statistics, or None where the platform has none (CPU)."""
+        try:
+            s = self.device.memory_stats()
+        except Exception:  # some platforms raise instead of returning None
+            s = None
+        return dict(s) if s else None
+
+    def read(self) -> MemorySample | None:
+        """One MemorySample, or None (with one warning per probe) when the device reports nothing."""
+        s = self.stats()
+        if not s or "bytes_in_use" not in s:
+            if not self._warned:
+                warnings.warn(f"triaccel: device {self.device} ({self.device.platform}) reports no memory "
+                              "statistics; the memory-elastic batch lever gets no observations and keeps "
+                              "its batch size", RuntimeWarning, stacklevel=2)
+                self._warned = True
+            return None
+        in_use = int(s["bytes_in_use"])
+        peak = int(s.get("peak_bytes_in_use", in_use))
+        used = peak if peak > self._last_peak else in_use
+        self._last_peak = max(self._last_peak, peak)
+        limit = s.get("bytes_limit") or s.get("bytes_reservable_limit")
+        if not limit:
+            if self._limit_fallback is None:
+                self._limit_fallback = nvml_total_bytes(self.device) or 0
+            limit = self._limit_fallback
+        if not limit:
+            if not self._warned:
+                warnings.warn(f"triaccel: device {self.device} reports no memory limit (memory_stats and NVML); "
+                              "the batch lever gets no observations", RuntimeWarning, stacklevel=2)
+                self._warned = True
+            return None
+        return MemorySample(used=used, in_use=in_use, limit=int(limit), source="memory_stats")

@@ -1,0 +1,113 @@
+"""Per-layer compute precision for Flax NNX models, and a compilation counter for the jitted step.
+
+`precision_policy(model, decision)` sets each layer module's compute ``dtype`` (FP16/BF16/FP32) from
+the controller's Decision; parameters stay FP32 (``param_dtype`` untouched: they are the master
+weights the optimizer updates). In NNX ``dtype`` is a static attribute, so each distinct assignment
+is a distinct graph: `nnx.jit` traces once per policy and reuses the compiled step when a policy
+comes back. Decisions change only at control boundaries, so the number of traces is bounded by the
+number of distinct policies (and batch sizes) seen — `CountingJit` counts them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import jax.numpy as jnp
+
+from triaccel.precision import Precision
+
+from .layers import LayerMap, layer_map_from_model
+
+__all__ = ["DTYPES", "precision_policy", "current_policy", "CountingJit", "counting_jit"]
+
+DTYPES = {Precision.FP16: jnp.float16, Precision.BF16: jnp.bfloat16, Precision.FP32: jnp.float32}
+
+
+def _modules_by_name(model: Any) -> dict[str, Any]:
+    from flax import nnx
+
+    return {".".join(str(p) for p in path): m for path, m in nnx.iter_modules(model)}
+
+
+def precision_policy(model: Any, decision: Any, layers: LayerMap | None = None) -> tuple[str, ...]:
+    """Set the compute dtype of every layer module of the NNX `model` from `decision`.
+
+    decision: a core Decision (or any sequence of Precision/"bf16"-like values), one per layer in
+    `layers.specs` order (default: `layer_map_from_model(model)`, the order the Controller uses).
+    Returns the applied policy as a tuple of short names, e.g. ("bf16", "fp32", ...) — hashable,
+    usable as a cache key. A layer module without a ``dtype`` attribute raises ValueError (its
+    precision cannot be applied), as does a length mismatch.
+    """
+    lm = layers if layers is not None else layer_map_from_model(model)
+    precs: Sequence[Any] = getattr(decision, "precisions", decision)
+    if len(precs) != lm.num_layers:
+        raise ValueError(f"decision: {len(precs)} precisions for {lm.num_layers} layers of the model")
+    mods = _modules_by_name(model)
+    applied = []
+    for spec, p in zip(lm.specs, precs):
+        prec = Precision.parse(p)
+        mod = mods.get(spec.name)
+        if mod is None:
+            raise ValueError(f"layers: {spec.name!r} is not a module path of the model")
+        if not hasattr(mod, "dtype"):
+            raise ValueError(f"layer {spec.name!r} ({type(mod).__name__}) has no `dtype` attribute; "
+                             "its compute precision cannot be set")
+        want = DTYPES[prec]
+        # Assign only on change: an identical assignment keeps the graph (and the jit cache key).
+        if mod.dtype is None or jnp.dtype(mod.dtype) != jnp.dtype(want):
+            mod.dtype = want
+        applied.append(prec.short)
+    return tuple(applied)
+
+
+def current_policy(model: Any, layers: LayerMap | None = None) -> tuple[str, ...]:
+    """The compute precision of every layer now ("fp32" for dtype None: Flax then infers from inputs
+    and FP32 parameters)."""
+    lm = layers if layers is not None else layer_map_from_model(model)
+    mods = _modules_by_name(model)
+    names = {jnp.dtype(v): Precision(k).short for k, v in DTYPES.items()}
+    out = []
+    for spec in lm.specs:
+        dt = getattr(mods[spec.name], "dtype", None)
+        out.append("fp32" if dt is None else names.get(jnp.dtype(dt), str(jnp.dtype(dt))))
+    return tuple(out)
+
+
+class CountingJit:
+    """`nnx.jit` (or `jax.jit`) of `fn` that counts its traces (= compilations of new variants).
+
+    A trace happens for every new static configuration: a new precision policy (module dtypes),
+    a new batch shape, a new train/eval mode. ``traces`` is the total; `report()` a short dict.
+    """
+
+    def __init__(self, fn: Callable[..., Any], *, use_nnx: bool = True, **jit_kwargs: Any) -> None:
+        self.traces = 0
+        self.fn = fn
+
+        @functools.wraps(fn)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.traces += 1  # runs only while tracing: a compiled call never executes Python
+            return fn(*args, **kwargs)
+
+        if use_nnx:
+            from flax import nnx
+
+            self._jitted = nnx.jit(counted, **jit_kwargs)
+        else:
+            import jax
+
+            self._jitted = jax.jit(counted, **jit_kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._jitted(*args, **kwargs)
+
+    def report(self) -> Mapping[str, int]:
+        return {"traces": self.traces}
+
+
+def counting_jit(fn: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:
+    """Decorator form of CountingJit: ``@counting_jit`` or ``@counting_jit(donate_argnums=...)``."""
+    if fn is None:
+        return lambda f: CountingJit(f, **jit_kwargs)
+    return CountingJit(fn, **jit_kwargs)

@@ -1,0 +1,410 @@
+"""The wrapped optax transformation and its host-side hook.
+
+Device side (inside ``jax.jit``; no host sync): `TriAccelState` carries a ring buffer of per-step
+gradient moments (t_ctrl, n_tensors, 3), a step counter, the per-layer LR multipliers, the dynamic
+loss-scale state and, for ``lr_rule="accumulate"``, the micro-batch accumulator. Each update
+
+1. unscales the gradients by 1/loss_scale and takes per-tensor (sum, sumsq, nonfinite) in one
+   `triaccel.kernels.grad_moments` pass;
+2. skips the step when any value is non-finite (zero updates, inner state unchanged, loss scale
+   backed off) — non-finite gradients never reach the parameters;
+3. runs the inner optax transformation and multiplies each layer's updates by its multiplier
+   (``Decision.lr_multipliers``: curvature LR scale x batch LR rule), so the inner LR and any
+   schedule keep working;
+4. writes the step's moments into the ring buffer row ``step % t_ctrl``.
+
+Host side: `TriAccel.control(step, opt_state, model, batch)` once per optimizer step, before the
+step runs. Off boundaries it returns at once (no device work). At a control boundary it reads the
+buffer (the only host sync), feeds the core `Controller` (variances, memory, curvature), takes its
+Decision and writes multipliers / loss-scale mode back into the state, and sets the NNX model's
+per-layer dtypes. All decisions are the core's.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from triaccel import Controller, Decision, Precision, TriAccelConfig
+
+from .curvature import FisherTopK, HessianTopK, nnx_loss
+from .layers import LayerMap, layer_map
+from .memory import MemoryProbe
+from .policy import CountingJit, precision_policy
+
+__all__ = ["TriAccelState", "TriAccel", "TriAccelTransformation", "wrap", "find_state", "loss_scale",
+           "LossScaleConfig"]
+
+
+class LossScaleConfig(NamedTuple):
+    """Dynamic loss scaling (active only while some layer computes in FP16).
+
+    init: scale when FP16 turns on; growth_interval: finite updates before the scale doubles;
+    backoff: factor on a non-finite step; growth: factor after growth_interval finite steps;
+    min_scale: floor of the scale.
+    """
+
+    init: float = 2.0**15
+    growth_interval: int = 2000
+    backoff: float = 0.5
+    growth: float = 2.0
+    min_scale: float = 1.0
+
+
+class TriAccelState(NamedTuple):
+    """State of the wrapped transformation (a pytree; checkpoint it with the rest of the opt state).
+
+    inner: the inner transformation's state. count: int32 (), update calls that completed an
+    optimizer step (skipped ones included). moments: float32 (t_ctrl, n_tensors, 3) ring buffer of
+    [sum, sumsq, nonfinite] of the unscaled gradients; row_step: int32 (t_ctrl,) the step each row
+    holds (-1: empty). lr_mult: float32 (L,) per-layer LR multipliers. loss_scale: float32 ();
+    good_steps: int32 () finite steps since the last scale change; scaling: bool () whether dynamic
+    loss scaling is on; skipped: int32 () non-finite steps skipped so far. acc: params-shaped float32
+    accumulator (``()`` unless lr_rule="accumulate"); micro: int32 () micro-batches in acc;
+    accum: int32 () micro-batches per optimizer step.
+    """
+
+    inner: Any
+    count: jax.Array
+    moments: jax.Array
+    row_step: jax.Array
+    lr_mult: jax.Array
+    loss_scale: jax.Array
+    good_steps: jax.Array
+    scaling: jax.Array
+    skipped: jax.Array
+    acc: Any
+    micro: jax.Array
+    accum: jax.Array
+
+
+def _grad_moments_fn() -> Callable[..., Any]:
+    import triaccel.kernels as K
+
+    f = getattr(K, "grad_moments", None)
+    if isinstance(f, types.ModuleType) or f is None:  # package exports the module, not the function
+        from triaccel.kernels.grad_moments import grad_moments as f
+    return f
+
+
+def _is_state(x: Any) -> bool:
+    return isinstance(x, TriAccelState)
+
+
+def _value(x: Any) -> Any:
+    """Plain array of a leaf that may be wrapped in an nnx Variable (nnx.Optimizer's OptArray)."""
+    return x.get_value() if hasattr(x, "get_value") else x
+
+
+def find_state(tree: Any) -> TriAccelState:
+    """The (single) TriAccelState inside an optax state tree (chain, inject_hyperparams, TrainState,
+    nnx.Optimizer's opt_state...). Raises ValueError when there is none or more than one."""
+    tree = getattr(tree, "opt_state", tree)
+    found = [x for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_state) if _is_state(x)]
+    if len(found) != 1:
+        raise ValueError(f"opt_state: expected exactly one TriAccelState inside, found {len(found)}")
+    return found[0]
+
+
+def loss_scale(opt_state: Any) -> jax.Array:
+    """float32 () loss scale to multiply the loss by before differentiating (1.0 unless some layer
+    computes in FP16). Works inside jit and on nnx.Optimizer / TrainState / plain optax states."""
+    return jnp.asarray(_value(find_state(opt_state).loss_scale))
+
+
+class TriAccelTransformation(optax.GradientTransformationExtraArgs):
+    """An optax GradientTransformationExtraArgs that also carries its host hook: ``tx.host`` is the
+    `TriAccel` object, and ``tx.control(...)`` forwards to ``tx.host.control(...)``."""
+
+    host: "TriAccel"
+
+    def control(self, step: int, opt_state: Any, model: Any = None, batch: Any = None) -> Any:
+        return self.host.control(step, opt_state, model=model, batch=batch)
+
+
+class TriAccel:
+    """Host side of the JAX backend: builds the wrapped transformation and runs the control hook.
+
+    config: the TriAccelConfig. model: the Flax NNX model (layers with exact norm kinds, and the
+    target of the precision policy); None -> layers from the parameter paths at ``tx.init``.
+    loss_fn: for curvature, ``loss_fn(model, batch) -> scalar`` with a model, else
+    ``loss_fn(params, batch) -> scalar``. hessian_iters: subspace iterations per curvature pass
+    (warm-started). loss_scaling: the dynamic loss-scale parameters. device: for the memory probe.
+    """
+
+    def __init__(self, config: TriAccelConfig, model: Any = None, *, loss_fn: Callable[..., Any] | None = None,
+                 hessian_iters: int = 3, loss_scaling: LossScaleConfig = LossScaleConfig(),
+                 device: Any = None) -> None:
+        if not isinstance(config, TriAccelConfig):
+            raise ValueError(f"config={config!r}: expected a TriAccelConfig")
+        if hessian_iters < 1:
+            raise ValueError(f"hessian_iters={hessian_iters}: must be >= 1")
+        if loss_scaling.init <= 0 or loss_scaling.growth_interval < 1 or not 0 < loss_scaling.backoff < 1 \
+                or loss_scaling.growth <= 1 or loss_scaling.min_scale <= 0:
+            raise ValueError(f"loss_scaling={loss_scaling}: need init>0, growth_interval>=1, 0<backoff<1, "
+                             "growth>1, min_scale>0")
+        self.config = config
+        self.model = model
+        self.loss_fn = loss_fn
+        self.hessian_iters = hessian_iters
+        self.loss_scaling = loss_scaling
+        self.layers: LayerMap | None = layer_map(model) if model is not None else None
+        self.controller: Controller | None = Controller(config, self.layers.specs) if self.layers else None
+        self.probe = MemoryProbe(device)
+        self._tensor_layer: np.ndarray | None = None  # of the tree the wrapped tx sees
+        self._tensor_counts: np.ndarray | None = None
+        self.last_fed = -1          # last device step whose moments went to the controller
+        self.rows_lost = 0          # steps overwritten in the ring before a boundary read them
+        self.rows_skipped = 0       # non-finite steps (not observed, by the core's contract)
+        self._curv: Any = None
+        self._jits: list[CountingJit] = []
+
+    # -- device side -------------------------------------------------------------------------
+    @property
+    def accumulate(self) -> bool:
+        return self.config.lr_rule == "accumulate"
+
+    def _bind(self, params: Any) -> None:
+        if self.layers is None:
+            self.layers = layer_map(params)
+            self.controller = Controller(self.config, self.layers.specs)
+        tl = self.layers.tensor_layer_of(params)
+        missing = sorted(set(range(self.layers.num_layers)) - set(tl.tolist()))
+        if missing:
+            raise ValueError(f"params: the wrapped transformation sees no parameters of layers "
+                             f"{[self.layers.specs[i].name for i in missing]}; wrap the optimizer of all layers")
+        sizes = np.array([int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params)], np.int64)
+        self._tensor_layer = tl
+        self._tensor_counts = sizes
+
+    def wrap(self, inner: optax.GradientTransformation) -> TriAccelTransformation:
+        """The wrapped optax transformation (usable in jit, optax.chain, nnx.Optimizer, TrainState)."""
+        inner = optax.with_extra_args_support(inner)
+        cfg, ls = self.config, self.loss_scaling
+        grad_moments = _grad_moments_fn()
+
+        def init_fn(params: Any) -> TriAccelState:
+            self._bind(params)
+            n = len(self._tensor_layer)
+            L = self.layers.num_layers
+            acc = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params) \
+                if self.accumulate else ()
+            return TriAccelState(
+                inner=inner.init(params), count=jnp.zeros((), jnp.int32),
+                moments=jnp.zeros((cfg.t_ctrl, n, 3), jnp.float32),
+                row_step=jnp.full((cfg.t_ctrl,), -1, jnp.int32),
+                lr_mult=jnp.ones((L,), jnp.float32), loss_scale=jnp.ones((), jnp.float32),
+                good_steps=jnp.zeros((), jnp.int32), scaling=jnp.zeros((), bool),
+                skipped=jnp.zeros((), jnp.int32), acc=acc, micro=jnp.zeros((), jnp.int32),
+                accum=jnp.ones((), jnp.int32))
+
+        def update_fn(grads: Any, state: TriAccelState, params: Any = None, **extra: Any) -> tuple[Any, TriAccelState]:
+            tl = self.layers.tensor_layer_of(grads)  # static: from the tree's paths
+            inv = (1.0 / state.loss_scale).astype(jnp.float32).reshape(1)
+            m, g = grad_moments(grads, inv_scale=inv)
+            finite_micro = jnp.sum(m.nonfinite) == 0
+            if self.accumulate:
+                acc = jax.tree_util.tree_map(lambda a, x: a + jnp.where(finite_micro, x, 0).astype(jnp.float32),
+                                             state.acc, g)
+                micro = state.micro + 1
+                emit = micro >= state.accum
+                g = jax.tree_util.tree_map(lambda a, x: (a / state.accum.astype(jnp.float32)).astype(x.dtype), acc, g)
+                m = grad_moments(g)
+                # A micro-batch with non-finite values poisons its optimizer step: remembered in `micro`
+                # as a negative offset would be opaque, so the accumulator is zeroed and the step restarts.
+                acc = jax.tree_util.tree_map(lambda a: jnp.where(emit | ~finite_micro, 0.0, a), acc)
+                micro = jnp.where(emit | ~finite_micro, 0, micro)
+                emit = emit & finite_micro
+                finite = finite_micro
+            else:
+                acc, micro, emit, finite = state.acc, state.micro, jnp.ones((), bool), finite_micro
+
+            inner_updates, inner_state = inner.update(g, state.inner, params, **extra)
+            mult = state.lr_mult
+            apply = emit & finite
+            updates = jax.tree_util.tree_map(
+                lambda u, i: jnp.where(apply, u * mult[i].astype(u.dtype), jnp.zeros_like(u)),
+                inner_updates, jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(inner_updates),
+                                                            [int(i) for i in tl]))
+            inner_state = jax.tree_util.tree_map(lambda new, old: jnp.where(apply, new, old),
+                                                 inner_state, state.inner)
+
+            # Ring buffer: one row per optimizer step (finite or not; the host skips non-finite rows).
+            step_done = emit | ~finite
+            row = state.count % cfg.t_ctrl
+            stats = jnp.stack([m.sum, m.sumsq, m.nonfinite.astype(jnp.float32)], axis=1)
+            moments = jnp.where(step_done, state.moments.at[row].set(stats), state.moments)
+            row_step = jnp.where(step_done, state.row_step.at[row].set(state.count), state.row_step)
+            count = state.count + step_done.astype(jnp.int32)
+
+            # Dynamic loss scale (only while scaling is on; otherwise pinned at exactly 1).
+            good = jnp.where(finite, state.good_steps + 1, 0)
+            grow = good >= ls.growth_interval
+            scale = jnp.where(finite, jnp.where(grow, state.loss_scale * ls.growth, state.loss_scale),
+                              jnp.maximum(state.loss_scale * ls.backoff, ls.min_scale))
+            good = jnp.where(grow, 0, good)
+            scale = jnp.where(state.scaling, scale, 1.0).astype(jnp.float32)
+            good = jnp.where(state.scaling, good, 0).astype(jnp.int32)
+
+            return updates, state._replace(
+                inner=inner_state, count=count, moments=moments, row_step=row_step, loss_scale=scale,
+                good_steps=good, skipped=state.skipped + (~finite).astype(jnp.int32), acc=acc, micro=micro)
+
+        tx = TriAccelTransformation(init_fn, update_fn)
+        tx.host = self
+        return tx
+
+    # -- host side ---------------------------------------------------------------------------
+    @property
+    def decision(self) -> Decision:
+        if self.controller is None:
+            raise ValueError("decision: no layers yet; call tx.init(params) or pass model= to TriAccel")
+        return self.controller.decision
+
+    def jit(self, fn: Callable[..., Any], **jit_kwargs: Any) -> CountingJit:
+        """`nnx.jit` of a train step that counts its traces (one per precision policy / batch shape);
+        `report()["compilations"]` sums them."""
+        j = CountingJit(fn, **jit_kwargs)
+        self._jits.append(j)
+        return j
+
+    def _feed(self, ts: TriAccelState) -> None:
+        moments, row_step = jax.device_get((_value(ts.moments), _value(ts.row_step)))
+        order = np.argsort(row_step)
+        rows = [(int(row_step[i]), moments[i]) for i in order if row_step[i] > self.last_fed]
+        if rows and rows[0][0] != self.last_fed + 1:
+            lost = rows[0][0] - self.last_fed - 1
+            self.rows_lost += lost
+            warnings.warn(f"triaccel: the moments of {lost} step(s) before step {rows[0][0]} were overwritten "
+                          f"before a control boundary read them; call control() every step (t_ctrl="
+                          f"{self.config.t_ctrl})", RuntimeWarning, stacklevel=3)
+        from triaccel.stats import group_by_layer
+
+        L = self.layers.num_layers
+        counts = group_by_layer(self._tensor_counts, self._tensor_layer, L)
+        for s, row in rows:
+            self.last_fed = s
+            if row[:, 2].sum() > 0:
+                self.rows_skipped += 1
+                continue
+            self.controller.observe_grad_moments(s, group_by_layer(row[:, 0], self._tensor_layer, L),
+                                                 group_by_layer(row[:, 1], self._tensor_layer, L), counts)
+
+    def _curvature(self, step: int, params: Any, model: Any, batch: Any) -> None:
+        cfg = self.config
+        if batch is None:
+            raise ValueError(f"batch=None at curvature step {step}: pass b_curv={cfg.b_curv} samples "
+                             f"(or set curvature='off')")
+        if self.loss_fn is None:
+            raise ValueError(f"loss_fn=None: curvature={cfg.curvature!r} needs TriAccel(..., loss_fn=...)")
+        if model is not None:
+            pure = nnx_loss(model, self.loss_fn)
+            fn, params, aux, key = pure.fn, pure.params, pure.aux, pure.graphdef
+        else:
+            if params is None:
+                raise ValueError("params=None: without a model, control() needs params= for curvature")
+            user = self.loss_fn
+            fn, aux, key = (lambda p, b, _aux: user(p, b)), None, "pure"
+        # One estimator per static graph (the eval-FP32 graph does not change with the policy, so
+        # normally one compile); the Hessian warm-start vectors carry over.
+        if self._curv is None or self._curv[0] != key:
+            est = (FisherTopK(fn, self.layers, cfg.top_k) if cfg.curvature == "fisher"
+                   else HessianTopK(fn, self.layers, cfg.top_k, iters=self.hessian_iters))
+            if self._curv is not None and isinstance(est, HessianTopK):
+                est.vectors = self._curv[1].vectors
+            self._curv = (key, est)
+        self.controller.observe_curvature(step, self._curv[1](params, batch, aux))
+
+    def control(self, step: int, opt_state: Any, model: Any = None, batch: Any = None,
+                params: Any = None) -> Any:
+        """The host hook: call once per optimizer step, before step `step` runs (step 0, 1, ...).
+
+        opt_state: the optax state tree containing the TriAccelState (or an nnx.Optimizer, updated in
+        place, or a TrainState). model: the NNX model (default: the one given to TriAccel) whose
+        layer dtypes follow the decision. batch: b_curv samples for the curvature pass (needed only
+        at curvature steps). params: the parameters for curvature when there is no NNX model.
+        Returns opt_state with the new multipliers / loss-scale mode (same object when off a boundary).
+        """
+        if self.controller is None:
+            raise ValueError("control: no layers yet; call tx.init(params) first")
+        ctl, cfg = self.controller, self.config
+        model = model if model is not None else self.model
+        control, curv = ctl.is_control_step(step), ctl.is_curvature_step(step)
+        if not (control or curv):
+            return opt_state
+        ts = find_state(opt_state)
+        if control:
+            self._feed(ts)
+            sample = self.probe.read()
+            if sample is not None:
+                ctl.observe_memory(step, sample.used, sample.limit)
+        if curv:
+            self._curvature(step, params, model, batch)
+        d = ctl.decide(step)
+        if model is not None:  # assigns only changed dtypes: same policy -> same graph -> no retrace
+            precision_policy(model, d, self.layers)
+        return self._write(opt_state, ts, d)
+
+    def _write(self, opt_state: Any, ts: TriAccelState, d: Decision) -> Any:
+        fp16 = any(p == Precision.FP16 for p in d.precisions)
+        was = bool(jax.device_get(_value(ts.scaling)))
+        new = {"lr_mult": jnp.asarray(d.lr_multipliers, jnp.float32), "scaling": jnp.asarray(fp16),
+               "accum": jnp.asarray(d.accumulation, jnp.int32)}
+        if fp16 != was:  # scaling switches on at the initial scale, off at exactly 1
+            new["loss_scale"] = jnp.asarray(self.loss_scaling.init if fp16 else 1.0, jnp.float32)
+            new["good_steps"] = jnp.zeros((), jnp.int32)
+        if hasattr(opt_state, "opt_state") and hasattr(ts.count, "get_value"):
+            # nnx.Optimizer: its opt_state leaves are OptArray Variables; update them in place.
+            for k, v in new.items():
+                getattr(ts, k).set_value(v.astype(_value(getattr(ts, k)).dtype))
+            return opt_state
+        replaced = ts._replace(**{k: v.astype(jnp.asarray(_value(getattr(ts, k))).dtype) for k, v in new.items()})
+        if _is_state(opt_state):
+            return replaced
+        if hasattr(opt_state, "opt_state") and hasattr(opt_state, "replace"):  # flax TrainState
+            return opt_state.replace(opt_state=self._swap(opt_state.opt_state, replaced))
+        return self._swap(opt_state, replaced)
+
+    @staticmethod
+    def _swap(tree: Any, new: TriAccelState) -> Any:
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_state)
+        return jax.tree_util.tree_unflatten(treedef, [new if _is_state(x) else x for x in leaves])
+
+    # -- reporting & checkpoints -------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """Controller report plus compilations (traces of `jit` steps), lost and skipped rows."""
+        out = self.controller.report() if self.controller is not None else {}
+        out.update(compilations=sum(j.traces for j in self._jits), rows_lost=self.rows_lost,
+                   rows_skipped=self.rows_skipped)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe host state (the device state lives in the optax state: checkpoint both)."""
+        return {"controller": self.controller.state_dict() if self.controller else None,
+                "last_fed": self.last_fed, "rows_lost": self.rows_lost, "rows_skipped": self.rows_skipped}
+
+    def load_state_dict(self, sd: dict[str, Any], model: Any = None) -> None:
+        """Resume the host state; re-applies the decision's precision policy to `model` (or the
+        TriAccel's model) so the compute dtypes match the restored decision."""
+        if sd["controller"] is not None:
+            if self.controller is None:
+                raise ValueError("load_state_dict: no layers yet; call tx.init(params) first")
+            self.controller.load_state_dict(sd["controller"])
+        self.last_fed, self.rows_lost, self.rows_skipped = sd["last_fed"], sd["rows_lost"], sd["rows_skipped"]
+        model = model if model is not None else self.model
+        if model is not None and self.controller is not None:
+            precision_policy(model, self.controller.decision, self.layers)
+
+
+def wrap(tx: optax.GradientTransformation, config: TriAccelConfig, model: Any = None,
+         **kwargs: Any) -> TriAccelTransformation:
+    """One-liner: ``tx = wrap(optax.sgd(0.1), config)``. The returned transformation works alone;
+    for the loop to adapt, call ``opt_state = tx.control(step, opt_state, model, batch)`` once per
+    optimizer step before it runs (a no-op off control/curvature boundaries). kwargs go to TriAccel."""
+    return TriAccel(config, model, **kwargs).wrap(tx)
