@@ -1,0 +1,27 @@
+"""triaccel.kernels: one set of Triton kernels (gradient moments, per-segment cast) for torch and JAX.
+
+Dispatch: torch on CUDA -> Triton; torch on CPU -> Triton interpreter when ``TRITON_INTERPRET=1``,
+else the torch reference; JAX on GPU -> the same kernels through ``jax_triton`` (imported lazily);
+JAX on CPU -> the ``jnp`` reference. Neither torch nor jax is imported by this package itself.
+"""
+
+from .cast import cast_flat, cast_reference_jnp, cast_reference_torch, cast_to
+from .grad_moments import (
+    Moments,
+    grad_moments,
+    grad_moments_flat,
+    moments_reference_jnp,
+    moments_reference_torch,
+)
+
+__all__ = [
+    "Moments",
+    "grad_moments",
+    "grad_moments_flat",
+    "moments_reference_torch",
+    "moments_reference_jnp",
+    "cast_to",
+    "cast_flat",
+    "cast_reference_torch",
+    "cast_reference_jnp",
+]

@@ -1,0 +1,185 @@
+"""Framework detection, dtype codes and segment tables shared by the kernels.
+
+Imports neither torch nor jax at module import: the framework of an input is read from
+``type(x).__module__`` (einops-style), and torch/jax are imported only once an input of that
+framework has been seen.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+# Input dtype codes used inside the kernels (column "code" of a segment table).
+CODE_FP32 = 0
+CODE_FP16 = 1
+CODE_BF16 = 2
+
+# Target precision codes for the cast kernel; equal to ``triaccel.Precision`` values.
+PREC_FP16 = 0
+PREC_BF16 = 1
+PREC_FP32 = 2
+_PREC_BY_NAME = {"fp16": PREC_FP16, "bf16": PREC_BF16, "fp32": PREC_FP32}
+
+IMPLS = ("auto", "triton", "reference")
+
+
+def framework_of(x: Any) -> str:
+    """Return ``"torch"`` or ``"jax"`` for one array, without importing either framework."""
+    mod = type(x).__module__ or ""
+    root = mod.split(".", 1)[0]
+    if root == "torch":
+        return "torch"
+    if root in ("jax", "jaxlib"):
+        return "jax"
+    raise TypeError(
+        f"expected a torch.Tensor or a jax.Array, got {type(x).__module__}.{type(x).__qualname__}"
+    )
+
+
+def common_framework(arrays: Sequence[Any], param: str) -> str:
+    """Framework shared by all ``arrays``; TypeError naming ``param`` if they are mixed or empty."""
+    if len(arrays) == 0:
+        raise ValueError(f"{param}: got an empty sequence; need at least one tensor/array")
+    fws = {framework_of(a) for a in arrays}
+    if len(fws) != 1:
+        raise TypeError(f"{param}: mixed frameworks {sorted(fws)}; pass only torch tensors or only JAX arrays")
+    return fws.pop()
+
+
+def check_impl(impl: str) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r}: allowed values are {IMPLS}")
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def dtype_code(dtype_name: str, param: str) -> int:
+    """Kernel code of a float dtype given by its short name (torch or numpy/jax spelling)."""
+    name = dtype_name.rsplit(".", 1)[-1]
+    if name == "float32":
+        return CODE_FP32
+    if name == "float16":
+        return CODE_FP16
+    if name == "bfloat16":
+        return CODE_BF16
+    raise TypeError(f"{param}: dtype {dtype_name} is not supported; allowed: float32, float16, bfloat16")
+
+
+def parse_precision(p: Any, param: str) -> int:
+    """Precision code (fp16=0, bf16=1, fp32=2) from a ``triaccel.Precision`` or a string."""
+    short = getattr(p, "short", None)  # triaccel.Precision (IntEnum with .short)
+    if isinstance(short, str):
+        p = short
+    if isinstance(p, str):
+        code = _PREC_BY_NAME.get(p.lower())
+        if code is not None:
+            return code
+    raise ValueError(f"{param}: {p!r} is not a precision; allowed: triaccel.Precision or 'fp16', 'bf16', 'fp32'")
+
+
+def parse_offsets(offsets: Any, param: str = "offsets") -> np.ndarray:
+    """Host segment offsets (n+1,) int64, non-decreasing, starting at 0.
+
+    Offsets describe a static layout and must live on the host (a list, tuple or NumPy array):
+    reading them from the device would force a sync on every call.
+    """
+    if type(offsets).__module__.split(".", 1)[0] in ("torch", "jax", "jaxlib"):
+        raise TypeError(f"{param}: pass host offsets (list/tuple/np.ndarray), not a device array")
+    off = np.asarray(offsets)
+    if off.ndim != 1 or off.size < 1 or not np.issubdtype(off.dtype, np.integer):
+        raise ValueError(f"{param}: need a 1-D integer sequence of length n+1 >= 1, got {offsets!r}")
+    off = off.astype(np.int64)
+    if off[0] != 0 or np.any(np.diff(off) < 0):
+        raise ValueError(f"{param}: must start at 0 and be non-decreasing, got {off.tolist()[:16]}")
+    return off
+
+
+def chunk_rows(sizes: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split segments of ``sizes`` elements into chunks of at most ``chunk`` elements.
+
+    Returns (seg, start, stop) per chunk, start/stop relative to the segment's first element.
+    Empty segments get no chunk (their statistics stay zero).
+    """
+    if chunk <= 0:
+        raise ValueError(f"chunk={chunk}: must be > 0")
+    sizes = np.asarray(sizes, dtype=np.int64)
+    nch = (sizes + chunk - 1) // chunk
+    seg = np.repeat(np.arange(sizes.size, dtype=np.int64), nch)
+    first = np.cumsum(nch) - nch
+    k = np.arange(seg.size, dtype=np.int64) - np.repeat(first, nch)
+    start = k * chunk
+    stop = np.minimum(start + chunk, sizes[seg])
+    return seg, start, stop
+
+
+def as_leaves(tensors: Any, param: str) -> list:
+    """A list of arrays from a list/tuple of tensors, or the leaves of a JAX pytree."""
+    if isinstance(tensors, (list, tuple)) and all(_is_array(t) for t in tensors):
+        return list(tensors)
+    if _is_array(tensors):
+        raise TypeError(f"{param}: pass a list of tensors/arrays (or a pytree), not a single array")
+    import jax  # only a pytree of JAX arrays reaches here
+
+    leaves = jax.tree_util.tree_leaves(tensors)
+    for leaf in leaves:
+        framework_of(leaf)
+    return leaves
+
+
+def _is_array(x: Any) -> bool:
+    try:
+        framework_of(x)
+        return True
+    except TypeError:
+        return False
+
+
+def is_dense(t: Any) -> bool:
+    """torch: the tensor covers exactly ``numel`` consecutive elements from ``data_ptr()``."""
+    if t.is_contiguous():
+        return True
+    # a permutation of a contiguous layout: sorted by stride, each stride equals the product of the
+    # sizes below it (size-1 dims carry no constraint)
+    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    expect = 1
+    for st, sz in dims:
+        if st != expect:
+            return False
+        expect *= sz
+    return True
+
+
+def jax_on_gpu(arrays: Iterable[Any]) -> bool:
+    """True when the JAX arrays live on a GPU (tracers: the default backend decides)."""
+    import jax
+
+    for a in arrays:
+        devs = getattr(a, "devices", None)
+        if callable(devs):
+            try:
+                return any(d.platform == "gpu" for d in devs())
+            except Exception:  # tracers have no concrete device
+                break
+    return jax.default_backend() == "gpu"
+
+
+class LRU:
+    """Tiny dict cache for device tables keyed by layout (bounded so it cannot grow without end)."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self.data: dict = {}
+
+    def get(self, key):
+        return self.data.get(key)
+
+    def put(self, key, value) -> None:
+        if len(self.data) >= self.size:
+            self.data.pop(next(iter(self.data)))
+        self.data[key] = value

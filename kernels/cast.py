@@ -1,0 +1,266 @@
+"""Cast FP32 master weights to each segment's chosen precision in one launch.
+
+One ``@triton.jit`` kernel serves torch and JAX (``jax_triton.triton_call``). FP16 and BF16 outputs
+share one 16-bit buffer (int16 storage, viewed per segment as float16 or bfloat16); FP32 segments are
+passed through untouched (the input tensor/array itself, no copy). Rounding is round-to-nearest-even
+on the GPU (the Triton CPU interpreter truncates FP32->BF16, i.e. may be 1 ulp off).
+
+The kernel walks a chunk table with rows ``(base, start, stop, dst, code)``: ``base`` is the element
+offset of the segment in a flat FP32 buffer (MODE 0, JAX and flat torch) or the raw address of a
+torch tensor (MODE 1: a list of tensors read in place), ``dst`` the element offset of the segment in
+the 16-bit output, ``code`` 0 for FP16 and 1 for BF16 (the values of ``triaccel.Precision``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _dispatch as D
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+    tl = None
+
+BLOCK = 2048
+ITERS = 8
+NUM_WARPS = 8
+
+
+if triton is not None:
+
+    @triton.jit
+    def _cast_chunk(p, q, start, stop, OUT_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
+                    ITERS: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        for it in tl.static_range(ITERS):
+            idx = start + it * BLOCK + offs
+            m = idx < stop
+            x = tl.load(p + idx, mask=m, other=0.0)
+            y = x.to(OUT_DTYPE, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True)
+            tl.store(q + idx, y, mask=m)
+
+    @triton.jit
+    def _cast_kernel(x_ptr, table_ptr, out_ptr, MODE: tl.constexpr, BLOCK: tl.constexpr,
+                     ITERS: tl.constexpr):
+        """One program per chunk row ``(base, start, stop, dst, code)``; out_ptr: int16 buffer."""
+        pid = tl.program_id(0).to(tl.int64)
+        row = table_ptr + pid * 5
+        base = tl.load(row).to(tl.int64)
+        start = tl.load(row + 1).to(tl.int64)
+        stop = tl.load(row + 2).to(tl.int64)
+        dst = tl.load(row + 3).to(tl.int64)
+        code = tl.load(row + 4)
+        if MODE == 0:
+            src = x_ptr + base
+        else:
+            src = base.to(tl.pointer_type(tl.float32))
+        q = out_ptr + dst
+        if code == 1:
+            _cast_chunk(src, q, start, stop, tl.bfloat16, BLOCK, ITERS)
+        else:
+            _cast_chunk(src, q, start, stop, tl.float16, BLOCK, ITERS)
+
+
+def cast_reference_torch(tensors: Sequence[Any], codes: Sequence[int]) -> list:
+    """torch reference: per-tensor ``.to(dtype)`` (RNE); FP32 tensors returned as they are."""
+    import torch
+
+    dts = {D.PREC_FP16: torch.float16, D.PREC_BF16: torch.bfloat16}
+    return [t if c == D.PREC_FP32 else t.to(dts[c]) for t, c in zip(tensors, codes)]
+
+
+def cast_reference_jnp(arrays: Sequence[Any], codes: Sequence[int]) -> list:
+    """jnp reference: per-array ``astype`` (RNE); FP32 arrays returned as they are."""
+    import jax.numpy as jnp
+
+    dts = {D.PREC_FP16: jnp.float16, D.PREC_BF16: jnp.bfloat16}
+    return [a if c == D.PREC_FP32 else a.astype(dts[c]) for a, c in zip(arrays, codes)]
+
+
+def _codes(dtypes: Any, n: int) -> list[int]:
+    if isinstance(dtypes, str) or not isinstance(dtypes, Sequence):
+        raise TypeError(f"dtypes: need a sequence of {n} precisions, got {type(dtypes).__name__}")
+    if len(dtypes) != n:
+        raise ValueError(f"dtypes: got {len(dtypes)} precisions for {n} tensors; lengths must match")
+    return [D.parse_precision(p, f"dtypes[{i}]") for i, p in enumerate(dtypes)]
+
+
+def _layout(sizes: np.ndarray, codes: np.ndarray, src_base: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(table (nchunks, 5) int64, dst offset per segment (-1 for FP32), 16-bit buffer size)."""
+    half = codes != D.PREC_FP32
+    dst = np.full(sizes.size, -1, dtype=np.int64)
+    hs = np.where(half, sizes, 0)
+    dst[half] = (np.cumsum(hs) - hs)[half]
+    total = int(hs.sum())
+    seg, start, stop = D.chunk_rows(hs, chunk)  # FP32 segments get no chunk
+    table = np.stack([src_base[seg], start, stop, dst[seg], codes[seg]], axis=1)
+    return np.ascontiguousarray(table), dst, total
+
+
+_TABLES = D.LRU(128)
+
+
+def _use_triton_torch(device: Any, impl: str) -> bool:
+    D.check_impl(impl)
+    if impl == "reference":
+        return False
+    ok = triton is not None and (device.type == "cuda" or (device.type == "cpu" and D.interpreter_enabled()))
+    if impl == "triton" and not ok:
+        raise RuntimeError(f"impl='triton': Triton cannot run on {device} here "
+                           "(needs CUDA, or TRITON_INTERPRET=1 for CPU tensors)")
+    return ok
+
+
+def _torch_cast(tensors: Sequence[Any], codes: list[int], out: Any, impl: str,
+                block: int, iters: int, num_warps: int, flat: Any = None,
+                offsets: np.ndarray | None = None) -> tuple[Any, list]:
+    import torch
+
+    dts = {D.PREC_FP16: torch.float16, D.PREC_BF16: torch.bfloat16}
+    dev = tensors[0].device
+    for i, t in enumerate(tensors):
+        if t.dtype != torch.float32:
+            raise TypeError(f"tensors[{i}]: dtype {t.dtype}; cast_to takes float32 master weights")
+        if t.device != dev:
+            raise ValueError(f"tensors[{i}]: on {t.device}, but tensors[0] is on {dev}; all must share a device")
+        if not D.is_dense(t):
+            raise ValueError(f"tensors[{i}]: not dense (strides {t.stride()} for shape {tuple(t.shape)})")
+    sizes = np.array([t.numel() for t in tensors], dtype=np.int64)
+    code_arr = np.array(codes, dtype=np.int64)
+    chunk = block * iters
+    if flat is not None:
+        src = offsets[:-1]
+        key = ("flat", dev, chunk, offsets.tobytes(), code_arr.tobytes())
+    else:
+        src = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
+        key = (dev, chunk, src.tobytes(), sizes.tobytes(), code_arr.tobytes())
+    hit = _TABLES.get(key)
+    if hit is None:
+        table, dst, total = _layout(sizes, code_arr, src, chunk)
+        hit = (torch.from_numpy(table).to(dev), table.shape[0], dst, total)
+        _TABLES.put(key, hit)
+    table, nch, dst, total = hit
+    if out is None:
+        out = torch.empty(total, dtype=torch.int16, device=dev)
+    elif not (isinstance(out, torch.Tensor) and out.dtype == torch.int16 and out.dim() == 1
+              and out.numel() == total and out.is_contiguous() and out.device == dev):
+        raise ValueError(f"out: need a contiguous 1-D int16 tensor of {total} elements on {dev}")
+    views = []
+    for t, c, d in zip(tensors, codes, dst):
+        if c == D.PREC_FP32:
+            views.append(t)
+        else:
+            views.append(out[int(d):int(d) + t.numel()].view(dts[c]).as_strided(t.shape, t.stride()))
+    if _use_triton_torch(dev, impl):
+        if nch:
+            x = flat if flat is not None else out
+            _cast_kernel[(nch,)](x, table, out, MODE=0 if flat is not None else 1, BLOCK=block,
+                                 ITERS=iters, num_warps=num_warps)
+    else:
+        for v, t, c in zip(views, tensors, codes):
+            if c != D.PREC_FP32:
+                v.copy_(t)  # copy_ rounds to nearest even, like .to()
+    return out, views
+
+
+def _jax_cast(flat: Any, off: np.ndarray, codes: list[int], impl: str,
+              block: int, iters: int, num_warps: int) -> tuple[Any, list]:
+    """(int16 buffer of the 16-bit segments or None, list of 1-D per-segment arrays)."""
+    import jax
+    import jax.numpy as jnp
+
+    D.check_impl(impl)
+    if flat.dtype != jnp.float32 or flat.ndim != 1:
+        raise TypeError(f"flat: need a 1-D float32 array, got {flat.dtype} of shape {flat.shape}")
+    if int(off[-1]) != flat.size:
+        raise ValueError(f"offsets: last offset {int(off[-1])} != flat.size {flat.size}")
+    sizes = np.diff(off)
+    code_arr = np.array(codes, dtype=np.int64)
+    segs = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
+    gpu = D.jax_on_gpu([flat])
+    if impl == "triton" and not gpu:
+        raise RuntimeError("impl='triton': jax-triton needs a GPU; JAX arrays here are not on one")
+    if impl == "reference" or not gpu or triton is None:
+        return None, cast_reference_jnp(segs, codes)
+    import jax_triton as jt  # lazy: cannot be imported without a GPU
+
+    if off[-1] >= 2**31:
+        raise ValueError(f"flat: {int(off[-1])} elements; the JAX path indexes with int32 (< 2**31)")
+    table, dst, total = _layout(sizes, code_arr, off[:-1], block * iters)
+    if table.shape[0] == 0:
+        return None, segs
+    out = jt.triton_call(flat, jnp.asarray(table.astype(np.int32)), kernel=_cast_kernel,
+                         out_shape=jax.ShapeDtypeStruct((total,), jnp.int16), grid=(table.shape[0],),
+                         num_warps=num_warps, MODE=0, BLOCK=block, ITERS=iters)
+    dts = {D.PREC_FP16: jnp.float16, D.PREC_BF16: jnp.bfloat16}
+    parts = [s if c == D.PREC_FP32 else
+             jax.lax.bitcast_convert_type(out[int(d):int(d) + int(n)], dts[c])
+             for s, c, d, n in zip(segs, codes, dst, sizes)]
+    return out, parts
+
+
+def cast_to(tensors: Any, dtypes: Sequence[Any], *, out: Any = None, impl: str = "auto",
+            block: int = BLOCK, iters: int = ITERS, num_warps: int = NUM_WARPS) -> list:
+    """Cast each FP32 tensor/array to its precision, all in one launch; returns a list.
+
+    tensors: list of float32 torch tensors (dense, one device; read in place) or JAX arrays.
+    dtypes: one ``triaccel.Precision`` or "fp16"/"bf16"/"fp32" per tensor.
+    out: torch only: a reusable contiguous int16 buffer holding all 16-bit outputs (size = number
+        of elements of the FP16/BF16 tensors); allocated when None.
+    Returns, per input, a tensor/array of the input's shape (torch: and strides): for FP16/BF16 a
+    view into the shared 16-bit buffer, for FP32 the input itself.
+    """
+    leaves = D.as_leaves(tensors, "tensors")
+    fw = D.common_framework(leaves, "tensors")
+    codes = _codes(dtypes, len(leaves))
+    if fw == "torch":
+        return _torch_cast(leaves, codes, out, impl, block, iters, num_warps)[1]
+    if out is not None:
+        raise TypeError("out: only supported for torch tensors (JAX is functional)")
+    import jax.numpy as jnp
+
+    for i, a in enumerate(leaves):
+        if a.dtype != jnp.float32:
+            raise TypeError(f"tensors[{i}]: dtype {a.dtype}; cast_to takes float32 master weights")
+    half = [i for i, c in enumerate(codes) if c != D.PREC_FP32]
+    res = list(leaves)
+    if not half:
+        return res
+    # only the 16-bit segments travel through the flat buffer; FP32 ones are passed through
+    flat = jnp.concatenate([leaves[i].reshape(-1) for i in half])
+    off = np.concatenate([[0], np.cumsum([leaves[i].size for i in half])]).astype(np.int64)
+    _, parts = _jax_cast(flat, off, [codes[i] for i in half], impl, block, iters, num_warps)
+    for i, p in zip(half, parts):
+        res[i] = p.reshape(leaves[i].shape)
+    return res
+
+
+def cast_flat(flat: Any, offsets: Sequence[int], dtypes: Sequence[Any], *, out: Any = None,
+              impl: str = "auto", block: int = BLOCK, iters: int = ITERS,
+              num_warps: int = NUM_WARPS) -> tuple[Any, list]:
+    """Segment-level cast of a flat FP32 buffer (1-D torch tensor or JAX array).
+
+    offsets: host (n+1,) segment offsets into ``flat``; dtypes: one precision per segment.
+    Returns ``(buf16, parts)``: the int16 buffer holding the FP16/BF16 segments back to back in
+    segment order (None for JAX on the reference path or when no segment is 16-bit) and the 1-D
+    per-segment results (FP32 segments are slices of ``flat``).
+    """
+    off = D.parse_offsets(offsets)
+    codes = _codes(dtypes, off.size - 1)
+    if D.framework_of(flat) == "torch":
+        if flat.dim() != 1 or not flat.is_contiguous():
+            raise ValueError(f"flat: need a contiguous 1-D tensor, got shape {tuple(flat.shape)}")
+        if int(off[-1]) != flat.numel():
+            raise ValueError(f"offsets: last offset {int(off[-1])} != flat.numel() {flat.numel()}")
+        segs = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
+        if not segs:
+            raise ValueError("offsets: need at least one segment")
+        return _torch_cast(segs, codes, out, impl, block, iters, num_warps, flat=flat, offsets=off)
+    if out is not None:
+        raise TypeError("out: only supported for torch tensors (JAX is functional)")
+    return _jax_cast(flat, off, codes, impl, block, iters, num_warps)

@@ -1,0 +1,115 @@
+"""cast_to / cast_flat: Triton (interpreter) and references against NumPy casts."""
+
+import numpy as np
+
+np.seterr(over="ignore")  # expected FP32 -> FP16 overflows to Inf in the NumPy ground truth
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from triaccel.kernels import cast_flat, cast_reference_jnp, cast_reference_torch, cast_to  # noqa: E402
+
+CFG = dict(block=1024, iters=4)
+
+
+def bf16_bits_rne(x: np.ndarray) -> np.ndarray:
+    """FP32 -> BF16 bit patterns with round-to-nearest-even, in NumPy (NaN kept NaN)."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return r.view(np.int16)
+
+
+def values(n, seed):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)).astype(np.float32)
+    special = np.float32([0.0, -0.0, np.inf, -np.inf, 65504.0, 70000.0, 1e-8, 3e38, 1.0 + 2 ** -8])
+    x[: min(n, special.size)] = special[: min(n, special.size)]
+    return x
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_cast_list_mixed_precisions(impl):
+    import triaccel.kernels._dispatch as D
+
+    sizes = [1, 7, 1023, 0, 65537, 5]
+    xs = [values(n, i) for i, n in enumerate(sizes)]
+    ts = [torch.from_numpy(x.copy()) for x in xs]
+    ts[2] = ts[2].reshape(31, 33)
+    precs = ["fp16", "bf16", "bf16", "fp16", "fp16", "fp32"]
+    out = cast_to(ts, precs, impl=impl, **CFG)
+    assert out[5] is ts[5]
+    assert out[2].shape == (31, 33) and out[2].dtype == torch.bfloat16
+    for x, o, p in zip(xs, out, precs):
+        if p == "fp16":
+            np.testing.assert_array_equal(o.view(torch.int16).numpy().ravel(), x.astype(np.float16).view(np.int16))
+        elif p == "bf16":
+            got = o.reshape(-1).view(torch.int16).numpy().astype(np.int32)
+            exp = bf16_bits_rne(x).astype(np.int32)
+            if impl == "triton" and D.interpreter_enabled():
+                assert np.all(np.abs(got - exp) <= 1)  # the interpreter truncates
+            else:
+                np.testing.assert_array_equal(got, exp)
+    # FP16 and BF16 outputs share one 16-bit buffer
+    ptrs = {o.untyped_storage().data_ptr() for o, p in zip(out, precs) if p != "fp32"}
+    assert len(ptrs) == 1
+
+
+def test_cast_precision_enum_like_and_channels_last():
+    class FakePrecision(int):  # stands in for triaccel.Precision (IntEnum with .short)
+        short = "bf16"
+
+    w = torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last)
+    (o,) = cast_to([w], [FakePrecision(1)], **CFG)
+    assert o.stride() == w.stride()
+    assert torch.allclose(o.float(), w, rtol=2 ** -7)
+
+
+def test_cast_flat_and_out_reuse():
+    x = torch.from_numpy(values(3000, 9))
+    off = [0, 1000, 1001, 3000]
+    buf, parts = cast_flat(x, off, ["fp16", "fp32", "fp16"], **CFG)
+    assert buf.dtype == torch.int16 and buf.numel() == 2999
+    assert parts[1].data_ptr() == x[1000:1001].data_ptr()
+    np.testing.assert_array_equal(parts[2].view(torch.int16).numpy(), x[1001:].numpy().astype(np.float16).view(np.int16))
+    buf2, _ = cast_flat(x, off, ["fp16", "fp32", "fp16"], out=buf, **CFG)
+    assert buf2 is buf
+
+
+def test_jax_cast_matches_numpy():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    xs = [values(n, 10 + n) for n in (7, 1023)]
+    arrs = [jnp.asarray(x) for x in xs]
+    out = cast_to(arrs, ["bf16", "fp16"])
+    np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(out[0], jnp.int16)), bf16_bits_rne(xs[0]))
+    np.testing.assert_array_equal(np.asarray(out[1]).view(np.int16), xs[1].astype(np.float16).view(np.int16))
+    assert cast_to(arrs, ["fp32", "fp32"])[0] is arrs[0]
+    _, parts = cast_flat(jnp.concatenate(arrs), [0, 7, 1030], ["fp16", "bf16"])
+    assert parts[1].dtype == jnp.bfloat16 and parts[1].shape == (1023,)
+
+
+def test_torch_and_jnp_references_agree():
+    jax = pytest.importorskip("jax")
+    xs = [values(n, 20 + n) for n in (1, 1023, 4097)]
+    codes = [0, 1, 2]
+    rt = cast_reference_torch([torch.from_numpy(x) for x in xs], codes)
+    rj = cast_reference_jnp([jax.numpy.asarray(x) for x in xs], codes)
+    for a, b in zip(rt, rj):
+        np.testing.assert_array_equal(a.float().numpy(), np.asarray(b.astype(jax.numpy.float32)))
+
+
+def test_cast_errors():
+    jax = pytest.importorskip("jax")
+    with pytest.raises(ValueError, match="lengths must match"):
+        cast_to([torch.zeros(3), torch.zeros(2)], ["fp16"])
+    with pytest.raises(ValueError, match="dtypes\\[0\\]"):
+        cast_to([torch.zeros(3)], ["int8"])
+    with pytest.raises(TypeError, match="float32 master"):
+        cast_to([torch.zeros(3, dtype=torch.float16)], ["fp16"])
+    with pytest.raises(TypeError, match="mixed frameworks"):
+        cast_to([torch.zeros(3), jax.numpy.zeros(3)], ["fp16", "fp16"])
+    with pytest.raises(TypeError, match="dtypes"):
+        cast_to([torch.zeros(3)], "fp16")

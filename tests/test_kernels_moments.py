@@ -1,0 +1,191 @@
+"""grad_moments: Triton (interpreter) and references against float64 NumPy."""
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from triaccel.kernels import (  # noqa: E402
+    grad_moments,
+    grad_moments_flat,
+    moments_reference_jnp,
+    moments_reference_torch,
+)
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# small launch config so that multi-chunk segments show up at test sizes
+CFG = dict(block=1024, iters=4)
+
+
+def ref64(tensors, inv_scale=1.0):
+    rows = []
+    for t in tensors:
+        x = t.float().numpy().astype(np.float64).ravel() * np.float32(inv_scale)
+        fin = np.isfinite(x)
+        xf = np.where(fin, x, 0.0)
+        rows.append((xf.sum(), (xf * xf).sum(), int((~fin).sum()), np.abs(xf).sum()))
+    return rows
+
+
+def check(m, tensors, inv_scale=1.0, rtol=2e-6):
+    for i, (s, q, nf, a) in enumerate(ref64(tensors, inv_scale)):
+        n = max(tensors[i].numel(), 1)
+        assert abs(float(m.sum[i]) - s) <= rtol * (a + 1e-30) * np.sqrt(n) + 1e-30, (i, float(m.sum[i]), s)
+        assert abs(float(m.sumsq[i]) - q) <= rtol * q * np.sqrt(n) + 1e-30, (i, float(m.sumsq[i]), q)
+        assert int(m.nonfinite[i]) == nf
+
+
+def make(sizes, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, generator=g) * 3 + 0.5).to(dtype) for n in sizes]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_odd_sizes(dtype, impl):
+    ts = make([1, 7, 1023, 0, 65537, 1], dtype)
+    m = grad_moments(ts, impl=impl, **CFG)
+    assert m.sum.dtype == torch.float32 and m.sumsq.dtype == torch.float32
+    assert m.nonfinite.dtype == torch.int32 and m.sum.shape == (6,)
+    check(m, ts)
+
+
+def test_mixed_dtypes_shapes_and_layouts_one_call():
+    g = torch.Generator().manual_seed(1)
+    conv = torch.randn(8, 3, 5, 5, generator=g).to(memory_format=torch.channels_last)
+    ts = [conv, torch.randn(33, 17, generator=g).half(), torch.randn(4097, generator=g).bfloat16()]
+    check(grad_moments(ts, **CFG), ts)
+
+
+def test_many_segments():
+    rng = np.random.default_rng(2)
+    sizes = rng.integers(0, 40, size=60).tolist()
+    ts = make(sizes, torch.float32, seed=3)
+    check(grad_moments(ts, **CFG), ts)
+
+
+def test_nonfinite_counted_and_excluded():
+    x = torch.tensor([1.0, float("nan"), -2.0, float("inf"), float("-inf"), 3.0])
+    y = torch.full((2000,), float("nan"), dtype=torch.float16)
+    z = torch.tensor([float("inf")], dtype=torch.bfloat16)
+    m = grad_moments([x, y, z], **CFG)
+    assert m.sum.tolist() == [2.0, 0.0, 0.0]
+    assert m.sumsq.tolist() == [14.0, 0.0, 0.0]
+    assert m.nonfinite.tolist() == [3, 2000, 1]
+
+
+def test_huge_and_subnormal_values():
+    huge = torch.tensor([1e18, -1e18, 3e18, 3.0e38])
+    sub = torch.tensor([1e-40, -3e-42, 1e-45, 2e-39])
+    m = grad_moments([huge, sub], **CFG)
+    assert float(m.sum[0]) == pytest.approx(3.0e38, rel=1e-6)
+    assert m.sumsq[0].item() == float("inf") and int(m.nonfinite[0]) == 0  # FP32 sumsq overflow
+    assert float(m.sum[1]) == pytest.approx(float(sub.double().sum()), rel=1e-5, abs=1e-45)
+    assert float(m.sumsq[1]) == 0.0  # squares of subnormals underflow in FP32
+    big = torch.tensor([1e18, -1e18, 3e18])
+    check(grad_moments([big], **CFG), [big])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inv_scale_float_and_tensor_unscale_in_place(dtype):
+    base = make([7, 5000], dtype, seed=4)
+    base[1][17] = float("inf")
+    for inv in (0.125, torch.tensor([1.0 / 1024.0])):
+        ts = [t.clone() for t in base]
+        exp = [t.clone() for t in base]
+        moments_reference_torch(exp, inv)
+        scale = float(inv) if isinstance(inv, float) else float(inv.item())
+        m = grad_moments(ts, inv_scale=inv, **CFG)
+        check(m, base, scale)
+        for t, e in zip(ts, exp):
+            if dtype == torch.bfloat16:  # interpreter truncates FP32 -> BF16 on store
+                assert torch.allclose(t.float(), e.float(), rtol=2 ** -7, equal_nan=True)
+            else:
+                assert torch.equal(t.float().nan_to_num(0.0), e.float().nan_to_num(0.0))
+        assert bool(torch.isinf(ts[1][17]))
+
+
+def test_out_row_of_preallocated_buffer_and_flat_entry():
+    sizes = [5, 0, 3000, 1]
+    ts = make(sizes, torch.float32, seed=5)
+    buf = torch.full((4, len(sizes), 3), -7.0)
+    res = grad_moments(ts, out=buf[2], **CFG)
+    assert res.data_ptr() == buf[2].data_ptr()
+    assert torch.all(buf[1] == -7.0) and torch.all(buf[3] == -7.0)
+    flat = torch.cat([t.ravel() for t in ts])
+    off = np.concatenate([[0], np.cumsum(sizes)])
+    m = grad_moments_flat(flat, off, **CFG)
+    check(m, ts)
+    assert torch.allclose(buf[2][:, 0], m.sum, rtol=1e-6, atol=1e-6)
+    assert torch.equal(buf[2][:, 2].to(torch.int32), m.nonfinite)
+    # flat unscale in place
+    m2 = grad_moments_flat(flat, off.tolist(), inv_scale=0.5, **CFG)
+    assert torch.equal(flat, torch.cat([t.ravel() for t in ts]) * 0.5)
+    check(m2, ts, 0.5)
+
+
+def test_jax_list_pytree_and_flat():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rng = np.random.default_rng(6)
+    leaves = {"a": rng.standard_normal((3, 7)).astype(np.float32),
+              "b": [rng.standard_normal(1023).astype(np.float16), np.float32([np.nan, 2.0])]}
+    tree = jax.tree_util.tree_map(jnp.asarray, leaves)
+    m = grad_moments(tree)
+    ts = [torch.from_numpy(np.asarray(x)) for x in jax.tree_util.tree_leaves(tree)]
+    check(m, ts)
+    assert m.nonfinite.dtype == jnp.int32
+    m2, un = grad_moments(tree, inv_scale=0.25)
+    check(m2, ts, 0.25)
+    assert jax.tree_util.tree_structure(un) == jax.tree_util.tree_structure(tree)
+    assert un["b"][0].dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(un["a"]), leaves["a"] * np.float32(0.25))
+    flat = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(tree)])
+    m3 = grad_moments_flat(flat, [0, 21, 1044, 1046])
+    np.testing.assert_allclose(np.asarray(m3.sum), np.asarray(m.sum), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_torch_and_jnp_references_agree(dtype):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    ts = make([1, 7, 1023, 0, 4097], getattr(torch, dtype), seed=7)
+    ts[2][5] = float("nan")
+    rt = moments_reference_torch([t.clone() for t in ts], 0.5)
+    flat = jnp.concatenate([jnp.asarray(t.float().numpy()).astype(getattr(jnp, dtype)) for t in ts])
+    off = np.concatenate([[0], np.cumsum([t.numel() for t in ts])])
+    rj, un = moments_reference_jnp(flat, off, 0.5)
+    np.testing.assert_allclose(np.asarray(rj), rt.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(un.astype(jnp.float32)),
+                                  np.concatenate([t.float().numpy().ravel() * 0.5 for t in ts]))
+
+
+def test_errors():
+    jax = pytest.importorskip("jax")
+    with pytest.raises(TypeError, match="mixed frameworks"):
+        grad_moments([torch.zeros(3), jax.numpy.zeros(3)])
+    with pytest.raises(TypeError, match="tensors\\[1\\]"):
+        grad_moments([torch.zeros(3), torch.zeros(3, dtype=torch.int32)])
+    with pytest.raises(TypeError, match="torch.Tensor or a jax.Array"):
+        grad_moments([np.zeros(3)])
+    with pytest.raises(ValueError, match="empty"):
+        grad_moments([])
+    with pytest.raises(ValueError, match="inv_scale"):
+        grad_moments([torch.zeros(3)], inv_scale=-1.0)
+    with pytest.raises(ValueError, match="inv_scale"):
+        grad_moments([torch.zeros(3)], inv_scale=torch.ones(2))
+    with pytest.raises(ValueError, match="out"):
+        grad_moments([torch.zeros(3)], out=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="offsets"):
+        grad_moments_flat(torch.zeros(5), [0, 3, 2, 5])
+    with pytest.raises(ValueError, match="offsets"):
+        grad_moments_flat(torch.zeros(5), [0, 3])
+    with pytest.raises(ValueError, match="impl"):
+        grad_moments([torch.zeros(3)], impl="cuda")
+    with pytest.raises(ValueError, match="dense"):
+        grad_moments([torch.zeros(4, 4)[:, ::2]], impl="triton")
