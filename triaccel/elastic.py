@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import numpy as np
 
 from .batching import OOMAtMinimumBatch
 
 __all__ = [
+    "ElasticIndexLoader",
     "ElasticSampler",
     "ElasticStepReport",
     "OOMAtMinimumBatch",
@@ -34,6 +35,8 @@ __all__ = [
     "split_indices",
     "validate_batch_bounds",
     "check_batch_size",
+    "controlled_step",
+    "memory_pair",
 ]
 
 T = TypeVar("T")
@@ -288,3 +291,174 @@ def run_elastic_step(
     report.micro_batch = micro
     return report
 
+
+
+def memory_pair(reading: Any) -> tuple[int, int] | None:
+    """(used_bytes, limit_bytes) from a probe reading, or None when there is no reading.
+
+    Accepts the torch probe's `MemoryReading` (used_bytes, limit_bytes), the JAX probe's
+    `MemorySample` (used, limit) or a plain (used, limit) pair, so that both backends feed
+    `Controller.observe_memory` the same way.
+    """
+    if reading is None:
+        return None
+    if isinstance(reading, tuple):
+        used, limit = reading
+    elif hasattr(reading, "used_bytes"):
+        used, limit = reading.used_bytes, reading.limit_bytes
+    else:
+        used, limit = reading.used, reading.limit
+    return int(used), int(limit)
+
+
+class ElasticIndexLoader:
+    """Framework-free bookkeeping of an elastic loader; backends subclass it and add `fetch`.
+
+    Holds the `ElasticSampler`, the micro-batch size (`batch_size`) and the logical batch
+    (`logical_batch`, samples per optimizer step; equal to batch_size unless accumulating), both
+    changeable between any two steps (`set_batch_size` or `apply(decision)`), and counts what the
+    elastic steps did (`stats`). Subclasses implement `fetch(indices) -> batch`.
+    """
+
+    def __init__(self, num_samples: int, *, batch_size: int, seed: int = 0, shuffle: bool = True) -> None:
+        self.sampler = ElasticSampler(num_samples, seed, shuffle=shuffle)
+        self.batch_size = check_batch_size("batch_size", batch_size)
+        self.logical_batch = self.batch_size
+        self.stats: dict[str, int] = {"steps": 0, "samples": 0, "ooms": 0, "replayed": 0}
+        self.end_of_epoch = False   # True right after the step that completed an epoch
+
+    def __len__(self) -> int:
+        return self.sampler.num_samples
+
+    @property
+    def num_samples(self) -> int:
+        return self.sampler.num_samples
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def fetch(self, indices: np.ndarray) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- batch size -------------------------------------------------------------------------
+    def set_batch_size(self, batch_size: int, logical_batch: int | None = None) -> None:
+        """Micro-batch size (samples) from the next step on; logical_batch defaults to it."""
+        self.batch_size = check_batch_size("batch_size", batch_size)
+        self.logical_batch = (self.batch_size if logical_batch is None
+                              else check_batch_size("logical_batch", logical_batch))
+
+    def apply(self, decision: Any) -> None:
+        """Take batch_size and logical_batch from a controller `Decision`."""
+        self.set_batch_size(decision.batch_size, decision.logical_batch)
+
+    def check_bounds(self, batch_min: int, batch_max: int | None = None) -> None:
+        """ValueError when [batch_min, batch_max] cannot fit this dataset (see validate_batch_bounds)."""
+        validate_batch_bounds(self.num_samples, batch_min, batch_max)
+
+    # -- indices ----------------------------------------------------------------------------
+    def next_indices(self, n: int | None = None) -> np.ndarray:
+        """Take the next step's indices (default: `logical_batch` of them; fewer at an epoch's end).
+
+        Starts the next epoch first when the current one is complete, so a step never spans
+        two epochs.
+        """
+        if self.sampler.epoch_done:
+            self.sampler.next_epoch()
+        idx = self.sampler.take(self.logical_batch if n is None else n)
+        if idx.size == 0:
+            raise ValueError(f"next_indices: epoch {self.epoch} has no indices left to hand out while "
+                             f"{self.sampler.in_flight} are in flight; complete or put them back first")
+        self.end_of_epoch = False
+        return idx
+
+    def complete(self, indices: np.ndarray, report: ElasticStepReport[Any] | None = None) -> None:
+        """The step over `indices` succeeded: retire them and count it."""
+        self.sampler.complete(indices)
+        self.end_of_epoch = self.sampler.epoch_done
+        self.stats["steps"] += 1
+        self.stats["samples"] += int(len(indices))
+        if report is not None:
+            self.stats["ooms"] += report.ooms
+            self.stats["replayed"] += report.replayed
+
+    def put_back(self, indices: np.ndarray) -> None:
+        """The step over `indices` failed: they are replayed first by the next step."""
+        self.sampler.put_back(indices)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Plain pass over the rest of the current epoch at the current batch_size (no OOM retry).
+
+        A batch counts as used once the consumer asks for the next one; breaking out puts the
+        last one back. Useful for evaluation; training goes through the backend's elastic_step.
+        """
+        if self.sampler.epoch_done:
+            self.sampler.next_epoch()
+        while self.sampler.remaining:
+            idx = self.sampler.take(self.batch_size)
+            try:
+                yield self.fetch(idx)
+            except GeneratorExit:
+                self.put_back(idx)
+                raise
+            self.complete(idx)
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe: sampler position (mid-epoch exact), batch sizes and counters."""
+        return {"sampler": self.sampler.state_dict(), "batch_size": self.batch_size,
+                "logical_batch": self.logical_batch, "stats": dict(self.stats),
+                "end_of_epoch": self.end_of_epoch}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(sd["sampler"])
+        self.set_batch_size(sd["batch_size"], sd["logical_batch"])
+        self.stats = {k: int(v) for k, v in sd["stats"].items()}
+        self.end_of_epoch = bool(sd["end_of_epoch"])
+
+
+R = TypeVar("R")
+
+
+def controlled_step(
+    loader: ElasticIndexLoader,
+    controller: Any,
+    step: int,
+    *,
+    run_micro: Callable[[np.ndarray, float], T],
+    finish: Callable[[Any, ElasticStepReport[T]], R],
+    is_oom: Callable[[BaseException], bool],
+    free_memory: Callable[[], None],
+    read_memory: Callable[[], tuple[int, int] | None] | None = None,
+) -> R:
+    """One optimizer step under the controller, shared by the torch and JAX `elastic_step`.
+
+    decide(step) -> the loader applies the decision -> the step's indices -> `run_elastic_step`
+    (OOM -> `controller.observe_oom(step)`, replay at the new size) -> `finish(decision, report)`
+    (the backend's optimizer update; `decision` is the one in force when the step started, whose
+    lr_batch_scale matches the samples actually used) -> indices completed -> memory observed.
+    If anything raises, the step's indices are put back (replayed first next time) and the error
+    propagates, so no sample is lost.
+    """
+    cfg = getattr(controller, "config", None)
+    if cfg is not None and not getattr(loader, "_bounds_checked", False):
+        loader.check_bounds(cfg.batch_min, cfg.batch_max)
+        loader._bounds_checked = True  # type: ignore[attr-defined]
+    decision = controller.decide(step)
+    loader.apply(decision)
+    idx = loader.next_indices()
+    try:
+        report = run_elastic_step(
+            idx, micro_batch=decision.batch_size, run_micro=run_micro, is_oom=is_oom,
+            on_oom=lambda: controller.observe_oom(step).batch_size, free_memory=free_memory)
+        result = finish(decision, report)
+    except BaseException:
+        loader.put_back(idx)
+        loader.apply(controller.decision)
+        raise
+    loader.complete(idx, report)
+    loader.apply(controller.decision)   # an OOM may have shrunk it mid-step
+    mem = read_memory() if read_memory is not None else None
+    if mem is not None:
+        controller.observe_memory(step, *mem)
+    return result

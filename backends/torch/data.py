@@ -1,0 +1,256 @@
+"""Memory-elastic data loading for PyTorch: batch size changes at the controller's word, OOMs survived.
+
+Two sources, one loader (`ElasticLoader`):
+
+- device-resident tensors (`ElasticLoader(images, labels, ...)`): e.g. CIFAR's uint8 images kept on
+  the GPU; gathering and augmentation (`transform`, e.g. the functions of
+  `triaccel.backends.torch.augment`) run on the device, with no host work per step;
+- any map-style `torch.utils.data.Dataset` (`ElasticLoader.from_dataset`): items gathered by index
+  and collated (threads when `num_workers > 0`), then moved to `device`.
+
+`elastic_step(loader, controller, loss_fn, optimizer, step)` runs one optimizer step with
+out-of-memory survival: `torch.OutOfMemoryError` is caught, memory is freed outside the except
+block, the controller shrinks the batch at once, and the failed samples are replayed at the new
+size; every sample of an epoch is used exactly once (see `triaccel.elastic`).
+
+Budget: the controller keeps measured memory below `memory_budget`; `enforce_memory_budget` can in
+addition make CUDA's caching allocator refuse to grow past it
+(`torch.cuda.set_per_process_memory_fraction`), which turns an overshoot into an OOM that
+`elastic_step` survives.
+"""
+
+from __future__ import annotations
+
+import gc
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from triaccel.batching import resolve_memory_limit
+from triaccel.config import parse_bytes
+from triaccel.elastic import ElasticIndexLoader, ElasticStepReport, controlled_step, memory_pair
+
+__all__ = ["ElasticLoader", "ElasticStepResult", "elastic_step", "enforce_memory_budget",
+           "free_memory", "is_oom"]
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for torch's out-of-memory error (`torch.OutOfMemoryError`, CUDA's included) only."""
+    return isinstance(exc, torch.OutOfMemoryError)
+
+
+def free_memory() -> None:
+    """Collect garbage and return cached CUDA blocks; call it outside any except block."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def enforce_memory_budget(budget: int | str, device: torch.device | str | int | None = None) -> float:
+    """Cap this process's CUDA allocator at `budget` bytes (int or e.g. "4GiB"); returns the fraction.
+
+    Uses `torch.cuda.set_per_process_memory_fraction(budget / total)`: allocations beyond it raise
+    `torch.OutOfMemoryError` (which `elastic_step` survives). ValueError when the budget exceeds the
+    device; RuntimeError without CUDA.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("enforce_memory_budget: CUDA is not available; a memory budget can only be "
+                           "enforced on a CUDA device")
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    total = int(torch.cuda.get_device_properties(dev).total_memory)
+    limit = resolve_memory_limit(parse_bytes(budget, "memory_budget"), total)
+    assert limit is not None
+    fraction = limit / total
+    torch.cuda.set_per_process_memory_fraction(fraction, dev)
+    return fraction
+
+
+def _to_device(batch: Any, device: torch.device | None) -> Any:
+    if device is None:
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+class ElasticLoader(ElasticIndexLoader):
+    """Elastic loader over device-resident tensors, or over a Dataset (`from_dataset`).
+
+    tensors: `data` (N, ...) any dtype (e.g. uint8 NHWC/NCHW images, on the GPU when it fits);
+      `targets` (N,) or None. A batch is `(transform(data[idx]), targets[idx])`, or
+      `transform(data[idx])` without targets; `transform` (optional) maps a batch tensor to a
+      batch tensor (augmentation, normalisation, dtype/layout conversion) and runs where the data
+      lives. Index tensors are built on the data's device.
+    batch_size: initial micro-batch size (samples); `set_batch_size`/`apply(decision)` change it.
+    seed/shuffle: the per-epoch order (see `ElasticSampler`).
+    """
+
+    def __init__(self, data: torch.Tensor, targets: torch.Tensor | None = None, *, batch_size: int,
+                 seed: int = 0, shuffle: bool = True,
+                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        if not isinstance(data, torch.Tensor) or data.dim() == 0:
+            raise ValueError(f"data: expected a torch.Tensor with a leading sample axis, got "
+                             f"{type(data).__name__}; use ElasticLoader.from_dataset for a Dataset")
+        if targets is not None and (not isinstance(targets, torch.Tensor) or targets.shape[0] != data.shape[0]):
+            raise ValueError(f"targets: expected a tensor with {data.shape[0]} rows (one per sample), got "
+                             f"{getattr(targets, 'shape', type(targets).__name__)}")
+        super().__init__(int(data.shape[0]), batch_size=batch_size, seed=seed, shuffle=shuffle)
+        self.data, self.targets, self.transform = data, targets, transform
+        self.dataset: Any = None
+        self.device = data.device
+
+    @classmethod
+    def from_dataset(cls, dataset: Any, *, batch_size: int, seed: int = 0, shuffle: bool = True,
+                     transform: Callable[[Any], Any] | None = None,
+                     collate_fn: Callable[[list[Any]], Any] | None = None,
+                     device: torch.device | str | None = None, num_workers: int = 0) -> "ElasticLoader":
+        """Loader over a map-style Dataset (`__len__`, `__getitem__(int)`).
+
+        A batch is `collate_fn([dataset[i] for i in idx])` (default `default_collate`), moved to
+        `device`, then `transform` applied to its inputs (element 0 of a tuple/list batch, else the
+        batch). num_workers > 0 gathers items in that many threads (decoding libraries such as PIL
+        release the GIL); workers live as long as the loader.
+        """
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise ValueError(f"dataset: expected a map-style Dataset with __len__ and __getitem__, got "
+                             f"{type(dataset).__name__}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers={num_workers!r}: must be an integer >= 0")
+        self = cls.__new__(cls)
+        ElasticIndexLoader.__init__(self, len(dataset), batch_size=batch_size, seed=seed, shuffle=shuffle)
+        self.data = self.targets = None
+        self.dataset, self.transform = dataset, transform
+        self.collate_fn = collate_fn or torch.utils.data.default_collate
+        self.device = torch.device(device) if device is not None else None
+        self._pool = ThreadPoolExecutor(num_workers) if num_workers > 0 else None
+        return self
+
+    def fetch(self, indices: np.ndarray) -> Any:
+        """The batch of samples `indices` (int array), on the loader's device, transformed."""
+        if self.dataset is None:
+            idx = torch.as_tensor(np.asarray(indices, dtype=np.int64), device=self.device)
+            x = self.data.index_select(0, idx)
+            if self.transform is not None:
+                x = self.transform(x)
+            return x if self.targets is None else (x, self.targets.index_select(0, idx))
+        ids = [int(i) for i in indices]
+        items = list(self._pool.map(self.dataset.__getitem__, ids)) if self._pool else [self.dataset[i] for i in ids]
+        batch = _to_device(self.collate_fn(items), self.device)
+        if self.transform is not None:
+            if isinstance(batch, (tuple, list)):
+                batch = type(batch)([self.transform(batch[0]), *batch[1:]])
+            else:
+                batch = self.transform(batch)
+        return batch
+
+
+@dataclass
+class ElasticStepResult:
+    """One elastic optimizer step.
+
+    loss: sample-weighted mean of loss_fn over the step's samples (0-dim tensor, detached; no host
+      sync). samples: samples in the step. micro_sizes: micro-batch sizes run, in order. ooms:
+      OOMs survived in this step; replayed: samples re-run after them. decision: the controller's
+      decision the step started with (its lr_batch_scale was applied). epoch/end_of_epoch: the
+      epoch of the samples and whether this step completed it.
+    """
+
+    loss: torch.Tensor
+    samples: int
+    micro_sizes: list[int]
+    ooms: int
+    replayed: int
+    decision: Any
+    epoch: int
+    end_of_epoch: bool
+
+
+def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any], torch.Tensor],
+                 optimizer: torch.optim.Optimizer, step: int, *, scaler: Any = None,
+                 probe: Any = None, apply_lr_batch_scale: bool = True,
+                 optimizer_step: Callable[[Any], None] | None = None) -> ElasticStepResult:
+    """One optimizer step over the controller's logical batch, surviving out-of-memory errors.
+
+    loss_fn(batch) -> 0-dim mean loss over the micro-batch `batch` (as produced by `loader.fetch`);
+      it runs the forward pass (autocast etc. are the caller's).
+    optimizer: gradients are zeroed at the start; micro-batch gradients are accumulated weighted by
+      their share of the step's samples, so the result equals the gradient of the mean loss over
+      the whole logical batch. The first micro-batch backpropagates into `.grad` directly (an OOM
+      there is undone by zeroing); later ones compute their gradients with `torch.autograd.grad`
+      and add them only once complete, so an OOM mid-backward leaves no partial gradient. (A
+      failed forward may still have moved BatchNorm running statistics.)
+    scaler: an optional `torch.amp.GradScaler` (FP16): losses are scaled, `scaler.step/update` used.
+    probe: an optional memory probe (`triaccel.backends.torch.memory.MemoryProbe` or anything with
+      `read()` returning a reading / (used, limit) pair, or a callable returning one); its reading
+      after the step goes to `controller.observe_memory`.
+    apply_lr_batch_scale: multiply each param group's lr by the step's `decision.lr_batch_scale`
+      for this `optimizer.step()` only (restored right after, so LR schedulers see their own
+      values). Pass False when the triaccel optimizer wrapper applies the decision's multipliers.
+    optimizer_step(decision): replaces `optimizer.step()` (e.g. a wrapper's step); grads are ready.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    done = [0]
+
+    def run_micro(chunk: np.ndarray, weight: float) -> torch.Tensor:
+        if done[0] == 0:
+            optimizer.zero_grad(set_to_none=True)   # also wipes partial grads of a failed first try
+        loss = loss_fn(loader.fetch(chunk))
+        scaled = loss * weight
+        if scaler is not None:
+            scaled = scaler.scale(scaled)
+        if done[0] == 0:
+            scaled.backward()
+        else:
+            grads = torch.autograd.grad(scaled, params, allow_unused=True)
+            for p, g in zip(params, grads):
+                if g is None:
+                    continue
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
+        done[0] += 1
+        return loss.detach()
+
+    def finish(decision: Any, report: ElasticStepReport[torch.Tensor]) -> ElasticStepResult:
+        saved = [g["lr"] for g in optimizer.param_groups]
+        if apply_lr_batch_scale:
+            for g in optimizer.param_groups:
+                g["lr"] = g["lr"] * decision.lr_batch_scale
+        try:
+            if optimizer_step is not None:
+                optimizer_step(decision)
+            elif scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+        finally:
+            for g, lr in zip(optimizer.param_groups, saved):
+                g["lr"] = lr
+        loss = sum(w * o for w, o in zip(report.weights, report.outputs))
+        return ElasticStepResult(loss=loss, samples=report.num_samples, micro_sizes=list(report.sizes),
+                                 ooms=report.ooms, replayed=report.replayed, decision=decision,
+                                 epoch=loader.epoch, end_of_epoch=False)
+
+    def read_memory() -> tuple[int, int] | None:
+        if probe is None:
+            return None
+        return memory_pair(probe.read() if hasattr(probe, "read") else probe())
+
+    try:
+        result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
+                                 is_oom=is_oom, free_memory=free_memory, read_memory=read_memory)
+    except BaseException:
+        optimizer.zero_grad(set_to_none=True)
+        raise
+    result.end_of_epoch = loader.end_of_epoch
+    return result
+
