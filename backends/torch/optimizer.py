@@ -1,0 +1,483 @@
+"""`wrap`: a torch optimizer under the Tri-Accel control loop (precision, curvature LR, elastic batch).
+
+```python
+opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, config,
+           curvature_data=(x_c, y_c))          # or an iterable of (x, y) batches
+for x, y in loader:                             # loader follows opt.decision.batch_size
+    with opt.autocast():
+        loss = loss_fn(model(x), y)
+    opt.backward(loss)
+    opt.step(); opt.zero_grad()
+```
+
+What the wrapper does per optimizer step (no control law here: every decision is `Controller.decide`):
+
+1. `backward`: divides the loss by the accumulation count and multiplies it by the dynamic loss scale
+   when any layer is FP16.
+2. `step`: one `triaccel.kernels.grad_moments` launch over all gradients unscales them in place and
+   writes per-tensor (sum, sumsq, non-finite) into row r of a preallocated (t_ctrl, n_tensors, 3)
+   device buffer. The non-finite total is read (one scalar host sync per step, as `GradScaler` does):
+   with any NaN/Inf the inner step is skipped, the loss scale backs off, and nothing reaches the
+   weights or the optimizer state. Otherwise the inner optimizer steps with the per-layer LR
+   multipliers (see below).
+3. At control boundaries only: the buffer is read once, grouped per layer (`triaccel.stats`), and fed
+   to `observe_grad_moments` step by step; memory is probed; curvature is computed on curvature
+   steps; `decide` is called and its decision applied (precision hooks, multipliers, accumulation).
+
+LR multipliers: the user's param groups stay untouched (schedulers keep writing their lr). A uniform
+multiplier scales every group's lr just around the inner step and restores it. Per-layer multipliers
+scale each parameter's UPDATE: p <- p_old + m_l (p_new - p_old). For SGD (momentum, nesterov,
+weight decay), Adam, AdamW, RMSprop, Adagrad the update is linear in lr, so this equals stepping
+with lr * m_l (the state, e.g. momentum buffers and Adam moments, does not depend on lr) while
+keeping one param group (splitting groups per layer would multiply the inner optimizer's foreach
+launches by the number of layers). Cost: one parameter-sized buffer and four foreach launches, only
+while the multipliers differ across layers. Optimizers whose update is not linear in lr (e.g.
+LBFGS) are refused.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from triaccel import Controller, Decision, Precision, TriAccelConfig
+from triaccel.stats import group_by_layer
+
+from .curvature import CurvatureEstimator, split_batch
+from .layers import TorchLayer, discover_layers, tensor_layer_index
+from .memory import MemoryProbe, MemoryReading
+from .precision import PrecisionPlan, torch_dtype
+
+__all__ = ["TriAccelOptimizer", "wrap", "LossScaler"]
+
+# Optimizers whose parameter update is linear in lr (per-layer update scaling == per-layer lr).
+LR_LINEAR_OPTIMIZERS: tuple[type, ...] = tuple(
+    getattr(torch.optim, n) for n in ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam",
+                                      "RAdam", "Adadelta") if hasattr(torch.optim, n))
+
+
+def _grad_moments() -> Callable[..., Any]:
+    from triaccel.kernels.grad_moments import grad_moments  # Triton on CUDA, torch reference on CPU
+
+    return grad_moments
+
+
+class LossScaler:
+    """Dynamic loss scale (as `torch.amp.GradScaler`): x backoff on overflow, x growth after
+    `growth_interval` consecutive finite steps. Plain Python state: the wrapper already reads the
+    non-finite count on the host each step, so no device-side scale update is needed.
+    """
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000) -> None:
+        if not (init_scale > 0 and math.isfinite(init_scale)):
+            raise ValueError(f"init_scale={init_scale}: must be finite and > 0")
+        if not growth_factor > 1:
+            raise ValueError(f"growth_factor={growth_factor}: must be > 1")
+        if not 0 < backoff_factor < 1:
+            raise ValueError(f"backoff_factor={backoff_factor}: must be in (0, 1)")
+        if growth_interval < 1:
+            raise ValueError(f"growth_interval={growth_interval}: must be >= 1")
+        self.scale = float(init_scale)
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self.good_steps = 0
+
+    def update(self, found_nonfinite: bool) -> None:
+        if found_nonfinite:
+            self.scale *= self.backoff_factor
+            self.good_steps = 0
+        else:
+            self.good_steps += 1
+            if self.good_steps >= self.growth_interval:
+                self.scale *= self.growth_factor
+                self.good_steps = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "good_steps": self.good_steps, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.scale, self.good_steps = float(sd["scale"]), int(sd["good_steps"])
+        self.growth_factor, self.backoff_factor = sd["growth_factor"], sd["backoff_factor"]
+        self.growth_interval = sd["growth_interval"]
+
+
+class TriAccelOptimizer(torch.optim.Optimizer):
+    """A torch optimizer driven by a triaccel `Controller`; build it with `wrap(...)`.
+
+    `param_groups`, `state` and `defaults` are the inner optimizer's own objects, so schedulers
+    and user code read and write the user's groups. `decision` is the decision in force;
+    `controller` the core controller; `layers` the discovered layers (controller order).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, config: TriAccelConfig, *,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 curvature_data: Any = None, strict_norm: bool = False,
+                 loss_scaler: LossScaler | None = None, hessian_iters: int = 2,
+                 hessian_iters_cold: int = 8, memory_probe: MemoryProbe | None = None) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(optimizer, TriAccelOptimizer):
+            raise ValueError("optimizer: already wrapped")
+        if not isinstance(config, TriAccelConfig):
+            raise ValueError(f"config: expected a TriAccelConfig, got {type(config).__name__}")
+        if not isinstance(optimizer, LR_LINEAR_OPTIMIZERS):
+            raise ValueError(f"optimizer: {type(optimizer).__name__} is not supported; per-layer LR "
+                             f"multipliers need an update linear in lr, allowed: "
+                             f"{[t.__name__ for t in LR_LINEAR_OPTIMIZERS]}")
+        opt_params = [p for g in optimizer.param_groups for p in g["params"]]
+        layers = discover_layers(model, only=opt_params)
+        if not layers:
+            raise ValueError("model: no trainable parameter of the optimizer belongs to a module of the model")
+        params, index = tensor_layer_index(layers)
+        known = {id(p) for p in params}
+        stray = [i for i, p in enumerate(opt_params) if p.requires_grad and id(p) not in known]
+        if stray:
+            raise ValueError(f"optimizer: parameters at positions {stray} of its param groups are not "
+                             "parameters of `model`; wrap the model that owns them")
+        # What torch.optim.Optimizer.__init__ sets up (hook registries, step patching), minus its own
+        # param groups and state: those are the inner optimizer's objects.
+        self._optimizer_step_pre_hooks: OrderedDict[int, Any] = OrderedDict()
+        self._optimizer_step_post_hooks: OrderedDict[int, Any] = OrderedDict()
+        self._optimizer_state_dict_pre_hooks: OrderedDict[int, Any] = OrderedDict()
+        self._optimizer_state_dict_post_hooks: OrderedDict[int, Any] = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks: OrderedDict[int, Any] = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks: OrderedDict[int, Any] = OrderedDict()
+        self._patch_step_function()
+        self.optimizer = optimizer
+        self.param_groups = optimizer.param_groups
+        self.defaults = optimizer.defaults
+        self.model, self.config = model, config
+        self.layers: list[TorchLayer] = layers
+        self.controller = Controller(config, [layer.spec for layer in layers])
+        self.loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
+        self._params = params
+        self._tensor_layer = np.asarray(index, dtype=np.int64)
+        self.device = params[0].device
+        self.plan = PrecisionPlan(layers, self.device.type, strict_norm=strict_norm)
+        self.scaler = loss_scaler if loss_scaler is not None else LossScaler()
+        self.memory = memory_probe if memory_probe is not None else MemoryProbe(self.device)
+        self.curvature = (CurvatureEstimator(model, layers, self.loss_fn, config.curvature, config.top_k,
+                                             hessian_iters=hessian_iters, hessian_iters_cold=hessian_iters_cold)
+                          if config.curvature_enabled else None)
+        self._curv_source = curvature_data
+        self._curv_iter: Iterator[Any] | None = None
+        self._curv_next: Any = None
+        self._curv_warned = False
+        self.last_eigvals: np.ndarray | None = None
+        self.last_memory: MemoryReading | None = None
+        # Statistics ring: one row per optimizer step since the last flush (read at boundaries only).
+        self._buf = torch.zeros((config.t_ctrl, len(params), 3), dtype=torch.float32, device=self.device)
+        self._rows: list[tuple[int, bool]] = []  # (step, finite) per filled row
+        self._zeros: dict[int, torch.Tensor] = {}
+        self._inv_scale = torch.ones(1, dtype=torch.float32, device=self.device)
+        self._inv_scale_value = 1.0
+        self._prev: list[torch.Tensor] | None = None
+        self.step_count = 0        # optimizer steps taken or skipped (the controller's step)
+        self.micro_count = 0       # micro-batches accumulated towards the current step
+        self.skipped_steps = 0
+        self._mults_uniform: float | None = 1.0
+        self._mults_per_tensor: list[float] = [1.0] * len(params)
+        self.decision: Decision = self.controller.decide(0)
+        self._applied: Decision | None = None
+        self._apply(self.decision)
+
+    # -- decisions ---------------------------------------------------------------------------
+    @property
+    def fp16_active(self) -> bool:
+        """True while any layer computes in FP16 (then the loss is scaled)."""
+        return Precision.FP16 in self.plan.precisions
+
+    def _apply(self, d: Decision) -> None:
+        self.plan.apply(d.precisions)
+        mult = np.asarray(d.lr_multipliers, dtype=np.float64)
+        if not np.isfinite(mult).all() or (mult <= 0).any():
+            raise ValueError(f"decision.lr_multipliers: must be finite and > 0, got {mult}")
+        if np.all(mult == mult[0]):
+            self._mults_uniform = float(mult[0])
+        else:
+            self._mults_uniform = None
+            self._mults_per_tensor = mult[self._tensor_layer].tolist()
+        self.decision = d
+        self._applied = d
+
+    def autocast(self) -> Any:
+        """Context manager for the forward pass: each layer computes in its decided dtype."""
+        return self.plan.region()
+
+    # -- backward / step ---------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """loss.backward() with 1/accumulation and, when any layer is FP16, the loss scale."""
+        factor = 1.0 / self.decision.accumulation
+        if self.fp16_active:
+            factor *= self.scaler.scale
+        (loss * factor if factor != 1.0 else loss).backward(**kwargs)
+
+    def _set_inv_scale(self, value: float) -> None:
+        if value != self._inv_scale_value:
+            self._inv_scale.fill_(value)
+            self._inv_scale_value = value
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """One micro-batch done; every `decision.accumulation` of them, one optimizer step.
+
+        closure: optional, re-evaluates the model and calls `opt.backward` itself; its value is returned.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.micro_count += 1
+        if self.micro_count < self.decision.accumulation:
+            return loss
+        self.micro_count = 0
+        step = self.step_count
+        scaled = self.fp16_active
+        self._set_inv_scale(1.0 / self.scaler.scale if scaled else 1.0)
+        grads = [p.grad if p.grad is not None else self._zero_like(i, p) for i, p in enumerate(self._params)]
+        r = len(self._rows)
+        row = self._buf[r]
+        _grad_moments()(grads, inv_scale=self._inv_scale if scaled else None, out=row)
+        nonfinite = float(row[:, 2].sum().item())  # the one host sync per step
+        finite = nonfinite == 0.0
+        if finite:
+            self._inner_step()
+        else:
+            self.skipped_steps += 1
+            if not scaled and self.skipped_steps == 1:
+                warnings.warn(f"step {step}: non-finite gradients without FP16 loss scaling; the step "
+                              "was skipped (weights and optimizer state untouched)", RuntimeWarning,
+                              stacklevel=2)
+        if scaled:
+            self.scaler.update(not finite)
+        self._rows.append((step, finite))
+        if self.curvature is not None and self.controller.is_curvature_step(step):
+            self._curvature_event(step)
+        self.step_count = step + 1
+        self._boundary(self.step_count)
+        return loss
+
+    def _zero_like(self, i: int, p: torch.Tensor) -> torch.Tensor:
+        z = self._zeros.get(i)
+        if z is None:
+            z = self._zeros[i] = torch.zeros_like(p)
+        return z
+
+    def _inner_step(self) -> None:
+        m = self._mults_uniform
+        if m is not None:
+            if m == 1.0:
+                self.optimizer.step()
+                return
+            saved = [g["lr"] for g in self.param_groups]
+            try:
+                for g in self.param_groups:
+                    g["lr"] = g["lr"] * m
+                self.optimizer.step()
+            finally:
+                for g, lr in zip(self.param_groups, saved):
+                    g["lr"] = lr
+            return
+        params = self._params
+        if self._prev is None:
+            self._prev = [torch.empty_like(p) for p in params]
+        prev = self._prev
+        torch._foreach_copy_(prev, params)
+        self.optimizer.step()
+        # p <- p_new + (1 - m) (p_old - p_new)  ==  p_old + m (p_new - p_old)
+        torch._foreach_sub_(prev, params)
+        torch._foreach_mul_(prev, [1.0 - m_i for m_i in self._mults_per_tensor])
+        torch._foreach_add_(params, prev)
+
+    def _boundary(self, step: int) -> None:
+        ctl = self.controller
+        control = ctl.is_control_step(step)
+        if control or len(self._rows) == self._buf.shape[0]:
+            self._flush()
+        if control:
+            reading = self.memory.read()
+            self.last_memory = reading
+            if reading is not None:
+                ctl.observe_memory(step, reading.used_bytes, reading.limit_bytes)
+        d = ctl.decide(step)
+        if d is not self._applied:
+            self._apply(d)
+
+    def _flush(self) -> None:
+        """Read the statistics ring (one device->host copy) and feed it to the controller."""
+        n = len(self._rows)
+        if n == 0:
+            return
+        host = self._buf[:n].double().cpu().numpy()               # (n, tensors, 3)
+        per_layer = group_by_layer(np.moveaxis(host, 1, 2), self._tensor_layer, len(self.layers))
+        counts = group_by_layer(np.array([p.numel() for p in self._params], dtype=np.float64),
+                                self._tensor_layer, len(self.layers))
+        for i, (step, finite) in enumerate(self._rows):
+            if finite:
+                self.controller.observe_grad_moments(step, per_layer[i, 0], per_layer[i, 1], counts)
+        self._rows = []
+
+    # -- curvature ---------------------------------------------------------------------------
+    def curvature_batch(self, batch: Any) -> None:
+        """Supply the (inputs, targets) batch for the next curvature step (overrides `curvature_data`)."""
+        split_batch(batch)
+        self._curv_next = batch
+
+    def _next_curvature_batch(self) -> Any:
+        if self._curv_next is not None:
+            b, self._curv_next = self._curv_next, None
+            return b
+        src = self._curv_source
+        if src is None:
+            return None
+        if isinstance(src, (tuple, list, dict)):
+            return src
+        if self._curv_iter is None:
+            self._curv_iter = iter(src)
+        try:
+            return next(self._curv_iter)
+        except StopIteration:
+            if iter(src) is src:  # a one-shot iterator is exhausted
+                return None
+            self._curv_iter = iter(src)
+            return next(self._curv_iter, None)
+
+    def _curvature_event(self, step: int) -> None:
+        assert self.curvature is not None
+        batch = self._next_curvature_batch()
+        if batch is None:
+            if not self._curv_warned:
+                self._curv_warned = True
+                warnings.warn(f"step {step}: curvature={self.config.curvature!r} but no curvature data; pass "
+                              "curvature_data= to wrap() or call opt.curvature_batch(batch) before the step. "
+                              "Curvature is skipped.", RuntimeWarning, stacklevel=3)
+            return
+        x, y = split_batch(batch)
+        b = self.config.b_curv
+        x, y = x[:b].to(self.device, non_blocking=True), y[:b].to(self.device, non_blocking=True)
+        with torch.enable_grad():
+            eig = self.curvature((x, y))
+        if not np.isfinite(eig).all():
+            warnings.warn(f"step {step}: non-finite curvature eigenvalues; not observed", RuntimeWarning,
+                          stacklevel=3)
+            return
+        self.last_eigvals = eig
+        self.controller.observe_curvature(step, eig)
+
+    # -- OOM ---------------------------------------------------------------------------------
+    def observe_oom(self) -> Decision:
+        """Out of memory during the current step: drop its gradients, free cached memory, shrink.
+
+        Returns the new decision (smaller batch); the data side replays the failed samples.
+        """
+        self.zero_grad(set_to_none=True)
+        self.micro_count = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        d = self.controller.observe_oom(self.step_count)
+        self._apply(d)
+        return d
+
+    # -- optimizer protocol ------------------------------------------------------------------
+    def zero_grad(self, set_to_none: bool = False) -> None:  # type: ignore[override]
+        """Zero gradients, except in the middle of an accumulation (then they keep accumulating).
+
+        Default set_to_none=False (unlike torch): gradient buffers keep their addresses, so the
+        statistics kernel's pointer table stays cached (no table upload per step).
+        """
+        if self.micro_count != 0:
+            return
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise ValueError("add_param_group: the controller's layers are fixed at wrap(); add every param "
+                         "group to the optimizer before wrapping it")
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """Inner optimizer state + controller + loss scale + counters + pending statistics."""
+        n = len(self._rows)
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "controller": self.controller.state_dict(),
+            "loss_scaler": self.scaler.state_dict(),
+            "step_count": self.step_count, "micro_count": self.micro_count,
+            "skipped_steps": self.skipped_steps,
+            "pending_rows": list(self._rows),
+            "pending_stats": self._buf[:n].detach().cpu().clone(),
+            "curvature_basis": (None if self.curvature is None else
+                                [None if b is None else b.detach().cpu().clone() for b in self.curvature._basis]),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        sd = state_dict
+        missing = {"optimizer", "controller", "loss_scaler", "step_count"} - set(sd)
+        if missing:
+            raise ValueError(f"state_dict: missing keys {sorted(missing)}; expected a TriAccelOptimizer state")
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.param_groups = self.optimizer.param_groups
+        self.controller.load_state_dict(sd["controller"])
+        self.scaler.load_state_dict(sd["loss_scaler"])
+        self.step_count, self.micro_count = int(sd["step_count"]), int(sd["micro_count"])
+        self.skipped_steps = int(sd.get("skipped_steps", 0))
+        rows = [(int(s), bool(f)) for s, f in sd.get("pending_rows", [])]
+        if len(rows) > self._buf.shape[0]:
+            raise ValueError(f"state_dict: {len(rows)} pending statistics rows, buffer holds {self._buf.shape[0]}")
+        self._rows = rows
+        if rows:
+            self._buf[: len(rows)].copy_(sd["pending_stats"].to(self._buf.device))
+        basis = sd.get("curvature_basis")
+        if self.curvature is not None and basis is not None:
+            if len(basis) != len(self.layers):
+                raise ValueError(f"state_dict: curvature_basis has {len(basis)} layers, expected {len(self.layers)}")
+            self.curvature._basis = [None if b is None else b.to(self.device) for b in basis]
+        self._apply(self.controller.decision)
+
+    # -- reporting ---------------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """Latest per-layer precision, LR scale, eigenvalues, variance EMA; batch; memory; loss scale."""
+        rep = self.controller.report()
+        for i, layer in enumerate(self.layers):
+            entry = rep["layers"][layer.name]
+            entry["dtype"] = str(torch_dtype(self.plan.precisions[i])).replace("torch.", "")
+            entry["eigvals"] = None if self.last_eigvals is None else [float(v) for v in self.last_eigvals[i]]
+            entry["lr_multiplier"] = float(self.decision.lr_multipliers[i])
+        rep.update({
+            "optimizer_step": self.step_count, "skipped_steps": self.skipped_steps,
+            "loss_scale": self.scaler.scale if self.fp16_active else None,
+            "autocast_dtype": self.plan.majority.short, "hooked_layers": list(self.plan.hooked),
+            "memory": None if self.last_memory is None else self.last_memory.to_dict(),
+        })
+        return rep
+
+    def __repr__(self) -> str:
+        return (f"TriAccelOptimizer({type(self.optimizer).__name__}, layers={len(self.layers)}, "
+                f"step={self.step_count}, batch={self.decision.batch_size})")
+
+
+def wrap(optimizer: torch.optim.Optimizer, model: nn.Module, config: TriAccelConfig | None = None,
+         **kwargs: Any) -> TriAccelOptimizer:
+    """Wrap `optimizer` (over `model`'s parameters) with the Tri-Accel loop; see `TriAccelOptimizer`.
+
+    kwargs: loss_fn (outputs, targets) -> scalar mean loss for curvature (default cross-entropy);
+    curvature_data: an (inputs, targets) batch, or an iterable of them, used every t_curv steps
+    (first b_curv samples); strict_norm: FP32 inputs/outputs for norm layers (extra hooks);
+    loss_scaler: a LossScaler; hessian_iters / hessian_iters_cold: Krylov iterations per event;
+    memory_probe: a MemoryProbe.
+    """
+    return TriAccelOptimizer(optimizer, model, config if config is not None else TriAccelConfig(), **kwargs)
