@@ -1,0 +1,227 @@
+"""Memory-elastic data loading for JAX: bucketed batch sizes, sample masks, OOMs survived.
+
+`ElasticLoader` serves micro-batches of any size the controller asks for, from NumPy arrays (host)
+or JAX arrays (device-resident: gathering and `transform` run on the device). So that the number
+of compiled shapes stays bounded, every micro-batch is padded up to the smallest of a small set of
+`buckets` (by default the controller's `batch_buckets`) and comes with a 0/1 float32 `mask` of
+the bucket's length: 1 for real samples, 0 for padding. **The loss must be mask-weighted**, e.g.
+`jnp.sum(per_sample_loss * mask) / jnp.sum(mask)`; padded rows (copies of the micro-batch's first
+sample) then contribute nothing, so no sample is dropped or counted twice. (Layers that pool over
+the batch, such as BatchNorm in training mode, do see the padded rows.)
+
+`elastic_step(loader, controller, grad_fn, step)` runs one optimizer step with out-of-memory
+survival (`XlaRuntimeError`/`JaxRuntimeError` whose message contains RESOURCE_EXHAUSTED): the failed
+samples are replayed at the controller's shrunken size and gradients are accumulated with weights
+n_chunk / n_step, so they equal the gradient of the mean loss over the step's samples.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from triaccel.elastic import (
+    ElasticIndexLoader,
+    ElasticStepReport,
+    check_batch_size,
+    controlled_step,
+    memory_pair,
+)
+
+__all__ = ["ElasticLoader", "ElasticStepResult", "OOM_ERROR_TYPES", "elastic_step", "free_memory",
+           "is_oom"]
+
+
+def _oom_error_types() -> tuple[type[BaseException], ...]:
+    """The runtime error classes this jax has (the name moved between releases; often aliases)."""
+    found: list[type[BaseException]] = []
+    cand = [getattr(jax.errors, "JaxRuntimeError", None)]
+    try:
+        from jax._src.lib import xla_client  # jax >= 0.4.x
+        cand.append(getattr(xla_client, "XlaRuntimeError", None))
+    except ImportError:
+        pass
+    try:
+        from jaxlib import xla_extension  # type: ignore[attr-defined]  # older jaxlib
+        cand.append(getattr(xla_extension, "XlaRuntimeError", None))
+    except ImportError:
+        pass
+    for c in cand:
+        if isinstance(c, type) and issubclass(c, BaseException) and c not in found:
+            found.append(c)
+    return tuple(found)
+
+
+OOM_ERROR_TYPES: tuple[type[BaseException], ...] = _oom_error_types()
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for an XLA runtime error whose status is RESOURCE_EXHAUSTED (device out of memory)."""
+    return isinstance(exc, OOM_ERROR_TYPES) and "RESOURCE_EXHAUSTED" in str(exc)
+
+
+def free_memory() -> None:
+    """Drop unreachable device buffers (those the failed step held); call outside an except block."""
+    gc.collect()
+
+
+def _check_buckets(buckets: Sequence[int] | None) -> tuple[int, ...] | None:
+    if buckets is None:
+        return None
+    b = tuple(buckets)
+    ok = len(b) > 0 and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0 for x in b)
+    if not ok or list(b) != sorted(set(b)):
+        raise ValueError(f"buckets={b!r}: must be a non-empty strictly increasing tuple of positive ints")
+    return tuple(int(x) for x in b)
+
+
+class ElasticLoader(ElasticIndexLoader):
+    """Elastic loader over arrays sharing a leading sample axis, with bucket padding and a mask.
+
+    arrays: one array, a tuple/list of arrays or a dict of arrays (NumPy: gathered on the host
+      then `jax.device_put` to `device`; JAX arrays: gathered where they live). A micro-batch has
+      the same structure, each leaf padded to the bucket size.
+    batch_size: initial micro-batch size (samples); changed by `set_batch_size` / `apply(decision)`.
+    buckets: allowed (padded) micro-batch sizes, strictly increasing; None = no padding (every
+      distinct size is a new compiled shape). `elastic_step` takes the controller's
+      `batch_buckets` when this is None.
+    transform(batch, key): optional, applied to the gathered, padded batch (e.g. augmentation and
+      normalisation on the device). `key` is a PRNG key derived from (seed, epoch, first sample
+      id of the micro-batch), so augmentation is deterministic and resumes exactly.
+    """
+
+    def __init__(self, arrays: Any, *, batch_size: int, buckets: Sequence[int] | None = None,
+                 seed: int = 0, shuffle: bool = True,
+                 transform: Callable[[Any, jax.Array], Any] | None = None, device: Any = None) -> None:
+        leaves = jax.tree_util.tree_leaves(arrays)
+        if not leaves:
+            raise ValueError("arrays: no arrays given")
+        n = {int(np.shape(x)[0]) if np.ndim(x) > 0 else -1 for x in leaves}
+        if len(n) != 1 or -1 in n:
+            raise ValueError(f"arrays: all arrays need the same leading sample axis, got lengths {sorted(n)}")
+        super().__init__(n.pop(), batch_size=batch_size, seed=seed, shuffle=shuffle)
+        self.arrays = arrays
+        self.buckets = _check_buckets(buckets)
+        if self.buckets is not None and self.batch_size > self.buckets[-1]:
+            raise ValueError(f"batch_size={self.batch_size}: exceeds the largest bucket {self.buckets[-1]}")
+        self.transform = transform
+        self.device = device
+        self.seed = seed
+        self.shapes_served: set[int] = set()   # padded micro-batch sizes handed out (compile count)
+
+    def set_buckets(self, buckets: Sequence[int] | None) -> None:
+        self.buckets = _check_buckets(buckets)
+
+    def bucket_for(self, n: int) -> int:
+        """The padded size of a micro-batch of n samples: the smallest bucket >= n (n without buckets)."""
+        n = check_batch_size("n", n)
+        if self.buckets is None:
+            return n
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"micro-batch of n={n} samples exceeds the largest bucket {self.buckets[-1]} "
+                         f"(buckets {self.buckets}); allowed [1, {self.buckets[-1]}]")
+
+    def fetch(self, indices: np.ndarray) -> tuple[Any, jax.Array]:
+        """(batch, mask) for the samples `indices`: leaves padded to `bucket_for(len)`, mask (bucket,)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = int(idx.size)
+        size = self.bucket_for(n)
+        padded = np.concatenate([idx, np.full(size - n, idx[0], dtype=np.int64)])
+        mask = np.zeros(size, dtype=np.float32)
+        mask[:n] = 1.0
+
+        def gather(x: Any) -> Any:
+            if isinstance(x, jax.Array):
+                return jnp.take(x, jnp.asarray(padded), axis=0)
+            return jax.device_put(np.take(np.asarray(x), padded, axis=0), self.device)
+        batch = jax.tree_util.tree_map(gather, self.arrays)
+        if self.transform is not None:
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self.seed), self.epoch), int(idx[0]))
+            batch = self.transform(batch, key)
+        self.shapes_served.add(size)
+        return batch, jax.device_put(mask, self.device)
+
+
+@dataclass
+class ElasticStepResult:
+    """One elastic optimizer step.
+
+    grads: sample-weighted mean of the micro-batch gradients (equals the gradient of the mean loss
+      over the step's samples). loss: the same weighted mean of the micro-batch losses (jax scalar).
+    aux: the last micro-batch's aux (has_aux=True), else None. updated: update_fn's return value,
+    else None. decision: the controller decision the step started with (apply its lr_batch_scale
+    to the LR). samples/micro_sizes/ooms/replayed/epoch/end_of_epoch: as in the torch backend.
+    """
+
+    grads: Any
+    loss: jax.Array
+    aux: Any
+    updated: Any
+    samples: int
+    micro_sizes: list[int]
+    ooms: int
+    replayed: int
+    decision: Any
+    epoch: int
+    end_of_epoch: bool
+
+
+def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any, jax.Array], Any],
+                 step: int, *, has_aux: bool = False, probe: Any = None,
+                 update_fn: Callable[[Any, Any], Any] | None = None) -> ElasticStepResult:
+    """One optimizer step over the controller's logical batch, surviving out-of-memory errors.
+
+    grad_fn(batch, mask) -> (loss, grads), or ((loss, aux), grads) with has_aux=True, as from
+      `jax.value_and_grad` (jit it: shapes are bounded by the buckets). `loss` must be the
+      mask-weighted mean over the real samples of the micro-batch (see the module docstring).
+      Each micro-batch's results are waited for (`block_until_ready`) so that an OOM raised by
+      asynchronous execution surfaces inside the retry loop.
+    update_fn(grads, decision): optional; runs the optimizer update before the step's samples are
+      marked as used (if it raises, they are put back). Its result is `ElasticStepResult.updated`.
+    probe: optional memory probe (`triaccel.backends.jax.memory.MemoryProbe`, anything with
+      `read()`, or a callable returning (used, limit)); read after the step for the controller.
+    """
+    cfg = getattr(controller, "config", None)
+    cfg_buckets = getattr(cfg, "batch_buckets", None)
+    if loader.buckets is None and cfg_buckets is not None:
+        loader.set_buckets(cfg_buckets)
+    elif loader.buckets is not None and cfg_buckets is not None and not set(cfg_buckets) <= set(loader.buckets):
+        raise ValueError(f"buckets={loader.buckets}: the controller's batch_buckets {tuple(cfg_buckets)} "
+                         "must all be loader buckets, or micro-batches get padded to a larger size")
+    acc: dict[str, Any] = {}
+
+    def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
+        out, grads = grad_fn(*loader.fetch(chunk))
+        loss, aux = out if has_aux else (out, None)
+        jax.block_until_ready((loss, grads))
+        scaled = jax.tree_util.tree_map(lambda g: g * weight, grads)
+        acc["grads"] = scaled if "grads" not in acc else jax.tree_util.tree_map(jnp.add, acc["grads"], scaled)
+        acc["aux"] = aux
+        return loss
+
+    def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
+        updated = update_fn(acc["grads"], decision) if update_fn is not None else None
+        loss = sum(w * o for w, o in zip(report.weights, report.outputs))
+        return ElasticStepResult(grads=acc["grads"], loss=jnp.asarray(loss), aux=acc.get("aux"),
+                                 updated=updated, samples=report.num_samples,
+                                 micro_sizes=list(report.sizes), ooms=report.ooms,
+                                 replayed=report.replayed, decision=decision, epoch=loader.epoch,
+                                 end_of_epoch=False)
+
+    def read_memory() -> tuple[int, int] | None:
+        if probe is None:
+            return None
+        return memory_pair(probe.read() if hasattr(probe, "read") else probe())
+
+    result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
+                             is_oom=is_oom, free_memory=free_memory, read_memory=read_memory)
+    result.end_of_epoch = loader.end_of_epoch
+    return result
+
