@@ -58,7 +58,7 @@ def nnx_loss(model: Any, loss_fn: Callable[[Any, Any], jax.Array], wrt: Any = No
     clone = nnx.clone(model)
     clone.eval()
     for _, m in nnx.iter_modules(clone):
-        if getattr(m, "dtype", None) is not None:
+        if hasattr(m, "dtype"):  # also None ("infer"): one graph whatever the policy
             m.dtype = jnp.float32
     graphdef, params, rest = nnx.split(clone, nnx.Param if wrt is None else wrt, ...)
 

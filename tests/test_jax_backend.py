@@ -1,0 +1,310 @@
+"""Small Flax models and data shared by the tests/test_jax_*.py files (CPU, seconds)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+
+class SmallCNN(nnx.Module):
+    """conv1 -> bn1 -> conv2 (stride 2) -> global mean -> fc; torch-style module names."""
+
+    def __init__(self, rngs: nnx.Rngs, classes: int = 4) -> None:
+        self.conv1 = nnx.Conv(3, 8, (3, 3), rngs=rngs)
+        self.bn1 = nnx.BatchNorm(8, rngs=rngs)
+        self.conv2 = nnx.Conv(8, 8, (3, 3), strides=2, rngs=rngs)
+        self.fc = nnx.Linear(8, classes, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = nnx.relu(self.bn1(self.conv1(x)))
+        x = nnx.relu(self.conv2(x))
+        return self.fc(x.mean((1, 2)))
+
+
+def cnn_loss(model: nnx.Module, batch: tuple) -> jax.Array:
+    x, y = batch
+    return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+
+def image_data(n: int = 64, seed: int = 0, classes: int = 4) -> tuple[jax.Array, jax.Array]:
+    """Learnable toy images: the label shifts the mean of one channel."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    x = rng.normal(size=(n, 8, 8, 3)).astype(np.float32)
+    x[..., 0] += (y[:, None, None] - classes / 2) * 0.8
+    return jnp.asarray(x), jnp.asarray(y)
+
+
+def mlp_params(seed: int = 0, sizes: tuple = (6, 5, 3)) -> dict:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        out[f"l{i + 1}"] = {"kernel": jnp.asarray(rng.normal(size=(a, b)) / np.sqrt(a), jnp.float32),
+                            "bias": jnp.asarray(rng.normal(size=(b,)) * 0.1, jnp.float32)}
+    return out
+
+
+def mlp_apply(params: dict, x: jax.Array) -> jax.Array:
+    n = len(params)
+    for i in range(n):
+        p = params[f"l{i + 1}"]
+        x = x @ p["kernel"] + p["bias"]
+        if i < n - 1:
+            x = jnp.tanh(x)
+    return x
+
+
+def mlp_loss(params: dict, batch: tuple) -> jax.Array:
+    x, y = batch
+    return optax.softmax_cross_entropy_with_integer_labels(mlp_apply(params, x), y).mean()
+
+
+def mlp_data(n: int = 32, seed: int = 1, din: int = 6, classes: int = 3) -> tuple[jax.Array, jax.Array]:
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.normal(size=(n, din)), jnp.float32), jnp.asarray(rng.integers(0, classes, n)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Tests (helpers above are also imported by test_jax_curvature.py / test_jax_parity.py)
+# ------------------------------------------------------------------------------------------------
+
+import json  # noqa: E402
+import warnings  # noqa: E402
+
+import flax.serialization  # noqa: E402
+import pytest  # noqa: E402
+
+from triaccel import Precision, TriAccelConfig  # noqa: E402
+from triaccel.backends.jax import (MemoryProbe, TriAccel, current_policy, find_state, layer_map,  # noqa: E402
+                                   loss_scale, precision_policy, wrap)
+
+pytestmark = pytest.mark.filterwarnings("ignore:triaccel. device:RuntimeWarning")
+
+FAST = dict(t_ctrl=4, t_curv=8, warmup_steps=4, min_dwell=0, batch_init=16, batch_min=8, batch_max=64,
+            top_k=2, b_curv=8)
+
+
+def _train_cnn(inner: optax.GradientTransformation, steps: int, curvature: str = "fisher"):
+    x, y = image_data()
+    model = SmallCNN(nnx.Rngs(0))
+    ta = TriAccel(TriAccelConfig(curvature=curvature, **FAST), model, loss_fn=cnn_loss)
+    opt = nnx.Optimizer(model, ta.wrap(inner), wrt=nnx.Param)
+
+    @ta.jit
+    def step(model, opt, x, y):
+        def lf(m):
+            return cnn_loss(m, (x, y)) * loss_scale(opt.opt_state)
+        l, g = nnx.value_and_grad(lf)(model)
+        opt.update(model, g)
+        return l / loss_scale(opt.opt_state)
+
+    losses = []
+    for s in range(steps):
+        ta.control(s, opt, model, batch=(x[:8], y[:8]))
+        i = (s * 16) % 64
+        losses.append(float(step(model, opt, x[i:i + 16], y[i:i + 16])))
+    return ta, model, opt, losses
+
+
+@pytest.mark.parametrize("name,inner", [("sgd", optax.sgd(0.1, momentum=0.9)), ("adamw", optax.adamw(1e-2))])
+def test_wrapped_optimizer_trains_cnn(name, inner):
+    ta, model, opt, losses = _train_cnn(inner, 24)
+    assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4]), losses
+    rep = ta.report()
+    # The policy left the base precision (variance thresholds calibrated after warm-up) and the
+    # model's dtypes follow the decision; norm layers stay FP32.
+    assert current_policy(model, ta.layers) == tuple(p.short for p in ta.decision.precisions)
+    assert rep["layers"]["bn1"]["precision"] == "fp32"
+    assert all(rep["layers"][n]["lambda_max"] is not None for n in ("conv1", "conv2", "fc"))
+    # One trace per distinct policy seen at the boundaries, no more.
+    policies = {tuple(r["precisions"]) for r in ta.controller.telemetry.records if r["step"] >= 0}
+    assert 1 <= rep["compilations"] <= len(policies) + 1
+    assert int(find_state(opt.opt_state).count.get_value()) == 24
+
+
+def test_layer_discovery_nnx_and_pytree():
+    lm = layer_map(SmallCNN(nnx.Rngs(0)))
+    assert [(s.name, s.kind) for s in lm.specs] == [("bn1", "norm"), ("conv1", "other"), ("conv2", "other"),
+                                                    ("fc", "other")]
+    assert lm.layer_counts.tolist() == [16, 3 * 3 * 3 * 8 + 8, 3 * 3 * 8 * 8 + 8, 8 * 4 + 4]
+    # linen-style dicts: 'params' collection dropped, norm guessed from scale/bias, nested numbering.
+    tree = {"params": {"layer1": {"0": {"conv1": {"kernel": jnp.zeros((3, 3, 2, 2))},
+                                        "bn1": {"scale": jnp.ones(2), "bias": jnp.zeros(2)}}},
+                       "layer10": {"fc": {"kernel": jnp.zeros((2, 2))}}, "layer2": {"fc": {"kernel": jnp.zeros((2, 2))}}}}
+    lm = layer_map(tree)
+    assert [(s.name, s.kind) for s in lm.specs] == [("layer1.0.bn1", "norm"), ("layer1.0.conv1", "other"),
+                                                    ("layer2.fc", "other"), ("layer10.fc", "other")]
+    with pytest.raises(ValueError, match="no owning module"):
+        layer_map({"w": jnp.zeros(3)})
+
+
+def _conv_and_dot_dtypes(model, x):
+    jaxpr = jax.make_jaxpr(lambda x: model(x))(x)
+    return [(e.primitive.name, str(e.invars[0].aval.dtype), str(e.invars[1].aval.dtype))
+            for e in jaxpr.jaxpr.eqns if e.primitive.name in ("conv_general_dilated", "dot_general")]
+
+
+def test_precision_policy_changes_compute_dtypes_and_caches_traces():
+    model = SmallCNN(nnx.Rngs(0))
+    model.eval()
+    lm = layer_map(model)
+    x = jnp.ones((2, 8, 8, 3))
+    # order: bn1, conv1, conv2, fc
+    precision_policy(model, ["fp32", "fp16", "bf16", "fp32"], lm)
+    assert _conv_and_dot_dtypes(model, x) == [("conv_general_dilated", "float16", "float16"),
+                                              ("conv_general_dilated", "bfloat16", "bfloat16"),
+                                              ("dot_general", "float32", "float32")]
+    assert model.bn1.dtype == jnp.float32 and model.conv1.kernel.dtype == jnp.float32  # master weights
+    precision_policy(model, [Precision.FP32, Precision.BF16, Precision.FP32, Precision.FP16], lm)
+    assert [d[1] for d in _conv_and_dot_dtypes(model, x)] == ["bfloat16", "float32", "float16"]
+
+    ta = TriAccel(TriAccelConfig(**FAST), model)
+    fwd = ta.jit(lambda m, x: m(x))
+    pol_a, pol_b = ["fp32", "bf16", "fp32", "fp16"], ["fp32", "fp32", "fp32", "fp32"]
+    for pol, expect in [(pol_a, 1), (pol_a, 1), (pol_b, 2), (pol_b, 2), (pol_a, 2)]:
+        precision_policy(model, pol, lm)
+        fwd(model, x)
+        assert ta.report()["compilations"] == expect
+    with pytest.raises(ValueError, match="3 precisions for 4 layers"):
+        precision_policy(model, ["fp32"] * 3, lm)
+
+
+def _pure_setup(cfg=None, inner=None):
+    params = mlp_params()
+    ta = TriAccel(cfg or TriAccelConfig(curvature="off", **FAST), loss_fn=mlp_loss)
+    tx = ta.wrap(inner or optax.sgd(0.1, momentum=0.9))
+    return ta, tx, params, tx.init(params)
+
+
+def test_nonfinite_gradients_never_reach_params_and_back_off_scale():
+    ta, tx, params, state = _pure_setup()
+    upd = jax.jit(tx.update)
+    grads = jax.grad(mlp_loss)(params, mlp_data())
+    bad = jax.tree_util.tree_map(lambda g: g, grads)
+    bad["l2"]["kernel"] = bad["l2"]["kernel"].at[0, 0].set(jnp.nan)
+    state = state._replace(scaling=jnp.asarray(True), loss_scale=jnp.asarray(1024.0))
+    u, s2 = upd(bad, state, params)
+    assert all(bool((x == 0).all()) for x in jax.tree_util.tree_leaves(u))
+    assert float(s2.loss_scale) == 512.0 and int(s2.skipped) == 1 and int(s2.count) == 1
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: bool((a == b).all()), s2.inner, state.inner))
+    assert float(s2.moments[0, :, 2].sum()) == 1.0  # the row records the non-finite count
+    # The next finite step applies (grads scaled by the current loss scale are unscaled first).
+    scaled = jax.tree_util.tree_map(lambda g: g * 512.0, grads)
+    u2, s3 = upd(scaled, s2, params)
+    ref, _ = optax.sgd(0.1, momentum=0.9).update(grads, optax.sgd(0.1, momentum=0.9).init(params), params)
+    for a, b in zip(jax.tree_util.tree_leaves(u2), jax.tree_util.tree_leaves(ref)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert int(s3.good_steps) == 1 and float(s3.loss_scale) == 512.0
+    # Host: the non-finite row is not observed, the finite one is.
+    ta._feed(s3)
+    assert ta.rows_skipped == 1 and ta.last_fed == 1
+
+
+def test_per_layer_multipliers_scale_inner_updates_in_chain_and_inject_hyperparams():
+    params = mlp_params()
+    grads = jax.grad(mlp_loss)(params, mlp_data())
+    inner = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+    ta = TriAccel(TriAccelConfig(curvature="off", **FAST))
+    tx = optax.chain(optax.clip_by_global_norm(1e3), ta.wrap(inner))
+    state = tx.init(params)
+    names = ta.layers.names
+    assert names == ("l1", "l2")
+    state = ta._swap(state, find_state(state)._replace(lr_mult=jnp.asarray([0.5, 0.25])))
+    u, state = jax.jit(tx.update)(grads, state, params)
+    np.testing.assert_allclose(u["l1"]["kernel"], -0.1 * 0.5 * grads["l1"]["kernel"], rtol=1e-6)
+    np.testing.assert_allclose(u["l2"]["bias"], -0.1 * 0.25 * grads["l2"]["bias"], rtol=1e-6)
+    # The user's schedule lives in the inner state and keeps working.
+    assert float(find_state(state).inner.hyperparams["learning_rate"]) == pytest.approx(0.1)
+    # control() writes the decision's multipliers back through the chain's tuple state.
+    state = ta.control(0, state)
+    np.testing.assert_allclose(find_state(state).lr_mult, ta.decision.lr_multipliers, rtol=1e-7)
+
+
+def test_gradient_accumulation_holds_logical_batch():
+    cfg = TriAccelConfig(curvature="off", **{**FAST, "lr_rule": "accumulate"})
+    ta, tx, params, state = _pure_setup(cfg, optax.sgd(0.1))
+    state = state._replace(accum=jnp.asarray(2, jnp.int32))
+    x, y = mlp_data()
+    g1, g2 = jax.grad(mlp_loss)(params, (x[:16], y[:16])), jax.grad(mlp_loss)(params, (x[16:], y[16:]))
+    u1, state = tx.update(g1, state, params)
+    assert all(bool((a == 0).all()) for a in jax.tree_util.tree_leaves(u1)) and int(state.count) == 0
+    u2, state = tx.update(g2, state, params)
+    full = jax.grad(mlp_loss)(params, (x, y))
+    np.testing.assert_allclose(u2["l1"]["kernel"], -0.1 * full["l1"]["kernel"], rtol=1e-5, atol=1e-7)
+    assert int(state.count) == 1 and int(state.micro) == 0
+
+
+def _run_pure(ta, tx, params, state, steps, start):
+    upd = jax.jit(tx.update)
+    x, y = mlp_data(64)
+    for s in range(start, start + steps):
+        state = ta.control(s, state)
+        i = (s * 16) % 64
+        g = jax.grad(lambda p: mlp_loss(p, (x[i:i + 16], y[i:i + 16])) * loss_scale(state))(params)
+        u, state = upd(g, state, params)
+        params = optax.apply_updates(params, u)
+    return params, state
+
+
+def test_state_roundtrip_through_flax_serialization_resumes_identically():
+    cfg = TriAccelConfig(curvature="off", **{**FAST, "base_precision": "fp16"})
+    ta, tx, params, state = _pure_setup(cfg)
+    params, state = _run_pure(ta, tx, params, state, 10, 0)
+    blob = flax.serialization.to_bytes((params, state))
+    host = json.dumps(ta.state_dict())
+    p_a, s_a = _run_pure(ta, tx, params, state, 10, 10)
+
+    ta2, tx2, p0, s0 = _pure_setup(cfg)
+    params2, state2 = flax.serialization.from_bytes((p0, s0), blob)
+    ta2.load_state_dict(json.loads(host))
+    p_b, s_b = _run_pure(ta2, tx2, params2, state2, 10, 10)
+    for a, b in zip(jax.tree_util.tree_leaves((p_a, s_a)), jax.tree_util.tree_leaves((p_b, s_b))):
+        np.testing.assert_array_equal(a, b)
+    assert ta.controller.state_dict() == ta2.controller.state_dict()
+    assert float(s_a.scaling) == 1.0  # fp16 base: loss scaling was active through the run
+
+
+def test_trainstate_control_and_missed_boundary_warns():
+    from flax.training import train_state
+
+    params = mlp_params()
+    ta = TriAccel(TriAccelConfig(curvature="off", **FAST))
+    st = train_state.TrainState.create(apply_fn=mlp_apply, params=params, tx=ta.wrap(optax.sgd(0.1)))
+    batch = mlp_data()
+
+    @jax.jit
+    def step(st):
+        return st.apply_gradients(grads=jax.grad(mlp_loss)(st.params, batch))
+
+    for s in range(9):  # control only at step 0 and 8: steps 0..3 of the ring were overwritten
+        if s in (0, 8):
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                st = ta.control(s, st)
+            if s == 8:
+                assert any("overwritten" in str(x.message) for x in w)
+        st = step(st)
+    assert ta.rows_lost == 4 and ta.last_fed == 7
+
+
+def test_memory_probe_on_cpu_warns_once():
+    probe = MemoryProbe()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert probe.read() is None and probe.read() is None
+    assert len([x for x in w if "no memory statistics" in str(x.message)]) == 1
+
+
+def test_wrap_one_liner_and_bad_input():
+    tx = wrap(optax.sgd(0.1), TriAccelConfig(**FAST))
+    state = tx.init(mlp_params())
+    assert tx.host.layers.names == ("l1", "l2")
+    state = tx.control(1, state)  # off a boundary: unchanged object
+    assert tx.control(1, state) is state
+    with pytest.raises(ValueError, match="batch=None at curvature step 0"):
+        tx.control(0, state)
+    with pytest.raises(ValueError, match="config"):
+        TriAccel({"beta": 0.9})
