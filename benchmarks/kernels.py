@@ -81,6 +81,14 @@ def main() -> None:
         """Mean µs per element of fns, replayed in one CUDA graph ``reps`` times."""
         if args.smoke:
             return float("nan")
+        try:
+            return _graph_us(fns, reps)
+        except Exception as exc:  # keep the eager numbers if a capture fails
+            print(f"graph timing failed: {exc!r}"[:300])
+            torch.cuda.synchronize()
+            return float("nan")
+
+    def _graph_us(fns, reps: int) -> float:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -228,7 +236,15 @@ def main() -> None:
         # ---- JAX (jax-triton on GPU) ----
         if have_jax:
             try:
-                jflats = [jnp.asarray(f.cpu().numpy()) if args.smoke else jax.dlpack.from_dlpack(f) for f in flats]
+                def to_jax(f):
+                    if not args.smoke:
+                        try:
+                            return jax.dlpack.from_dlpack(f)
+                        except Exception:
+                            pass
+                    return jnp.asarray(f.cpu().numpy())
+
+                jflats = [to_jax(f) for f in flats]
                 jm = grad_moments_flat(jflats[0], off, **kw)
                 check(f"{set_name} jax-triton moments vs torch", bool(np.allclose(np.asarray(jm.sumsq), mf.sumsq.cpu().numpy(), rtol=1e-5))
                       and bool(np.allclose(np.asarray(jm.sum), mf.sum.cpu().numpy(), rtol=1e-4, atol=1e-3 * float(np.sqrt(np.asarray(jm.sumsq)).max()))))
