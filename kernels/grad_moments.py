@@ -46,11 +46,12 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     triton = None
     tl = None
 
-# Default launch configuration (chunk = BLOCK * ITERS elements per program); tuned on an H100/H200
-# by benchmarks/kernels.py.
-BLOCK = 2048
-ITERS = 8
-NUM_WARPS = 8
+# Default launch configuration (chunk = BLOCK * ITERS elements per program): the fastest of the 7
+# configurations swept by benchmarks/kernels.py --sweep on an H200 (2026-11-21), for both the
+# ResNet-18 gradient set and 2**30 values, flat and pointer-table modes alike.
+BLOCK = 1024
+ITERS = 4
+NUM_WARPS = 4
 
 FP32_MAX = 3.4028234663852886e38
 
