@@ -135,38 +135,48 @@ CFG = TriAccelConfig(batch_init=96, batch_min=32, batch_max=160, delta_up=32, de
 
 def test_batch_law_grow_hold_shrink_and_bounds():
     b = BatchLaw(CFG)
-    assert b.update(used=40, mem_max=100) == 128      # 40 < 50: +32
-    assert b.update(used=60, mem_max=100) == 128      # within [50, 80]: hold
-    assert b.update(used=10, mem_max=100) == 160
-    assert b.update(used=10, mem_max=100) == 160      # batch_max
-    assert b.update(used=90, mem_max=100) == 144      # 90 > 80: -16
+    assert b.update(used=40, mem_max=100, step=0) == 128      # 40 < 50: +32
+    assert b.update(used=60, mem_max=100, step=0) == 128      # within [50, 80]: hold
+    assert b.update(used=10, mem_max=100, step=0) == 160
+    assert b.update(used=10, mem_max=100, step=0) == 160      # batch_max
+    assert b.update(used=90, mem_max=100, step=0) == 144      # 90 > 80: -16
     for _ in range(20):
-        b.update(used=99, mem_max=100)
+        b.update(used=99, mem_max=100, step=0)
     assert b.batch == 32                              # batch_min
 
 
 def test_oom_shrinks_at_once_and_caps_growth():
     b = BatchLaw(CFG)
-    b.update(10, 100)                                 # 128
-    assert b.oom() == 64                              # floor(128 * 0.5)
+    b.update(10, 100, 0)                                 # 128
+    assert b.oom(0) == 64                              # floor(128 * 0.5)
     assert b.ceiling == 120
     for _ in range(5):
-        b.update(0, 100)
+        b.update(0, 100, 0)
     assert b.batch == 120                             # never back to the size that failed
     b.batch = 32
     with pytest.raises(OOMAtMinimumBatch, match="batch_min=32"):
-        b.oom()
+        b.oom(0)
+
+
+def test_oom_cooldown_lifts_the_cap():
+    b = BatchLaw(CFG.replace(oom_cooldown=100))
+    b.update(10, 100, step=0)                         # 128
+    b.oom(step=10)                                    # 64, ceiling 120
+    b.update(0, 100, step=50)
+    assert b.batch == 96 and b.ceiling == 120         # still capped
+    b.update(0, 100, step=110)                        # 100 steps without OOM: cap lifted
+    assert b.ceiling == 160 and b.batch == 128
 
 
 def test_lr_rules_and_accumulation():
     for rule, expected in [("linear", 128 / 96), ("sqrt", math.sqrt(128 / 96)), ("none", 1.0)]:
         b = BatchLaw(CFG.replace(lr_rule=rule))
-        b.update(0, 100)
+        b.update(0, 100, 0)
         assert b.lr_scale() == pytest.approx(expected) and b.accumulation() == 1 and b.logical_batch() == 128
     acc = BatchLaw(CFG.replace(lr_rule="accumulate"))
-    acc.update(0, 100)
+    acc.update(0, 100, 0)
     assert acc.batch == 96                            # micro-batch capped at the logical batch
-    acc.oom()
+    acc.oom(0)
     assert (acc.batch, acc.accumulation(), acc.logical_batch(), acc.lr_scale()) == (48, 2, 96, 1.0)
     acc.batch = 40
     assert acc.accumulation() == 3                    # 40 + 40 + 16 = 96
@@ -174,8 +184,8 @@ def test_lr_rules_and_accumulation():
 
 def test_buckets_move_one_bucket():
     b = BatchLaw(TriAccelConfig(batch_init=64, batch_min=16, batch_max=256, batch_buckets=(16, 32, 64, 128, 256)))
-    assert b.update(0, 100) == 128 and b.update(0, 100) == 256 and b.update(99, 100) == 128
-    assert b.oom() == 64 and b.ceiling == 64
+    assert b.update(0, 100, 0) == 128 and b.update(0, 100, 0) == 256 and b.update(99, 100, 0) == 128
+    assert b.oom(0) == 64 and b.ceiling == 64
 
 
 def test_resolve_memory_limit():

@@ -35,7 +35,8 @@ class BatchLaw:
 
     B stays within [batch_min, min(batch_max, ceiling)] and on the grid (multiples of batch_multiple,
     or `batch_buckets` when given, where a step moves one bucket). An OOM multiplies B by oom_shrink
-    at once and lowers the ceiling below the size that failed, so growth never retries it. Under
+    at once and lowers the ceiling below the size that failed, so growth does not retry it until
+    `oom_cooldown` steps pass without another OOM (never, when it is None). Under
     lr_rule="accumulate", B is a micro-batch of the fixed logical batch `batch_init`.
     """
 
@@ -45,8 +46,10 @@ class BatchLaw:
         upper = cfg.batch_max
         if cfg.lr_rule == "accumulate":
             upper = min(upper, cfg.batch_init)  # a micro-batch never exceeds the logical batch
+        self.upper = upper
         self.ceiling = upper
         self.ooms = 0
+        self.last_oom_step: int | None = None
 
     # -- grid -------------------------------------------------------------------------------
     def _grid(self) -> list[int]:
@@ -62,9 +65,12 @@ class BatchLaw:
         return below[-1] if below else grid[0]
 
     # -- law --------------------------------------------------------------------------------
-    def update(self, used: int, mem_max: int) -> int:
-        """One control decision from memory use `used` (bytes) against MemMax (bytes)."""
+    def update(self, used: int, mem_max: int, step: int) -> int:
+        """One control decision at `step` from memory use `used` (bytes) against MemMax (bytes)."""
         c = self.cfg
+        if (c.oom_cooldown is not None and self.last_oom_step is not None
+                and step - self.last_oom_step >= c.oom_cooldown):
+            self.ceiling, self.last_oom_step = self.upper, None
         b = self.batch
         if c.batch_buckets is not None:
             grid = self._grid()
@@ -81,10 +87,11 @@ class BatchLaw:
         self.batch = self._clip(b)
         return self.batch
 
-    def oom(self) -> int:
-        """Shrink at once after an out-of-memory error; raises OOMAtMinimumBatch at batch_min."""
+    def oom(self, step: int) -> int:
+        """Shrink at once after an out-of-memory error at `step`; raises OOMAtMinimumBatch at batch_min."""
         c = self.cfg
         self.ooms += 1
+        self.last_oom_step = step
         if self.batch <= c.batch_min:
             raise OOMAtMinimumBatch(
                 f"out of memory at batch_min={c.batch_min}: lower batch_min, the model size or the "
@@ -116,7 +123,8 @@ class BatchLaw:
         return 1.0  # "none", and "accumulate" (the logical batch does not change)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "ceiling": self.ceiling, "ooms": self.ooms}
+        return {"batch": self.batch, "ceiling": self.ceiling, "ooms": self.ooms, "last_oom_step": self.last_oom_step}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.batch, self.ceiling, self.ooms = int(sd["batch"]), int(sd["ceiling"]), int(sd["ooms"])
+        self.last_oom_step = sd["last_oom_step"]

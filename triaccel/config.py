@@ -83,6 +83,8 @@ class TriAccelConfig:
         controller then moves between buckets instead of by delta_up/delta_down.
       memory_budget: bytes (int) or a string like "4GiB"; MemMax = min(device limit, budget).
       oom_shrink: factor in (0, 1) applied to B at once on out-of-memory.
+      oom_cooldown: after an OOM, growth is capped below the size that failed; this many steps
+        without another OOM lift the cap (None: the cap is permanent).
       lr_rule: how optimisation stays consistent when B changes: "linear" (lr * B/batch_init),
         "sqrt" (lr * sqrt(B/batch_init)), "none", or "accumulate" (the logical batch stays
         batch_init; B is the micro-batch and gradients accumulate over ceil(batch_init/B) of them).
@@ -117,6 +119,7 @@ class TriAccelConfig:
     batch_buckets: tuple[int, ...] | None = None
     memory_budget: int | str | None = None
     oom_shrink: float = 0.5
+    oom_cooldown: int | None = None
     lr_rule: str = "linear"
     t_ctrl: int = 50
     warmup_steps: int = 100
@@ -195,6 +198,8 @@ class TriAccelConfig:
                    f"[{self.batch_min}, {self.batch_max}]")
             _check(self.batch_init in b, "batch_init", self.batch_init, f"one of batch_buckets {b}")
         real("oom_shrink", 0.0, 1.0, lo_open=True, hi_open=True)
+        if self.oom_cooldown is not None:
+            integer("oom_cooldown", 1)
         choice("lr_rule", LR_RULES)
         integer("t_ctrl", 1)
         integer("warmup_steps", 0)

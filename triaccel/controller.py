@@ -153,7 +153,7 @@ class Controller:
 
     def observe_oom(self, step: int) -> Decision:
         """Out of memory at `step`: shrink the batch now and return the new decision."""
-        self._batch.oom()
+        self._batch.oom(step)
         return self._commit(step, event="oom")
 
     # -- decisions --------------------------------------------------------------------------
@@ -181,7 +181,7 @@ class Controller:
             if cfg.adaptive_precision:
                 self._precision.update_levels(step, warm=step >= cfg.warmup_steps)
             if cfg.elastic_batch and self._mem_used is not None and self._mem_limit is not None:
-                self._batch.update(self._mem_used, self._mem_limit)
+                self._batch.update(self._mem_used, self._mem_limit, step)
             self._mem_used = None
         if curvature:
             self._curv_pending = False
