@@ -183,3 +183,40 @@ class LRU:
         if len(self.data) >= self.size:
             self.data.pop(next(iter(self.data)))
         self.data[key] = value
+
+
+ALIGN = 16  # elements (flat mode) or bytes (pointer-table mode) of alignment of a full chunk
+
+
+def aligned_chunk_rows(sizes: np.ndarray, heads: np.ndarray, chunk: int) -> tuple[np.ndarray, ...]:
+    """Split segments into a masked head, full aligned chunks and a masked tail.
+
+    sizes: elements per segment; heads: elements before the segment's first aligned element
+    (a head >= size makes the whole segment one masked run); chunk: elements per chunk, a multiple
+    of ``ALIGN``. Returns (seg, start, stop, full) per row, start/stop relative to the segment;
+    ``full`` rows hold exactly ``chunk`` elements starting at an aligned element, read unmasked.
+    Masked runs longer than ``chunk`` are split into several rows. Empty segments get no row.
+    """
+    if chunk <= 0 or chunk % ALIGN:
+        raise ValueError(f"chunk={chunk}: must be a positive multiple of {ALIGN}")
+    seg_l, start_l, stop_l, full_l = [], [], [], []
+
+    def masked(s: int, a: int, b: int) -> None:
+        for lo in range(a, b, chunk):
+            seg_l.append(np.array([s])); start_l.append(np.array([lo]))
+            stop_l.append(np.array([min(lo + chunk, b)])); full_l.append(np.array([0]))
+
+    for s, (n, h) in enumerate(zip(np.asarray(sizes, dtype=np.int64).tolist(),
+                                   np.asarray(heads, dtype=np.int64).tolist())):
+        h = min(h, n)
+        masked(s, 0, h)
+        nfull = (n - h) // chunk
+        if nfull:
+            st = h + chunk * np.arange(nfull, dtype=np.int64)
+            seg_l.append(np.full(nfull, s)); start_l.append(st); stop_l.append(st + chunk)
+            full_l.append(np.ones(nfull, dtype=np.int64))
+        masked(s, h + nfull * chunk, n)
+    if not seg_l:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, z, z
+    return tuple(np.concatenate(v).astype(np.int64) for v in (seg_l, start_l, stop_l, full_l))

@@ -1,20 +1,23 @@
 """Per-segment gradient moments (sum, sum of squares, non-finite count) in one launch.
 
 One ``@triton.jit`` kernel serves torch (direct launch) and JAX (``jax_triton.triton_call``).
-It walks a *chunk table*: one row per program, ``(seg, base, start, stop, code)`` int64/int32, where a
-segment (one layer's gradient) of ``n`` elements is split into chunks of ``block * iters`` elements so
-that a few huge segments and many tiny ones load-balance over the whole GPU. Each program reduces its
-chunk in FP32 and adds its three partial results into ``out[seg, :]`` with atomics (so ``out`` is zeroed
-first; the order of those float additions is not fixed, so results may differ in the last bits from
-run to run).
+It walks a *chunk table*: one row per program, ``(seg, base, start, stop, code, full)`` int64/int32.
+A segment (one layer's gradient) is split into a masked head up to the first 16-element-aligned
+element, *full* chunks of ``block * iters`` aligned elements read with unmasked 128-bit vector loads,
+and a masked tail, so that a few huge segments and many tiny ones load-balance over the GPU. Each
+program reduces its chunk in FP32 and adds its three partial results into ``out[seg, :]`` with
+atomics (so ``out`` is zeroed first; the order of those float additions is not fixed, so results
+may differ in the last bits from run to run).
 
-Two addressing modes share the kernel:
+Two addressing modes share the kernel; both address memory as *typed pointer + element offset*
+(an ``int -> pointer`` cast would hide the alignment from the compiler and forbid vector loads):
 
 - ``MODE=0`` (flat): ``base`` is the element offset of the segment in one flat buffer ``x`` (the JAX
   path, and torch when the gradients already live in one flat buffer);
-- ``MODE=1`` (pointer table, torch only): ``base`` is the raw address of each tensor and ``code`` its
-  dtype (0 fp32, 1 fp16, 2 bf16), so a list of separate tensors, even of mixed dtypes, is read in
-  place with no ``torch.cat`` copy.
+- ``MODE=1`` (torch list): ``base`` is the element offset of each tensor from a reference tensor of
+  the same dtype (``code`` 0 fp32, 1 fp16, 2 bf16; one reference pointer argument per dtype, offsets
+  may be negative), so a list of separate tensors, even of mixed dtypes, is read in place with no
+  ``torch.cat`` copy.
 
 Semantics (shared by the kernel and both references):
 
@@ -67,64 +70,100 @@ class Moments(NamedTuple):
 if triton is not None:
 
     @triton.jit
-    def _chunk_moments(p, q, start, stop, s, SCALE: tl.constexpr, WRITE: tl.constexpr,
-                       BLOCK: tl.constexpr, ITERS: tl.constexpr):
-        # p: typed pointer to the segment's first element; q: where unscaled values are written.
+    def _chunk_moments(p, q, start, stop, s, FULL: tl.constexpr, SCALE: tl.constexpr,
+                       WRITE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+        # FULL: p/q point at a 16-element-aligned chunk of exactly BLOCK*ITERS elements, read with
+        # unmasked (vectorisable) loads. Else: p/q point at the segment's first element and the
+        # elements [start, stop) are read with masks.
         offs = tl.arange(0, BLOCK)
         acc_s = tl.zeros([BLOCK], dtype=tl.float32)
         acc_q = tl.zeros([BLOCK], dtype=tl.float32)
         acc_n = tl.zeros([BLOCK], dtype=tl.int32)
         for it in tl.static_range(ITERS):
-            idx = start + it * BLOCK + offs
-            m = idx < stop
-            x = tl.load(p + idx, mask=m, other=0.0).to(tl.float32)
+            if FULL:
+                idx = it * BLOCK + offs
+                x = tl.load(p + idx).to(tl.float32)
+            else:
+                idx = start + it * BLOCK + offs
+                m = idx < stop
+                x = tl.load(p + idx, mask=m, other=0.0).to(tl.float32)
             if SCALE != 0:
                 x = x * s
             if WRITE:
-                tl.store(q + idx, x.to(q.dtype.element_ty), mask=m)
+                if FULL:
+                    tl.store(q + idx, x.to(q.dtype.element_ty))
+                else:
+                    tl.store(q + idx, x.to(q.dtype.element_ty), mask=m)
             fin = tl.abs(x) <= 3.4028234663852886e38  # False for NaN and ±Inf
             xf = tl.where(fin, x, 0.0)
             acc_s += xf
             acc_q += xf * xf
-            acc_n += (m & (~fin)).to(tl.int32)
+            if FULL:
+                acc_n += (~fin).to(tl.int32)
+            else:
+                acc_n += (m & (~fin)).to(tl.int32)
         return tl.sum(acc_s, axis=0), tl.sum(acc_q, axis=0), tl.sum(acc_n, axis=0)
 
     @triton.jit
-    def _moments_kernel(x_ptr, table_ptr, scale, out_ptr, y_ptr,
+    def _moments_kernel(x_ptr, h_ptr, b_ptr, table_ptr, scale, out_ptr, y_ptr,
                         MODE: tl.constexpr, SCALE: tl.constexpr, WRITE: tl.constexpr,
                         BLOCK: tl.constexpr, ITERS: tl.constexpr):
-        """One program per chunk row ``(seg, base, start, stop, code)`` of ``table_ptr``.
+        """One program per chunk row ``(seg, base, start, stop, code, full)`` of ``table_ptr``.
 
-        x_ptr: flat input (MODE 0) or unused (MODE 1); scale: pointer to one FP32 value (SCALE 1),
-        an FP32 value (SCALE 2) or unused (SCALE 0); out_ptr: (n, 3) FP32, zeroed, accumulated with
-        atomics; y_ptr: flat output of the unscaled values (MODE 0 and WRITE) or unused.
+        MODE 0: ``base`` = element offset of the segment in the flat input ``x_ptr``; unscaled
+        values go to ``y_ptr`` (WRITE). MODE 1: ``base`` = element offset of the tensor from the
+        reference pointer of its dtype (``code`` 0: ``x_ptr`` fp32, 1: ``h_ptr`` fp16, 2: ``b_ptr``
+        bf16; offsets may be negative), written back in place. ``full`` rows: ``base + start`` is
+        a multiple of 16 and the chunk is whole (unmasked vector loads). scale: pointer to one
+        FP32 value (SCALE 1), an FP32 value (SCALE 2) or unused (SCALE 0). out_ptr: (n, 3) FP32,
+        zeroed, accumulated with atomics.
         """
         pid = tl.program_id(0).to(tl.int64)
-        row = table_ptr + pid * 5
+        row = table_ptr + pid * 6
         seg = tl.load(row).to(tl.int64)
         base = tl.load(row + 1).to(tl.int64)
         start = tl.load(row + 2).to(tl.int64)
         stop = tl.load(row + 3).to(tl.int64)
+        full = tl.load(row + 5)
         if SCALE == 1:
             s = tl.load(scale).to(tl.float32)
         elif SCALE == 2:
             s = scale  # an fp32 kernel argument
         else:
             s = 1.0
+        # Addresses are typed pointer + element offset (never int -> pointer casts), so that the
+        # compiler sees the pointer's 16-byte alignment and the hint below, and vectorises.
+        g = tl.multiple_of(base + start, 16)  # only used on full rows, where the host ensured it
         if MODE == 0:
-            cs, cq, cn = _chunk_moments(x_ptr + base, y_ptr + base, start, stop, s,
-                                        SCALE, WRITE, BLOCK, ITERS)
+            if full != 0:
+                cs, cq, cn = _chunk_moments(x_ptr + g, y_ptr + g, start, stop, s, True,
+                                            SCALE, WRITE, BLOCK, ITERS)
+            else:
+                cs, cq, cn = _chunk_moments(x_ptr + base, y_ptr + base, start, stop, s, False,
+                                            SCALE, WRITE, BLOCK, ITERS)
         else:
             code = tl.load(row + 4)
             if code == 0:
-                p32 = base.to(tl.pointer_type(tl.float32))
-                cs, cq, cn = _chunk_moments(p32, p32, start, stop, s, SCALE, WRITE, BLOCK, ITERS)
+                if full != 0:
+                    cs, cq, cn = _chunk_moments(x_ptr + g, x_ptr + g, start, stop, s, True,
+                                                SCALE, WRITE, BLOCK, ITERS)
+                else:
+                    cs, cq, cn = _chunk_moments(x_ptr + base, x_ptr + base, start, stop, s, False,
+                                                SCALE, WRITE, BLOCK, ITERS)
             elif code == 1:
-                p16 = base.to(tl.pointer_type(tl.float16))
-                cs, cq, cn = _chunk_moments(p16, p16, start, stop, s, SCALE, WRITE, BLOCK, ITERS)
+                if full != 0:
+                    cs, cq, cn = _chunk_moments(h_ptr + g, h_ptr + g, start, stop, s, True,
+                                                SCALE, WRITE, BLOCK, ITERS)
+                else:
+                    cs, cq, cn = _chunk_moments(h_ptr + base, h_ptr + base, start, stop, s, False,
+                                                SCALE, WRITE, BLOCK, ITERS)
             else:
-                pb = base.to(tl.pointer_type(tl.bfloat16))
-                cs, cq, cn = _chunk_moments(pb, pb, start, stop, s, SCALE, WRITE, BLOCK, ITERS)
+                if full != 0:
+                    cs, cq, cn = _chunk_moments(b_ptr + g, b_ptr + g, start, stop, s, True,
+                                                SCALE, WRITE, BLOCK, ITERS)
+                else:
+                    cs, cq, cn = _chunk_moments(b_ptr + base, b_ptr + base, start, stop, s, False,
+                                                SCALE, WRITE, BLOCK, ITERS)
         o = out_ptr + seg * 3
         tl.atomic_add(o, cs)
         tl.atomic_add(o + 1, cq)
@@ -181,6 +220,22 @@ def moments_reference_jnp(flat: Any, offsets: Sequence[int], inv_scale: Any = No
 _TABLES = D.LRU(128)
 
 
+def _flat_table(off: np.ndarray, chunk: int) -> np.ndarray:
+    """Chunk table (rows, 6) int64 for a flat buffer with segment offsets ``off`` (elements)."""
+    base = off[:-1]
+    seg, start, stop, full = D.aligned_chunk_rows(np.diff(off), (-base) % D.ALIGN, chunk)
+    return np.ascontiguousarray(np.stack([seg, base[seg], start, stop, np.zeros_like(seg), full], axis=1))
+
+
+def _check_config(block: int, iters: int, num_warps: int) -> None:
+    if block < D.ALIGN or block & (block - 1):
+        raise ValueError(f"block={block}: must be a power of two >= {D.ALIGN}")
+    if iters < 1:
+        raise ValueError(f"iters={iters}: must be >= 1")
+    if num_warps < 1 or num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps={num_warps}: must be a power of two >= 1")
+
+
 def _torch_scale(inv_scale: Any, device: Any) -> tuple[int, Any]:
     """(SCALE mode, kernel argument) for ``inv_scale`` given as None, a float or a 1-element tensor."""
     import torch
@@ -235,13 +290,14 @@ def _use_triton_torch(device: Any, impl: str) -> bool:
     return ok
 
 
-def _launch_torch(x: Any, table: Any, nchunks: int, scale: tuple[int, Any], out: Any, y: Any,
+def _launch_torch(refs: list, table: Any, nchunks: int, scale: tuple[int, Any], out: Any, y: Any,
                   mode: int, write: bool, block: int, iters: int, num_warps: int) -> None:
     out.zero_()
     if nchunks == 0:
         return
     smode, sarg = scale
-    _moments_kernel[(nchunks,)](x, table, sarg, out, y, MODE=mode, SCALE=smode, WRITE=write,
+    _moments_kernel[(nchunks,)](refs[0], refs[1], refs[2], table, sarg, out, y, MODE=mode,
+                                SCALE=smode, WRITE=write,
                                 BLOCK=block, ITERS=iters, num_warps=num_warps)
 
 
@@ -269,14 +325,30 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str,
     hit = _TABLES.get(key)
     if hit is None:
         sizes = np.array([t.numel() for t in tensors], dtype=np.int64)
-        bases = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
+        addrs = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
         codes = np.array([D.dtype_code(str(t.dtype), "tensors") for t in tensors], dtype=np.int64)
-        seg, start, stop = D.chunk_rows(sizes, chunk)
-        tab = np.stack([seg, bases[seg], start, stop, codes[seg]], axis=1)
-        hit = (torch.from_numpy(np.ascontiguousarray(tab)).to(dev), tab.shape[0])
+        esize = np.array([t.element_size() for t in tensors], dtype=np.int64)
+        ref_idx = [-1, -1, -1]  # per dtype code: index of its reference tensor (-1: none)
+        rel = np.zeros_like(addrs)
+        for c in range(3):
+            idx = np.flatnonzero((codes == c) & (sizes > 0))
+            if idx.size == 0:
+                continue
+            ref_idx[c] = int(idx[0])
+            d = addrs[idx] - addrs[idx[0]]
+            bad = idx[d % esize[idx] != 0]
+            if bad.size:
+                raise ValueError(f"tensors[{int(bad[0])}]: address not a multiple of its element size "
+                                 f"away from tensors[{int(idx[0])}] of the same dtype")
+            rel[idx] = d // esize[idx]
+        seg, start, stop, full = D.aligned_chunk_rows(sizes, (-rel) % D.ALIGN, chunk)
+        tab = np.stack([seg, rel[seg], start, stop, codes[seg], full], axis=1)
+        # indices, not tensors: the cache must not keep gradients alive
+        hit = (torch.from_numpy(np.ascontiguousarray(tab)).to(dev), tab.shape[0], ref_idx)
         _TABLES.put(key, hit)
-    table, nch = hit
-    _launch_torch(out, table, nch, scale, out, out, 1, inv_scale is not None, block, iters, num_warps)
+    table, nch, ref_idx = hit
+    refs = [tensors[i] if i >= 0 else out for i in ref_idx]  # placeholders are never dereferenced
+    _launch_torch(refs, table, nch, scale, out, out, 1, inv_scale is not None, block, iters, num_warps)
     return out
 
 
@@ -304,12 +376,11 @@ def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, impl: str,
     key = ("flat", dev, chunk, off.tobytes())
     hit = _TABLES.get(key)
     if hit is None:
-        seg, start, stop = D.chunk_rows(np.diff(off), chunk)
-        tab = np.stack([seg, off[:-1][seg], start, stop, np.zeros_like(seg)], axis=1)
+        tab = _flat_table(off, chunk)
         hit = (torch.from_numpy(np.ascontiguousarray(tab)).to(dev), tab.shape[0])
         _TABLES.put(key, hit)
     table, nch = hit
-    _launch_torch(flat, table, nch, scale, out, flat, 0, inv_scale is not None, block, iters, num_warps)
+    _launch_torch([flat] * 3, table, nch, scale, out, flat, 0, inv_scale is not None, block, iters, num_warps)
     return out
 
 
@@ -360,9 +431,7 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str,
     key = (chunk, off.tobytes())
     tab = _JTABLES.get(key)
     if tab is None:
-        seg, start, stop = D.chunk_rows(np.diff(off), chunk)
-        tab = np.ascontiguousarray(
-            np.stack([seg, off[:-1][seg], start, stop, np.zeros_like(seg)], axis=1).astype(np.int32))
+        tab = _flat_table(off, chunk).astype(np.int32)
         _JTABLES.put(key, tab)
     nch = tab.shape[0]
     write = inv_scale is not None
@@ -376,7 +445,7 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str,
         return jnp.zeros((n, 3), jnp.float32), (flat if write else None)
     out_shape = [jax.ShapeDtypeStruct((n, 3), jnp.float32),
                  jax.ShapeDtypeStruct(flat.shape if write else (1,), flat.dtype)]
-    out, y = jt.triton_call(flat, jnp.asarray(tab), sarg, kernel=_moments_kernel, out_shape=out_shape,
+    out, y = jt.triton_call(flat, flat, flat, jnp.asarray(tab), sarg, kernel=_moments_kernel, out_shape=out_shape,
                             grid=(nch,), num_warps=num_warps, zeroed_outputs=(0,),
                             MODE=0, SCALE=smode, WRITE=write, BLOCK=block, ITERS=iters)
     return out, (y if write else None)
@@ -412,6 +481,7 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: 
     ``out`` when given, and for JAX with ``inv_scale`` the pair ``(Moments, unscaled)`` where
     ``unscaled`` has the structure of ``tensors``. See the module docstring for non-finite handling.
     """
+    _check_config(block, iters, num_warps)
     leaves = D.as_leaves(tensors, "tensors")
     fw = D.common_framework(leaves, "tensors")
     if fw == "torch":
@@ -446,6 +516,7 @@ def grad_moments_flat(flat: Any, offsets: Sequence[int], *, inv_scale: Any = Non
     starting at 0, non-decreasing, ending at ``flat`` size (cached per layout). Other arguments and
     the result as in :func:`grad_moments`; for JAX with ``inv_scale`` returns ``(Moments, unscaled_flat)``.
     """
+    _check_config(block, iters, num_warps)
     off = D.parse_offsets(offsets)
     fw = D.framework_of(flat)
     if fw == "torch":

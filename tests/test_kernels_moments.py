@@ -137,7 +137,7 @@ def test_jax_list_pytree_and_flat():
               "b": [rng.standard_normal(1023).astype(np.float16), np.float32([np.nan, 2.0])]}
     tree = jax.tree_util.tree_map(jnp.asarray, leaves)
     m = grad_moments(tree)
-    ts = [torch.from_numpy(np.asarray(x)) for x in jax.tree_util.tree_leaves(tree)]
+    ts = [torch.from_numpy(np.array(x)) for x in jax.tree_util.tree_leaves(tree)]
     check(m, ts)
     assert m.nonfinite.dtype == jnp.int32
     m2, un = grad_moments(tree, inv_scale=0.25)
@@ -189,3 +189,49 @@ def test_errors():
         grad_moments([torch.zeros(3)], impl="cuda")
     with pytest.raises(ValueError, match="dense"):
         grad_moments([torch.zeros(4, 4)[:, ::2]], impl="triton")
+
+
+def test_aligned_chunk_rows_cover_segments_exactly_once():
+    from triaccel.kernels._dispatch import ALIGN, aligned_chunk_rows
+
+    rng = np.random.default_rng(8)
+    sizes = rng.integers(0, 300, size=40)
+    bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]) + 5
+    chunk = 64
+    seg, start, stop, full = aligned_chunk_rows(sizes, (-bases) % ALIGN, chunk)
+    for s, n in enumerate(sizes):
+        rows = np.flatnonzero(seg == s)
+        cover = np.zeros(n, dtype=int)
+        for r in rows:
+            cover[start[r]:stop[r]] += 1
+            assert stop[r] - start[r] <= chunk and stop[r] > start[r]
+            if full[r]:
+                assert stop[r] - start[r] == chunk and (bases[s] + start[r]) % ALIGN == 0
+        assert np.all(cover == 1)
+    assert full.sum() > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_misaligned_views_full_and_masked_chunks(dtype):
+    # views at odd element offsets of one buffer: unaligned heads, aligned full chunks, tails;
+    # reference tensors sit after some of the others (negative relative offsets)
+    buf = (torch.randn(30000, generator=torch.Generator().manual_seed(9)) * 2).to(dtype)
+    ts = [buf[20001:29000], buf[3:9000], buf[9001:9002], buf[9005:20000]]
+    buf[5000] = float("nan")
+    orig = [t.clone() for t in ts]
+    m = grad_moments(ts, inv_scale=0.5, block=256, iters=4)
+    check(m, orig, 0.5)
+    for t, o in zip(ts, orig):
+        exp = (o.float() * 0.5).to(dtype)
+        assert torch.equal(t.float().nan_to_num(0.0), exp.float().nan_to_num(0.0))
+    flat = buf[1:].clone()
+    off = [0, 7, 7, 12345, 29999]
+    mf = grad_moments_flat(flat, off, block=256, iters=4)
+    check(mf, [flat[a:b] for a, b in zip(off[:-1], off[1:])])
+
+
+def test_bad_launch_config():
+    with pytest.raises(ValueError, match="block"):
+        grad_moments([torch.zeros(3)], block=100)
+    with pytest.raises(ValueError, match="iters"):
+        grad_moments([torch.zeros(3)], iters=0)
