@@ -154,25 +154,21 @@ class HessianTopK:
                 return jax.tree_util.tree_unflatten(treedef, [
                     m * x for m, x in zip(masks, jax.tree_util.tree_leaves(tree))])
 
-            def body(_: int, carry: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
-                v, _t = carry
-                v = restrict(v)
-                # Orthonormalise the k vectors (symmetric orthogonalisation through the k x k Gram).
-                g = dot(v, v, masks)
-                s, u = jnp.linalg.eigh(g)
-                # Directions with ~zero norm (a layer with fewer than k parameters) are dropped
-                # instead of amplified: they then contribute zero Ritz values.
-                keep = s > 1e-6 * jnp.max(s)
-                inv = u @ jnp.diag(jnp.where(keep, jax.lax.rsqrt(jnp.where(keep, s, 1.0)), 0.0)) @ u.T
-                q = jax.tree_util.tree_map(lambda x: jnp.tensordot(inv, x, axes=1), v)
-                w = restrict(jax.vmap(hvp, in_axes=(None, None, None, 0))(p, batch, aux, q))
-                t = dot(q, w, masks)  # Q^T H_ll Q
-                _, rot = jnp.linalg.eigh(0.5 * (t + t.T))
-                rot = rot[:, ::-1]  # descending Ritz order
-                return jax.tree_util.tree_map(lambda x: jnp.tensordot(rot.T, x, axes=1), w), t
-
-            k = jax.tree_util.tree_leaves(vecs)[0].shape[0]
-            new, t = jax.lax.fori_loop(0, iters, body, (vecs, jnp.zeros((k, k), jnp.float32)))
+            # One subspace-iteration step; the host loops `iters` times (one compile whatever iters is).
+            v = restrict(vecs)
+            # Orthonormalise the k vectors (symmetric orthogonalisation through the k x k Gram).
+            g = dot(v, v, masks)
+            s, u = jnp.linalg.eigh(g)
+            # Directions with ~zero norm (a layer with fewer than k parameters) are dropped
+            # instead of amplified: they then contribute zero Ritz values.
+            keep = s > 1e-6 * jnp.max(s)
+            inv = u @ jnp.diag(jnp.where(keep, jax.lax.rsqrt(jnp.where(keep, s, 1.0)), 0.0)) @ u.T
+            q = jax.tree_util.tree_map(lambda x: jnp.tensordot(inv, x, axes=1), v)
+            w = restrict(jax.vmap(hvp, in_axes=(None, None, None, 0))(p, batch, aux, q))
+            t = dot(q, w, masks)  # Q^T H_ll Q
+            # Next basis: H Q itself (plain subspace iteration; the Ritz rotation is done on the host
+            # from t by the core's `ritz`, which is all the eigenvalues need).
+            new = w
             # Keep the other layers' warm-start vectors; replace this layer's.
             merged = jax.tree_util.tree_unflatten(treedef, [
                 jnp.where(m > 0, n, o) for m, n, o in zip(
@@ -193,6 +189,7 @@ class HessianTopK:
             self.vectors = self._init_vectors(params)
         out = np.zeros((self.layers.num_layers, self.k))
         for layer in range(self.layers.num_layers):
-            self.vectors, t = self._run_layer(params, batch, aux, self.vectors, jnp.int32(layer))
+            for _ in range(self.iters):
+                self.vectors, t = self._run_layer(params, batch, aux, self.vectors, jnp.int32(layer))
             out[layer] = ritz(np.asarray(t, dtype=np.float64))[0]
         return out
