@@ -91,12 +91,25 @@ def parse_offsets(offsets: Any, param: str = "offsets") -> np.ndarray:
     """
     if type(offsets).__module__.split(".", 1)[0] in ("torch", "jax", "jaxlib"):
         raise TypeError(f"{param}: pass host offsets (list/tuple/np.ndarray), not a device array")
+    # validated layouts are cached: the same offsets come back every step
+    if isinstance(offsets, np.ndarray):
+        key = (offsets.dtype.str, offsets.shape, offsets.tobytes())
+    elif isinstance(offsets, (list, tuple)):
+        key = tuple(offsets)
+    else:
+        key = None
+    hit = _OFFSETS.get(key) if key is not None else None
+    if hit is not None:
+        return hit
     off = np.asarray(offsets)
     if off.ndim != 1 or off.size < 1 or not np.issubdtype(off.dtype, np.integer):
         raise ValueError(f"{param}: need a 1-D integer sequence of length n+1 >= 1, got {offsets!r}")
     off = off.astype(np.int64)
     if off[0] != 0 or np.any(np.diff(off) < 0):
         raise ValueError(f"{param}: must start at 0 and be non-decreasing, got {off.tolist()[:16]}")
+    off.setflags(write=False)  # shared through the cache
+    if key is not None:
+        _OFFSETS.put(key, off)
     return off
 
 
@@ -118,18 +131,30 @@ def chunk_rows(sizes: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, n
     return seg, start, stop
 
 
-def as_leaves(tensors: Any, param: str) -> list:
-    """A list of arrays from a list/tuple of tensors, or the leaves of a JAX pytree."""
-    if isinstance(tensors, (list, tuple)) and all(_is_array(t) for t in tensors):
-        return list(tensors)
+def leaves_and_framework(tensors: Any, param: str) -> tuple[list, str]:
+    """(list of arrays, "torch" | "jax") from a list/tuple of tensors or a JAX pytree.
+
+    TypeError naming ``param`` for a single array, non-arrays, or mixed frameworks; ValueError if
+    empty. The common case (a list of one array type) costs one ``type`` check per element.
+    """
+    if isinstance(tensors, (list, tuple)) and tensors:
+        t0 = type(tensors[0])
+        if all(type(t) is t0 for t in tensors):
+            try:
+                return list(tensors), framework_of(tensors[0])
+            except TypeError:
+                pass  # not arrays: maybe a list of pytrees; the general path below decides
     if _is_array(tensors):
         raise TypeError(f"{param}: pass a list of tensors/arrays (or a pytree), not a single array")
-    import jax  # only a pytree of JAX arrays reaches here
-
-    leaves = jax.tree_util.tree_leaves(tensors)
-    for leaf in leaves:
-        framework_of(leaf)
-    return leaves
+    if isinstance(tensors, (list, tuple)) and all(_is_array(t) for t in tensors):
+        leaves = list(tensors)
+    else:
+        try:
+            import jax  # only a pytree of JAX arrays is valid here
+        except ImportError:
+            raise TypeError(f"{param}: expected a list of torch tensors or JAX arrays, got {type(tensors)}") from None
+        leaves = jax.tree_util.tree_leaves(tensors)
+    return leaves, common_framework(leaves, param)
 
 
 def _is_array(x: Any) -> bool:
@@ -183,6 +208,9 @@ class LRU:
         if len(self.data) >= self.size:
             self.data.pop(next(iter(self.data)))
         self.data[key] = value
+
+
+_OFFSETS = LRU(64)
 
 
 ALIGN = 16  # elements (flat mode) or bytes (pointer-table mode) of alignment of a full chunk

@@ -216,8 +216,7 @@ def cast_to(tensors: Any, dtypes: Sequence[Any], *, out: Any = None, impl: str =
     Returns, per input, a tensor/array of the input's shape (torch: and strides): for FP16/BF16 a
     view into the shared 16-bit buffer, for FP32 the input itself.
     """
-    leaves = D.as_leaves(tensors, "tensors")
-    fw = D.common_framework(leaves, "tensors")
+    leaves, fw = D.leaves_and_framework(tensors, "tensors")
     codes = _codes(dtypes, len(leaves))
     if fw == "torch":
         return _torch_cast(leaves, codes, out, impl, block, iters, num_warps)[1]
