@@ -1,0 +1,370 @@
+"""The torch `wrap` optimizer on a small CNN (CPU): training, precision, LR, state, non-finite, ablations."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from triaccel import Decision, Precision, TriAccelConfig
+from triaccel.backends.torch import MemoryProbe, MemoryReading, wrap
+from triaccel.backends.torch.layers import discover_layers
+from triaccel.backends.torch.precision import PrecisionPlan
+
+pytestmark = pytest.mark.filterwarnings("ignore:MemoryProbe")
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc1 = nn.Linear(8 * 4, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.adaptive_avg_pool2d(F.relu(self.conv2(x)), 2).flatten(1)
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def _data(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 4, (n,), generator=g)
+    x = torch.randn(n, 3, 8, 8, generator=g) * 0.5
+    x[:, 0] += y.view(-1, 1, 1).float()  # learnable signal
+    return x, y
+
+
+CFG = TriAccelConfig(t_ctrl=4, warmup_steps=8, min_dwell=4, t_curv=8, top_k=2, b_curv=8,
+                     batch_init=16, batch_min=8, batch_max=64)
+
+
+def _train(opt, model, x, y, steps: int, bs: int = 16, sched=None, record=None) -> list[float]:
+    losses = []
+    for i in range(steps):
+        idx = torch.arange(i * bs, (i + 1) * bs) % x.shape[0]
+        with opt.autocast():
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        if sched is not None:
+            sched.step()
+        if record is not None:
+            record.append(opt.decision.to_dict())
+        losses.append(float(loss.detach()))
+    return losses
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+                                  lambda p: torch.optim.AdamW(p, lr=3e-3)], ids=["sgd", "adamw"])
+def test_loss_falls_with_all_levers(make) -> None:
+    torch.manual_seed(0)
+    model = SmallCNN()
+    x, y = _data()
+    opt = wrap(make(model.parameters()), model, CFG, curvature_data=(x[:8], y[:8]))
+    losses = _train(opt, model, x, y, 48)
+    assert np.mean(losses[-8:]) < 0.7 * np.mean(losses[:8])
+    rep = opt.report()
+    assert rep["optimizer_step"] == 48 and rep["skipped_steps"] == 0
+    assert all(v["eigvals"] is not None for v in rep["layers"].values())
+    assert all(p.isfinite().all() for p in model.parameters())
+
+
+def _observe_dtypes(model: nn.Module, layers):
+    seen: dict[str, torch.dtype] = {}
+    handles = [l.module.register_forward_hook(
+        lambda mod, args, out, n=l.name: seen.__setitem__(n, out.dtype), prepend=True) for l in layers]
+    return seen, handles
+
+
+@pytest.mark.parametrize("assign", [
+    {"conv1": "bf16", "conv2": "fp16", "fc1": "fp32", "fc2": "bf16"},   # 16-bit majority + exceptions
+    {"conv1": "fp32", "conv2": "fp32", "fc1": "bf16", "fc2": "fp16"},   # FP32 majority + exceptions
+    {"conv1": "fp16", "conv2": "fp16", "fc1": "fp16", "fc2": "fp16"},   # uniform: no hook at all
+])
+def test_module_compute_dtype_equals_plan(assign) -> None:
+    model = SmallCNN()
+    layers = discover_layers(model)
+    plan = PrecisionPlan(layers, "cpu")
+    precs = [Precision.FP32 if l.spec.kind == "norm" else Precision.parse(assign[l.name]) for l in layers]
+    plan.apply(precs)
+    seen, handles = _observe_dtypes(model, layers)
+    x, y = _data(8)
+    with plan.region():
+        out = model(x)
+    F.cross_entropy(out.float(), y).backward()
+    for l, p in zip(layers, precs):
+        if l.spec.kind == "norm":
+            assert all(q.dtype == torch.float32 for _, q in l.params)
+        else:
+            assert seen[l.name] == {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[p.short], l.name
+    if len(set(assign.values())) == 1:
+        assert plan.hooked == ()
+    # outside the region the same model computes in FP32
+    seen.clear()
+    model(x)
+    assert set(seen.values()) == {torch.float32}
+    for h in handles:
+        h.remove()
+
+
+def test_strict_norm_runs_norms_in_fp32() -> None:
+    model = SmallCNN()
+    layers = discover_layers(model)
+    plan = PrecisionPlan(layers, "cpu", strict_norm=True)
+    plan.apply([Precision.FP32 if l.spec.kind == "norm" else Precision.BF16 for l in layers])
+    seen, handles = _observe_dtypes(model, layers)
+    with plan.region():
+        model(_data(4)[0])
+    assert seen["bn1"] == torch.float32 and seen["conv1"] == torch.bfloat16
+    assert plan.hooked == ("bn1",)
+    for h in handles:
+        h.remove()
+
+
+def test_wrapper_dtypes_follow_decisions_during_training() -> None:
+    torch.manual_seed(0)
+    model = SmallCNN()
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", calibration_quantiles=(0.3, 0.7), hysteresis=0.0, min_dwell=0)
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, cfg)
+    seen, handles = _observe_dtypes(model, opt.layers)
+    dts = {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16, Precision.FP32: torch.float32}
+    mixed = False
+    for i in range(24):
+        idx = torch.arange(i * 16, (i + 1) * 16) % 64
+        d = opt.decision
+        with opt.autocast():
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+        for l, p in zip(opt.layers, d.precisions):
+            if l.spec.kind != "norm":
+                assert seen[l.name] == dts[p], (i, l.name)
+        mixed |= len({p for l, p in zip(opt.layers, d.precisions) if l.spec.kind != "norm"}) > 1
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+    assert mixed, "the calibrated thresholds should give a mixed assignment on this model"
+    for h in handles:
+        h.remove()
+
+
+def _fixed_decision(opt, mults: np.ndarray) -> Decision:
+    d = opt.decision
+    return Decision(step=d.step, precisions=d.precisions, lr_scales=np.asarray(mults, dtype=np.float64),
+                    lr_batch_scale=1.0, batch_size=d.batch_size, accumulation=1, logical_batch=d.batch_size)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_per_layer_multipliers_scale_scheduler_lr(kind: str) -> None:
+    """Update scaling == an optimizer with one group per layer at lr = scheduler lr * multiplier."""
+    torch.manual_seed(0)
+    model = SmallCNN()
+    ref_model = copy.deepcopy(model)
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision="fp32", elastic_batch=False)
+    layers = discover_layers(model)
+    mults = np.linspace(0.2, 1.0, len(layers))
+
+    def make(params):
+        if kind == "sgd":
+            return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=True)
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=1e-2)
+
+    opt = wrap(make(model.parameters()), model, cfg)
+    fixed = _fixed_decision(opt, mults)
+    opt.controller.decide = lambda step: fixed  # a fixed per-layer decision: tests the application path
+    opt._apply(fixed)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    ref_layers = discover_layers(ref_model)
+    base_lr = 0.1 if kind == "sgd" else 1e-2
+    ref = make([{"params": [p for _, p in l.params], "lr": base_lr * m} for l, m in zip(ref_layers, mults)])
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref, step_size=2, gamma=0.5)
+    for i in range(6):
+        idx = torch.arange(i * 16, (i + 1) * 16) % 64
+        for mdl, o in ((model, opt), (ref_model, ref)):
+            loss = F.cross_entropy(mdl(x[idx]), y[idx])
+            loss.backward()
+            o.step()
+            o.zero_grad()
+        sched.step()
+        ref_sched.step()
+        # the user's group keeps the scheduler's lr (multipliers are not written into it)
+        assert opt.param_groups[0]["lr"] == pytest.approx(base_lr * 0.5 ** ((i + 1) // 2))
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_uniform_multiplier_scales_lr_around_step() -> None:
+    torch.manual_seed(0)
+    model = SmallCNN()
+    ref_model = copy.deepcopy(model)
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision="fp32")
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, cfg)
+    fixed = _fixed_decision(opt, np.full(len(opt.layers), 0.25))
+    opt.controller.decide = lambda step: fixed
+    opt._apply(fixed)
+    ref = torch.optim.SGD(ref_model.parameters(), lr=0.025, momentum=0.9)
+    for mdl, o in ((model, opt), (ref_model, ref)):
+        for i in range(3):
+            F.cross_entropy(mdl(x[:16]), y[:16]).backward()
+            o.step()
+            o.zero_grad()
+    assert opt.param_groups[0]["lr"] == 0.1
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+def test_state_dict_round_trip_resumes_identically() -> None:
+    torch.manual_seed(0)
+    x, y = _data()
+    cfg = CFG.replace(curvature="hessian", t_ctrl=3, t_curv=6)
+
+    def build(model):
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, cfg,
+                   curvature_data=(x[:8], y[:8]), hessian_iters=1, hessian_iters_cold=3)
+        return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=40)
+
+    model = SmallCNN()
+    opt, sched = build(model)
+    _train(opt, model, x, y, 13, sched=sched)   # stops between boundaries: pending statistics rows
+    assert opt._rows, "the checkpoint should carry statistics not yet fed to the controller"
+    ckpt = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()})
+    rec_a: list = []
+    _train(opt, model, x, y, 14, sched=sched, record=rec_a)
+
+    model_b = SmallCNN()
+    opt_b, sched_b = build(model_b)
+    model_b.load_state_dict(ckpt["model"])
+    opt_b.load_state_dict(ckpt["opt"])
+    sched_b.load_state_dict(ckpt["sched"])
+    rec_b: list = []
+    _train(opt_b, model_b, x, y, 14, sched=sched_b, record=rec_b)
+    assert rec_a == rec_b
+    for p, q in zip(model.parameters(), model_b.parameters()):
+        assert torch.equal(p, q)
+    assert opt.controller.state_dict()["decision"] == opt_b.controller.state_dict()["decision"]
+
+
+@pytest.mark.parametrize("base", ["fp32", "fp16"])
+def test_nonfinite_gradients_skip_the_step(base: str) -> None:
+    torch.manual_seed(0)
+    model = SmallCNN()
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision=base)
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, cfg)
+    _train(opt, model, x, y, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    state_before = {k: v["momentum_buffer"].clone() for k, v in opt.state.items()}
+    scale_before = opt.scaler.scale
+    with opt.autocast():
+        loss = F.cross_entropy(model(x[:16]), y[:16])
+    opt.backward(loss)
+    model.conv2.weight.grad[0, 0, 0, 0] = float("nan")
+    model.fc1.bias.grad[1] = float("inf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt.step()
+    opt.zero_grad()
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q) and p.isfinite().all()
+    for k, v in opt.state.items():
+        assert torch.equal(v["momentum_buffer"], state_before[k])
+    assert opt.skipped_steps == 1 and opt.step_count == 3
+    if base == "fp16":
+        assert opt.fp16_active and opt.scaler.scale == scale_before * 0.5
+    # training continues and the skipped step's statistics never reach the controller
+    _train(opt, model, x, y, 6)
+    assert all(p.isfinite().all() for p in model.parameters())
+    ema = [v["var_ema"] for v in opt.report()["layers"].values()]
+    assert all(e is not None and np.isfinite(e) for e in ema)
+
+
+class FakeProbe(MemoryProbe):
+    """Reports a fixed fraction of a 1 GiB device as this process's peak."""
+
+    def __init__(self, frac: float) -> None:
+        self.frac, self.available, self.reads = frac, True, 0
+
+    def read(self) -> MemoryReading:
+        self.reads += 1
+        total = 2**30
+        return MemoryReading(int(self.frac * total), total, total, total // 10, 0, None)
+
+
+def test_memory_drives_batch_and_accumulation() -> None:
+    torch.manual_seed(0)
+    model = SmallCNN()
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", lr_rule="accumulate", batch_min=8, delta_down=8)
+    probe = FakeProbe(0.95)
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, cfg, memory_probe=probe)
+    _train(opt, model, x, y, 5)
+    assert probe.reads >= 1
+    while opt.micro_count:  # finish the accumulation in progress
+        _train(opt, model, x, y, 1, bs=opt.decision.batch_size)
+    d = opt.decision
+    assert d.batch_size < cfg.batch_init and d.accumulation > 1
+    assert d.logical_batch >= cfg.batch_init
+    # the optimizer steps once per `accumulation` micro-batches, gradients accumulate in between
+    steps = opt.step_count
+    w = model.fc2.weight.detach().clone()
+    for i in range(d.accumulation - 1):
+        with opt.autocast():
+            loss = F.cross_entropy(model(x[: d.batch_size]), y[: d.batch_size])
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        assert opt.step_count == steps and torch.equal(model.fc2.weight, w)
+        assert model.fc2.weight.grad is not None and model.fc2.weight.grad.abs().sum() > 0
+    with opt.autocast():
+        loss = F.cross_entropy(model(x[: d.batch_size]), y[: d.batch_size])
+    opt.backward(loss)
+    opt.step()
+    assert opt.step_count == steps + 1 and not torch.equal(model.fc2.weight, w)
+
+
+def test_ablation_switches_turn_levers_off() -> None:
+    torch.manual_seed(0)
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", adaptive_precision=False, elastic_batch=False, base_precision="bf16")
+    model = SmallCNN()
+    probe = FakeProbe(0.99)
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, cfg, memory_probe=probe,
+               curvature_data=(x[:8], y[:8]))
+    _train(opt, model, x, y, 20)
+    d = opt.decision
+    assert opt.curvature is None and opt.last_eigvals is None
+    assert np.all(d.lr_multipliers == 1.0)
+    assert d.batch_size == cfg.batch_init and d.accumulation == 1
+    assert all(p == (Precision.FP32 if l.spec.kind == "norm" else Precision.BF16)
+               for l, p in zip(opt.layers, d.precisions))
+    assert opt.plan.hooked == ()
+
+
+def test_memory_probe_on_cpu_warns_once() -> None:
+    with pytest.warns(RuntimeWarning, match="not a CUDA device") as rec:
+        probe = MemoryProbe("cpu")
+        assert probe.read() is None and probe.read() is None
+    assert len([w for w in rec if "MemoryProbe" in str(w.message)]) == 1
+
+
+def test_bad_inputs() -> None:
+    model = SmallCNN()
+    with pytest.raises(ValueError, match="optimizer"):
+        wrap(torch.optim.LBFGS(model.parameters()), model, CFG)
+    with pytest.raises(ValueError, match="not parameters of `model`"):
+        wrap(torch.optim.SGD(list(model.parameters()) + [nn.Parameter(torch.zeros(2))], lr=0.1), model, CFG)
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, CFG)
+    with pytest.raises(ValueError, match="add_param_group"):
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
+    with pytest.raises(ValueError, match="inputs, targets"):
+        opt.curvature_batch(torch.zeros(3))
