@@ -19,6 +19,15 @@ from triaccel.backends.torch.precision import PrecisionPlan
 pytestmark = pytest.mark.filterwarnings("ignore:MemoryProbe")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny models: thread start-up and oversubscription on the 2-core CI machine cost more than they give
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 class SmallCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -64,16 +73,16 @@ def _train(opt, model, x, y, steps: int, bs: int = 16, sched=None, record=None) 
 
 
 @pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
-                                  lambda p: torch.optim.AdamW(p, lr=3e-3)], ids=["sgd", "adamw"])
+                                  lambda p: torch.optim.AdamW(p, lr=1e-2)], ids=["sgd", "adamw"])
 def test_loss_falls_with_all_levers(make) -> None:
     torch.manual_seed(0)
     model = SmallCNN()
     x, y = _data()
     opt = wrap(make(model.parameters()), model, CFG, curvature_data=(x[:8], y[:8]))
-    losses = _train(opt, model, x, y, 48)
-    assert np.mean(losses[-8:]) < 0.7 * np.mean(losses[:8])
+    losses = _train(opt, model, x, y, 28)
+    assert np.mean(losses[-4:]) < 0.7 * np.mean(losses[:4])
     rep = opt.report()
-    assert rep["optimizer_step"] == 48 and rep["skipped_steps"] == 0
+    assert rep["optimizer_step"] == 28 and rep["skipped_steps"] == 0
     assert all(v["eigvals"] is not None for v in rep["layers"].values())
     assert all(p.isfinite().all() for p in model.parameters())
 
@@ -139,7 +148,7 @@ def test_wrapper_dtypes_follow_decisions_during_training() -> None:
     seen, handles = _observe_dtypes(model, opt.layers)
     dts = {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16, Precision.FP32: torch.float32}
     mixed = False
-    for i in range(24):
+    for i in range(16):
         idx = torch.arange(i * 16, (i + 1) * 16) % 64
         d = opt.decision
         with opt.autocast():
@@ -176,7 +185,9 @@ def test_per_layer_multipliers_scale_scheduler_lr(kind: str) -> None:
     def make(params):
         if kind == "sgd":
             return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=True)
-        return torch.optim.AdamW(params, lr=1e-2, weight_decay=1e-2)
+        # eps large enough that Adam does not blow up round-off in ~zero gradients (conv1.bias sits
+        # before a BatchNorm) into full-size steps: the comparison is about the lr path
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=1e-2, eps=1e-3)
 
     opt = wrap(make(model.parameters()), model, cfg)
     fixed = _fixed_decision(opt, mults)
@@ -226,7 +237,7 @@ def test_uniform_multiplier_scales_lr_around_step() -> None:
 def test_state_dict_round_trip_resumes_identically() -> None:
     torch.manual_seed(0)
     x, y = _data()
-    cfg = CFG.replace(curvature="hessian", t_ctrl=3, t_curv=6)
+    cfg = CFG.replace(curvature="hessian", t_ctrl=2, t_curv=4, warmup_steps=4, min_dwell=2)
 
     def build(model):
         opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, cfg,
@@ -235,11 +246,11 @@ def test_state_dict_round_trip_resumes_identically() -> None:
 
     model = SmallCNN()
     opt, sched = build(model)
-    _train(opt, model, x, y, 13, sched=sched)   # stops between boundaries: pending statistics rows
+    _train(opt, model, x, y, 7, sched=sched)   # stops between boundaries: pending statistics rows
     assert opt._rows, "the checkpoint should carry statistics not yet fed to the controller"
     ckpt = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()})
     rec_a: list = []
-    _train(opt, model, x, y, 14, sched=sched, record=rec_a)
+    _train(opt, model, x, y, 8, sched=sched, record=rec_a)
 
     model_b = SmallCNN()
     opt_b, sched_b = build(model_b)
@@ -247,7 +258,7 @@ def test_state_dict_round_trip_resumes_identically() -> None:
     opt_b.load_state_dict(ckpt["opt"])
     sched_b.load_state_dict(ckpt["sched"])
     rec_b: list = []
-    _train(opt_b, model_b, x, y, 14, sched=sched_b, record=rec_b)
+    _train(opt_b, model_b, x, y, 8, sched=sched_b, record=rec_b)
     assert rec_a == rec_b
     for p, q in zip(model.parameters(), model_b.parameters()):
         assert torch.equal(p, q)
@@ -340,7 +351,7 @@ def test_ablation_switches_turn_levers_off() -> None:
     probe = FakeProbe(0.99)
     opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, cfg, memory_probe=probe,
                curvature_data=(x[:8], y[:8]))
-    _train(opt, model, x, y, 20)
+    _train(opt, model, x, y, 10)
     d = opt.decision
     assert opt.curvature is None and opt.last_eigvals is None
     assert np.all(d.lr_multipliers == 1.0)
