@@ -220,6 +220,23 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             factor *= self.scaler.scale
         (loss * factor if factor != 1.0 else loss).backward(**kwargs)
 
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """`loss` times the dynamic loss scale while any layer is FP16 (else `loss` itself).
+
+        GradScaler-compatible, so `triaccel.backends.torch.data.elastic_step(..., scaler=opt)` can
+        scale the micro-batch losses it weights and accumulates itself.
+        """
+        return loss * self.scaler.scale if self.fp16_active else loss
+
+    def step_accumulated(self) -> None:
+        """One optimizer step from gradients already summed over the whole logical batch.
+
+        For drivers that accumulate micro-batches themselves (`elastic_step(...,
+        optimizer_step=lambda d: opt.step_accumulated())`), whatever `decision.accumulation` says.
+        """
+        self.micro_count = self.decision.accumulation - 1
+        self.step()
+
     def _set_inv_scale(self, value: float) -> None:
         if value != self._inv_scale_value:
             self._inv_scale.fill_(value)
