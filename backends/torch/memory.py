@@ -52,6 +52,7 @@ class MemoryProbe:
         self._nvml_handle: Any = None
         self._nvml_tried = False
         self.available = dev.type == "cuda" and torch.cuda.is_available()
+        self.peak_bytes = 0  # largest `used_bytes` ever read (reads reset torch's own peak counter)
         if not self.available:
             self._warn(f"MemoryProbe: device {dev} is not a CUDA device; memory is not measured and "
                        "the batch size is not adapted to memory (it stays at the controller's value).")
@@ -107,6 +108,7 @@ class MemoryProbe:
         dev = self.device
         used = int(torch.cuda.max_memory_allocated(dev))
         torch.cuda.reset_peak_memory_stats(dev)
+        self.peak_bytes = max(self.peak_bytes, used)
         free, total = torch.cuda.mem_get_info(dev)
         others = self._others_bytes()
         limit = int(total) - (others or 0)
