@@ -36,6 +36,20 @@ __all__ = ["CurvatureEstimator", "split_batch"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 CURVATURE_MODES = ("fisher", "hessian")
+# Defaults that fit the cost budget (see the module docstring and docs/benchmarks.md, "Curvature cost").
+DEFAULT_HESSIAN_ITERS = 1
+DEFAULT_LAYERS_PER_EVENT: int | None = None
+DEFAULT_PACK = 1
+
+
+class _Block:
+    """One layer's Hessian block during an event: its leaves, their first-order grads (with graph)."""
+
+    def __init__(self, index: int, inputs: list[torch.Tensor], grads: list[torch.Tensor], k: int) -> None:
+        self.index, self.inputs, self.grads, self.k = index, inputs, grads, k
+        self.sizes = [t.numel() for t in inputs]
+        self.n = sum(self.sizes)
+        self.vals = np.zeros(0)
 
 
 def split_batch(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,8 +91,9 @@ class CurvatureEstimator:
     """
 
     def __init__(self, model: nn.Module, layers: Sequence[TorchLayer], loss_fn: LossFn, mode: str,
-                 top_k: int, *, hessian_iters: int = 2, hessian_iters_cold: int = 8,
-                 fisher_chunk: int | None = None, seed: int = 0) -> None:
+                 top_k: int, *, hessian_iters: int = DEFAULT_HESSIAN_ITERS, hessian_iters_cold: int = 8,
+                 hessian_layers_per_event: int | None = DEFAULT_LAYERS_PER_EVENT,
+                 hessian_pack: int = DEFAULT_PACK, fisher_chunk: int | None = None, seed: int = 0) -> None:
         if mode not in CURVATURE_MODES:
             raise ValueError(f"mode={mode!r}: allowed {CURVATURE_MODES}")
         if top_k < 1:
@@ -86,14 +101,24 @@ class CurvatureEstimator:
         if hessian_iters < 1 or hessian_iters_cold < 1:
             raise ValueError(f"hessian_iters={hessian_iters}, hessian_iters_cold={hessian_iters_cold}: "
                              "must be >= 1")
+        if hessian_layers_per_event is not None and hessian_layers_per_event < 1:
+            raise ValueError(f"hessian_layers_per_event={hessian_layers_per_event}: must be None (all "
+                             "layers every event) or >= 1")
+        if hessian_pack < 1:
+            raise ValueError(f"hessian_pack={hessian_pack}: must be >= 1")
         if fisher_chunk is not None and fisher_chunk < 1:
             raise ValueError(f"fisher_chunk={fisher_chunk}: must be None or >= 1")
         self.model, self.layers, self.loss_fn = model, list(layers), loss_fn
         self.mode, self.top_k = mode, top_k
         self.hessian_iters, self.hessian_iters_cold = hessian_iters, hessian_iters_cold
+        self.hessian_layers_per_event, self.hessian_pack = hessian_layers_per_event, hessian_pack
         self.fisher_chunk, self.seed = fisher_chunk, seed
-        # Warm start for "hessian": per layer, (k_l, n_l) rows spanning the last subspace.
+        # Warm start for "hessian": per layer, (k_l, n_l) rows spanning the next start subspace.
         self._basis: list[torch.Tensor | None] = [None] * len(self.layers)
+        # Last (k,) estimate per layer ("hessian"), returned for layers not refreshed this event.
+        self._eigs: list[np.ndarray | None] = [None] * len(self.layers)
+        self._cursor = 0  # next layer of the round-robin cycle
+        self.refreshed: tuple[int, ...] = ()  # layers recomputed by the last "hessian" event
         self._batched_ok = True
         self.events = 0
 
@@ -142,98 +167,170 @@ class CurvatureEstimator:
     # -- hessian -------------------------------------------------------------------------------
     def _hvp_batched(self, grads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
                      vecs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """H_ll applied to k vectors at once; vecs[j]: (k, *inputs[j].shape)."""
+        """H[inputs, inputs] applied to r vectors at once; vecs[j]: (r, *inputs[j].shape).
+
+        Differentiates sum_j <grads[j], vecs[j]> w.r.t. `inputs`: with grads/inputs of one layer this
+        is H_ll v; with all layers it is the full Hessian (restricted to those layers) applied to v.
+        """
+        res: Sequence[torch.Tensor | None] | None = None
         if self._batched_ok:
             try:
-                return torch.autograd.grad(grads, inputs, grad_outputs=vecs, retain_graph=True,
-                                           is_grads_batched=True, allow_unused=True)
+                res = torch.autograd.grad(grads, inputs, grad_outputs=vecs, retain_graph=True,
+                                          is_grads_batched=True, allow_unused=True)
             except RuntimeError as exc:  # some ops have no batching rule for double backward
                 self._batched_ok = False
-                warnings.warn(f"CurvatureEstimator: batched HVPs failed ({exc}); looping over the k "
+                warnings.warn(f"CurvatureEstimator: batched HVPs failed ({exc}); looping over the "
                               "vectors instead (slower).", RuntimeWarning, stacklevel=3)
-        k = vecs[0].shape[0]
-        rows = [torch.autograd.grad(grads, inputs, grad_outputs=[v[i] for v in vecs], retain_graph=True,
-                                    allow_unused=True) for i in range(k)]
-        return tuple(torch.stack([r[j] if r[j] is not None else torch.zeros_like(inputs[j]) for r in rows])
-                     for j in range(len(inputs)))
+        if res is None:
+            r = vecs[0].shape[0]
+            rows = [torch.autograd.grad(grads, inputs, grad_outputs=[v[i] for v in vecs], retain_graph=True,
+                                        allow_unused=True) for i in range(r)]
+            return tuple(torch.stack([row[j] if row[j] is not None else torch.zeros_like(inputs[j])
+                                      for row in rows]) for j in range(len(inputs)))
+        return tuple(h if h is not None else torch.zeros_like(v) for h, v in zip(res, vecs))
 
     def _hessian(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
         params, frozen, buffers = self._named()
         leaves = {n: p.clone().requires_grad_(True) for n, p in params.items()}
-        out_eigs = np.zeros((len(self.layers), self.top_k))
+        selected = self._select_layers()
         with torch.enable_grad():
             loss = self.loss_fn(functional_call(self.model, (leaves, frozen, buffers), (x,)), y)
             names = [n for layer in self.layers for n, _ in layer.params]
             first = torch.autograd.grad(loss, [leaves[n] for n in names], create_graph=True, allow_unused=True)
             grads = dict(zip(names, first))
-            for li, layer in enumerate(self.layers):
+            blocks: list[_Block] = []
+            for li in selected:
+                layer = self.layers[li]
                 lnames = [n for n, _ in layer.params]
-                inputs = [leaves[n] for n in lnames]
                 lgrads = [grads[n] for n in lnames]
-                shapes = [t.shape for t in inputs]
-                sizes = [t.numel() for t in inputs]
-                n_l = sum(sizes)
-                k_l = min(self.top_k, n_l)
                 if any(gr is None or not gr.requires_grad for gr in lgrads):
                     # The loss is linear in (or does not depend on) this layer: its block is zero.
+                    self._eigs[li] = np.zeros(self.top_k)
                     continue
-                basis = self._basis[li]
-                if basis is None or basis.shape != (k_l, n_l):
-                    gen = torch.Generator(device="cpu").manual_seed(self.seed + li)
-                    basis = torch.randn(k_l, n_l, generator=gen, dtype=torch.float32).to(inputs[0].device)
-                    iters = self.hessian_iters_cold
-                else:
-                    iters = self.hessian_iters
-                vals, basis = self._block_krylov(lgrads, inputs, basis, iters)
-                out_eigs[li, :k_l] = vals[:k_l]
-                if k_l < self.top_k:  # the block has only n_l eigenvalues: pad with its smallest
-                    out_eigs[li, k_l:] = vals[k_l - 1]
-                if not torch.isfinite(basis).all():
-                    basis = None  # do not warm-start from garbage
-                self._basis[li] = basis.detach() if basis is not None else None
-        return out_eigs
+                blocks.append(_Block(li, [leaves[n] for n in lnames], lgrads, min(self.top_k, layer.numel)))
+            # Cold blocks (no stored subspace) and warm ones run different iteration counts: pack apart.
+            for cold in (True, False):
+                todo = [b for b in blocks if self._is_cold(b) == cold]
+                for i in range(0, len(todo), self.hessian_pack):
+                    self._krylov_group(todo[i: i + self.hessian_pack],
+                                       self.hessian_iters_cold if cold else self.hessian_iters)
+        for b in blocks:
+            row = np.empty(self.top_k)
+            row[: b.k] = b.vals[: b.k]
+            row[b.k:] = b.vals[b.k - 1]  # a block with n_l < k has only n_l eigenvalues: pad with its smallest
+            self._eigs[b.index] = row
+        self.refreshed = tuple(selected)
+        return np.stack([np.asarray(e, dtype=np.float64) for e in self._eigs])  # all rows set by now
 
-    def _block_krylov(self, lgrads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
-                      start: torch.Tensor, iters: int) -> tuple[np.ndarray, torch.Tensor]:
-        """Block Krylov subspace iteration on one Hessian block from `start` (k, n) rows.
+    def _select_layers(self) -> list[int]:
+        """Layers whose block this event recomputes: every layer without an estimate yet, plus the
+        next `hessian_layers_per_event` layers of the round-robin cycle (all layers when None)."""
+        L = len(self.layers)
+        missing = [i for i in range(L) if self._eigs[i] is None]
+        per = self.hessian_layers_per_event
+        if per is None or per >= L:
+            return list(range(L))
+        if len(missing) == L:  # first event: all layers; the cycle starts at layer 0 next time
+            return missing
+        chosen = {(self._cursor + j) % L for j in range(per)}
+        self._cursor = (self._cursor + per) % L
+        return sorted(chosen.union(missing))
 
-        Each iteration applies H to k vectors (one batched second backward) and extends the basis
-        [Q_0, Q_1, ...] (fully re-orthogonalised); Rayleigh-Ritz over the whole basis then gives the
-        algebraically largest eigenvalues (a plain power/subspace iteration converges to the largest
-        MAGNITUDES, i.e. can lock onto negative curvature, and stalls on clustered spectra).
-        Returns (Ritz values (m,) descending, top-k Ritz vectors (k, n) to warm-start the next event).
+    def _is_cold(self, b: "_Block") -> bool:
+        prev = self._basis[b.index]
+        return prev is None or tuple(prev.shape) != (b.k, b.n)
+
+    def _krylov_group(self, group: list["_Block"], iters: int) -> None:
+        """Block Krylov subspace iteration on the diagonal Hessian blocks of the layers in `group`.
+
+        Each iteration orthonormalises, per layer, its current block of k_l vectors against that
+        layer's basis so far and packs all layers' vectors as disjoint probe rows (layer l's rows are
+        zero outside layer l's parameters), so ONE batched second backward applies each diagonal
+        block H_ll to its own vectors exactly: a probe that touches only layer l has no cross-layer
+        term in layer l's slice. Rayleigh-Ritz over each layer's whole basis then gives the
+        algebraically largest eigenvalues (plain power iteration converges to the largest
+        MAGNITUDES and stalls on clustered spectra). Sets `vals` (Ritz values, descending) per block
+        and stores, as the next event's start (k_l, n_l), (H_ll - sigma I) applied to the top-k Ritz
+        vectors: one free power step (sigma = min(0, lowest Ritz value), so that negative curvature
+        is not amplified), so that even one iteration per event keeps refining the subspace.
         """
-        k, n = start.shape
-        shapes = [t.shape for t in inputs]
-        sizes = [t.numel() for t in inputs]
-        qs: list[torch.Tensor] = []
-        ws: list[torch.Tensor] = []
-        block = start.to(torch.float32)
-        for it in range(iters):
-            if qs:  # orthogonalise against the basis so far (twice: classical Gram-Schmidt is leaky)
-                basis = torch.cat(qs)
-                for _ in range(2):
-                    block = block - (block @ basis.T) @ basis
-            room = n - sum(q.shape[0] for q in qs)
-            if room <= 0:
-                break  # the Krylov space already spans the whole block
-            block = block[: min(block.shape[0], room)]
-            q, _ = torch.linalg.qr(block.T)                     # (n, r) orthonormal columns
-            qt = q.T.contiguous()                               # (r, n)
-            r = qt.shape[0]
-            vecs = [c.reshape((r,) + tuple(s)).to(inp.dtype)
-                    for c, s, inp in zip(qt.split(sizes, dim=1), shapes, inputs)]
-            hv = self._hvp_batched(lgrads, inputs, vecs)
-            w = torch.cat([h.reshape(r, -1).float() for h in hv], dim=1)  # (r, n) = (H Q)^T
-            qs.append(qt)
-            ws.append(w)
-            block = w
-        basis, hbasis = torch.cat(qs), torch.cat(ws)
-        proj = (basis @ hbasis.T).double().cpu().numpy()       # B^T H B, (m, m)
-        vals, rot = ritz(proj)
-        ritz_vecs = torch.as_tensor(rot[:, :k].T, dtype=basis.dtype, device=basis.device) @ basis
-        return vals, ritz_vecs
+        device = group[0].inputs[0].device
+        qs: list[list[torch.Tensor]] = [[] for _ in group]
+        ws: list[list[torch.Tensor]] = [[] for _ in group]
+        cur: list[torch.Tensor | None] = []
+        for b in group:
+            prev = self._basis[b.index]
+            if prev is None or tuple(prev.shape) != (b.k, b.n):
+                gen = torch.Generator(device="cpu").manual_seed(self.seed + b.index)
+                prev = torch.randn(b.k, b.n, generator=gen, dtype=torch.float32)
+            cur.append(prev.to(device=device, dtype=torch.float32))
+        for _ in range(iters):
+            probes: list[tuple[int, torch.Tensor]] = []  # (position in group, (r_l, n_l) orthonormal rows)
+            for gi, b in enumerate(group):
+                blk = cur[gi]
+                if blk is None:
+                    continue
+                if qs[gi]:  # orthogonalise against the basis so far (twice: classical Gram-Schmidt leaks)
+                    basis = torch.cat(qs[gi])
+                    for _ in range(2):
+                        blk = blk - (blk @ basis.T) @ basis
+                room = b.n - sum(q.shape[0] for q in qs[gi])
+                if room <= 0:
+                    cur[gi] = None  # the basis already spans the whole block
+                    continue
+                q, _ = torch.linalg.qr(blk[: min(blk.shape[0], room)].T)  # (n_l, r_l) orthonormal columns
+                probes.append((gi, q.T.contiguous()))
+            if not probes:
+                break
+            rows = sum(qt.shape[0] for _, qt in probes)
+            grads_in: list[torch.Tensor] = []
+            inputs: list[torch.Tensor] = []
+            vecs: list[torch.Tensor] = []
+            off = 0
+            for gi, qt in probes:
+                b = group[gi]
+                r = qt.shape[0]
+                for c, inp in zip(qt.split(b.sizes, dim=1), b.inputs):
+                    v = inp.new_zeros((rows,) + tuple(inp.shape))
+                    v[off: off + r] = c.reshape((r,) + tuple(inp.shape))
+                    vecs.append(v)
+                grads_in += b.grads
+                inputs += b.inputs
+                off += r
+            hv = self._hvp_batched(grads_in, inputs, vecs)
+            pos, off = 0, 0
+            for gi, qt in probes:
+                b = group[gi]
+                r = qt.shape[0]
+                parts = hv[pos: pos + len(b.inputs)]
+                pos += len(b.inputs)
+                w = torch.cat([h[off: off + r].reshape(r, -1).float() for h in parts], dim=1)  # (H_ll Q)^T
+                off += r
+                qs[gi].append(qt)
+                ws[gi].append(w)
+                cur[gi] = w
+        # Rayleigh-Ritz per layer; the small projected matrices travel to the host in one transfer.
+        bases = [torch.cat(q) for q in qs]
+        hbases = [torch.cat(w) for w in ws]
+        projs = [bb @ hb.T for bb, hb in zip(bases, hbases)]  # Q H_ll Q^T, (m_l, m_l)
+        flat = torch.cat([p.reshape(-1) for p in projs]).double().cpu().numpy()
+        off = 0
+        for gi, b in enumerate(group):
+            m = projs[gi].shape[0]
+            vals, rot = ritz(flat[off: off + m * m].reshape(m, m))
+            off += m * m
+            b.vals = vals
+            rot_k = torch.as_tensor(rot[:, : b.k].T.copy(), dtype=torch.float32, device=device)
+            ritz_vecs = rot_k @ bases[gi]
+            sigma = min(0.0, float(vals[-1]))
+            nxt = rot_k @ hbases[gi] - sigma * ritz_vecs  # (H_ll - sigma I) y, (k_l, n_l)
+            # A fully spanned block has H y = theta y: keep y (same span, no zero rows).
+            if m >= b.n or not bool(torch.isfinite(nxt).all()) or bool((nxt.norm(dim=1) == 0).any()):
+                nxt = ritz_vecs
+            self._basis[b.index] = nxt.detach() if bool(torch.isfinite(nxt).all()) else None
 
     def reset(self) -> None:
-        """Forget the warm-start subspaces (e.g. after loading a checkpoint into the model)."""
+        """Forget the warm-start subspaces and last estimates (e.g. after loading a checkpoint)."""
         self._basis = [None] * len(self.layers)
+        self._eigs = [None] * len(self.layers)
+        self._cursor = 0
