@@ -310,3 +310,12 @@ def test_wrap_one_liner_and_bad_input():
         tx.control(0, state)
     with pytest.raises(ValueError, match="config"):
         TriAccel({"beta": 0.9})
+
+
+def test_observe_oom_shrinks_batch_and_writes_state():
+    ta, tx, params, state = _pure_setup()
+    state = ta.control(0, state)
+    b0 = ta.decision.batch_size
+    state = ta.observe_oom(1, state)
+    assert ta.decision.batch_size < b0
+    np.testing.assert_allclose(find_state(state).lr_mult, ta.decision.lr_multipliers, rtol=1e-7)

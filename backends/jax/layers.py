@@ -60,8 +60,10 @@ def leaf_names(tree: Any) -> list[tuple[str, str]]:
 
 
 def module_kind(module: Any) -> str:
-    """LayerSpec kind of a Flax module: "norm" for norm layers (pinned FP32), else "other"."""
-    return "norm" if type(module).__name__ in NORM_TYPE_NAMES else "other"
+    """LayerSpec kind of a Flax module: "norm" for norm layers (pinned FP32), else "other".
+
+    Subclasses count (e.g. a torch-semantics ``BatchNorm2d(nnx.BatchNorm)``)."""
+    return "norm" if any(c.__name__ in NORM_TYPE_NAMES for c in type(module).__mro__) else "other"
 
 
 @dataclass(frozen=True)

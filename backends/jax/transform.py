@@ -351,6 +351,18 @@ class TriAccel:
             precision_policy(model, d, self.layers)
         return self._write(opt_state, ts, d)
 
+    def observe_oom(self, step: int, opt_state: Any, model: Any = None) -> Any:
+        """Out of memory at `step` (e.g. XLA RESOURCE_EXHAUSTED): the controller shrinks the batch at
+        once; returns opt_state with the new decision written (read it from `decision`), so the
+        caller can replay the same samples at the smaller batch."""
+        if self.controller is None:
+            raise ValueError("observe_oom: no layers yet; call tx.init(params) first")
+        d = self.controller.observe_oom(step)
+        model = model if model is not None else self.model
+        if model is not None:
+            precision_policy(model, d, self.layers)
+        return self._write(opt_state, find_state(opt_state), d)
+
     def _write(self, opt_state: Any, ts: TriAccelState, d: Decision) -> Any:
         fp16 = any(p == Precision.FP16 for p in d.precisions)
         was = bool(jax.device_get(_value(ts.scaling)))
@@ -385,7 +397,10 @@ class TriAccel:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-safe host state (the device state lives in the optax state: checkpoint both)."""
+        """JSON-safe host state (the device state lives in the optax state: checkpoint both).
+
+        The Hessian estimator's warm-start vectors are not included: after a resume the first
+        Hessian pass starts from random vectors (one pass of `hessian_iters` less accurate)."""
         return {"controller": self.controller.state_dict() if self.controller else None,
                 "last_fed": self.last_fed, "rows_lost": self.rows_lost, "rows_skipped": self.rows_skipped}
 

@@ -1,0 +1,226 @@
+"""Overhead of the JAX backend vs a plain Flax bf16 step, compilations, and curvature cost.
+
+Flax NNX ResNet-18 (CIFAR variant) on synthetic CIFAR-size inputs (32x32x3, 10 classes) resident on
+the device, SGD-nesterov through `nnx.Optimizer`. For each batch size, in one process, interleaved
+in rounds (A, B, A, B, ...):
+
+- plain: every conv/linear layer computes in bf16 (BatchNorm fp32), `optax.sgd` unwrapped;
+- triaccel: the same optimizer through `TriAccel.wrap` (device moments ring, per-layer LR
+  multipliers, loss-scale state), `ta.control(step, ...)` called every step (reads the ring and
+  probes memory at each control boundary, applies the per-layer precision policy), adaptive
+  precision on, batch fixed (elastic_batch=False: the batch lever is benchmarked by elastic.py),
+  curvature excluded from the timed steps (timed separately below).
+
+Reports samples/s of each and the ratio triaccel/plain (target >= 0.95; median over rounds; a
+triaccel round during which the step retraced for a new precision policy is timed again, since
+compilations are reported on their own), the number of traces of each jitted step (compilations), and for curvature one event (k=5, b_curv=32) timed after a cold
+one, for "fisher" and "hessian" (warm-started, --hessian-iters), as the amortised fraction
+t_event / (t_curv * t_step + t_event) at t_curv=200 (targets: fisher <= 2%, hessian <= 10%).
+
+    python benchmarks/jax_overhead.py                       # GPU, full run
+    python benchmarks/jax_overhead.py --steps 3 --tiny      # CPU smoke check of the script
+
+Writes benchmarks/results/jax_overhead-<device>.json (with --tiny: jax_overhead-<device>-tiny.json)
+and prints a table with machine, date and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from triaccel import TriAccelConfig  # noqa: E402
+from triaccel.backends.jax import (CountingJit, FisherTopK, HessianTopK, TriAccel, layer_map,  # noqa: E402
+                                   loss_scale, nnx_loss, precision_policy)
+from triaccel.backends.jax.models import create_model  # noqa: E402
+
+
+def ce_loss(model: Any, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
+    x, y = batch
+    return optax.softmax_cross_entropy_with_integer_labels(model(x).astype(jnp.float32), y).mean()
+
+
+def _inner() -> optax.GradientTransformation:
+    return optax.sgd(0.05, momentum=0.9, nesterov=True)
+
+
+def _plain(width: float, seed: int) -> tuple[Any, Any, CountingJit]:
+    model = create_model("resnet18", width=width, seed=seed)
+    lm = layer_map(model)
+    precision_policy(model, ["fp32" if s.kind == "norm" else "bf16" for s in lm.specs], lm)
+    opt = nnx.Optimizer(model, _inner(), wrt=nnx.Param)
+
+    def step(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        loss, g = nnx.value_and_grad(lambda m: ce_loss(m, (x, y)))(model)
+        opt.update(model, g)
+        return loss
+
+    return model, opt, CountingJit(step, donate_argnums=(0, 1))
+
+
+def _wrapped(width: float, seed: int, cfg: TriAccelConfig) -> tuple[Any, Any, TriAccel, CountingJit]:
+    model = create_model("resnet18", width=width, seed=seed)
+    ta = TriAccel(cfg, model, loss_fn=ce_loss)
+    opt = nnx.Optimizer(model, ta.wrap(_inner()), wrt=nnx.Param)
+
+    def step(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        scale = loss_scale(opt.opt_state)
+        loss, g = nnx.value_and_grad(lambda m: ce_loss(m, (x, y)) * scale)(model)
+        opt.update(model, g)
+        return loss / scale
+
+    return model, opt, ta, ta.jit(step, donate_argnums=(0, 1))
+
+
+def _time_chunk(fn: Callable[[], Any], n: int) -> float:
+    """Seconds per step over n steps, one device sync at the end (the steps pipeline as in training)."""
+    t = time.perf_counter()
+    out = None
+    for _ in range(n):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t) / n
+
+
+def bench_batch(bs: int, args: argparse.Namespace) -> dict[str, Any]:
+    key = jax.random.PRNGKey(0)
+    x = jax.random.normal(key, (bs, args.image, args.image, 3), jnp.float32)
+    y = jax.random.randint(key, (bs,), 0, 10)
+    cfg = TriAccelConfig(curvature="off", t_ctrl=args.t_ctrl, warmup_steps=args.t_ctrl, min_dwell=args.t_ctrl,
+                         batch_init=bs, batch_min=min(8, bs), batch_max=max(bs, 8), elastic_batch=False)
+    pm, popt, pstep = _plain(args.width, 0)
+    wm, wopt, ta, wstep = _wrapped(args.width, 0, cfg)
+    counter = {"s": 0}
+
+    def run_plain() -> Any:
+        return pstep(pm, popt, x, y)
+
+    def run_wrapped() -> Any:
+        ta.control(counter["s"], wopt, wm)
+        counter["s"] += 1
+        return wstep(wm, wopt, x, y)
+
+    for _ in range(args.warmup):  # compile both, pass the first control boundaries
+        jax.block_until_ready(run_plain())
+        jax.block_until_ready(run_wrapped())
+    per = max(1, args.steps // args.rounds)
+    plain_t, wrapped_t = [], []
+    retimed = 0
+    for _ in range(args.rounds):
+        plain_t.append(_time_chunk(run_plain, per))
+        # A chunk during which the wrapped step retraced (a new precision policy at a boundary)
+        # measures compilation, which is counted separately: time the chunk again (bounded).
+        for attempt in range(4):
+            before = wstep.traces
+            t_chunk = _time_chunk(run_wrapped, per)
+            if wstep.traces == before or attempt == 3:
+                break
+            retimed += 1
+        wrapped_t.append(t_chunk)
+    tp, tw = statistics.median(plain_t), statistics.median(wrapped_t)
+    res: dict[str, Any] = {
+        "batch_size": bs, "steps_per_round": per, "rounds": args.rounds,
+        "plain_step_s": tp, "triaccel_step_s": tw,
+        "plain_samples_per_s": bs / tp, "triaccel_samples_per_s": bs / tw, "throughput_ratio": tp / tw,
+        "compilations": {"plain": pstep.traces, "triaccel": wstep.traces}, "retimed_rounds": retimed,
+        "triaccel_steps": counter["s"], "policy": list(p.short for p in ta.decision.precisions),
+    }
+    # Curvature: one cold event (compile), then one timed event, per mode.
+    bc = min(args.b_curv, bs)
+    batch = (x[:bc], y[:bc])
+    curv: dict[str, Any] = {}
+    for mode in args.curvature:
+        pure = nnx_loss(wm, ce_loss)
+        est = (FisherTopK(pure.fn, ta.layers, args.top_k) if mode == "fisher"
+               else HessianTopK(pure.fn, ta.layers, args.top_k, iters=args.hessian_iters))
+        t0 = time.perf_counter()
+        est(pure.params, batch, pure.aux)
+        cold = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        eig = est(pure.params, batch, pure.aux)
+        t_event = time.perf_counter() - t0
+        curv[mode] = {"cold_s": cold, "event_s": t_event, "b_curv": bc, "top_k": args.top_k,
+                      "amortised_fraction_at_t_curv": t_event / (args.t_curv * tw + t_event),
+                      "t_curv": args.t_curv, "finite": bool(np.isfinite(eig).all())}
+        if mode == "hessian":
+            curv[mode]["iters"] = args.hessian_iters
+    res["curvature"] = curv
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=None)
+    ap.add_argument("--steps", type=int, default=200, help="timed steps per variant and batch size")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved A/B rounds (median reported)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant (default: t_ctrl + 2)")
+    ap.add_argument("--t-ctrl", type=int, default=50)
+    ap.add_argument("--t-curv", type=int, default=200)
+    ap.add_argument("--b-curv", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--hessian-iters", type=int, default=3)
+    ap.add_argument("--curvature", nargs="*", default=["fisher", "hessian"], choices=["fisher", "hessian"])
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke mode: width 1/8, 16x16 inputs, bs 8, k=2, b_curv=4")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    args.width, args.image = (0.125, 16) if args.tiny else (1.0, 32)
+    if args.tiny:
+        args.t_ctrl = min(args.t_ctrl, 2)
+        args.b_curv = min(args.b_curv, 4)
+        args.top_k = min(args.top_k, 2)
+        args.rounds = min(args.rounds, args.steps)
+    if args.batch_sizes is None:
+        args.batch_sizes = [8] if args.tiny else [96, 512]
+    if args.warmup is None:
+        args.warmup = args.t_ctrl + 2
+    if args.steps < 1 or args.rounds < 1:
+        raise ValueError(f"--steps={args.steps}, --rounds={args.rounds}: must be >= 1")
+
+    dev = jax.devices()[0]
+    kind = re.sub(r"[^A-Za-z0-9]+", "-", getattr(dev, "device_kind", dev.platform)).strip("-").lower()
+    warnings.filterwarnings("ignore", message="triaccel: device .* reports no memory")
+    results = [bench_batch(bs, args) for bs in args.batch_sizes]
+    meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join([sys.executable, *sys.argv]), "device": str(dev), "device_kind": kind,
+            "platform": platform.platform(), "python": platform.python_version(), "jax": jax.__version__,
+            "flax": __import__("flax").__version__, "optax": optax.__version__, "tiny": args.tiny,
+            "width": args.width, "image": args.image}
+    out = args.out or Path(__file__).parent / "results" / f"jax_overhead-{kind}{'-tiny' if args.tiny else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+
+    print(f"# jax_overhead  {meta['date']}  {meta['device']} ({kind})  jax {jax.__version__}")
+    print(f"# {meta['command']}")
+    print(f"{'bs':>5} {'plain samp/s':>13} {'triaccel samp/s':>16} {'ratio':>6} {'compiles p/t':>13} "
+          f"{'fisher %':>9} {'hessian %':>10}")
+    for r in results:
+        c = r["curvature"]
+        f = f"{100 * c['fisher']['amortised_fraction_at_t_curv']:.2f}" if "fisher" in c else "-"
+        h = f"{100 * c['hessian']['amortised_fraction_at_t_curv']:.2f}" if "hessian" in c else "-"
+        print(f"{r['batch_size']:>5} {r['plain_samples_per_s']:>13.1f} {r['triaccel_samples_per_s']:>16.1f} "
+              f"{r['throughput_ratio']:>6.3f} {r['compilations']['plain']:>6}/{r['compilations']['triaccel']:<6} "
+              f"{f:>9} {h:>10}")
+    print(f"# written {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
