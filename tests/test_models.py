@@ -153,7 +153,7 @@ def test_same_seed_same_weights_and_canonical_shapes(name: str, kw: dict) -> Non
 def test_stochastic_depth_and_dropout_are_optional_and_random() -> None:
     kw = {"width": 0.25, "depth": 0.34, "drop_path_rate": 0.5, "dropout": 0.3}
     t, j = _pair("efficientnet_b0", kw)
-    assert all(m.drop_path is None for m in jm.create_model("efficientnet_b0", width=0.25, depth=0.34).blocks)
+    assert all(m.drop_path is None for m in jm.create_model(*CASES[2][:1], **CASES[2][1]).blocks)
     assert sum(m.drop_path is not None for m in j.blocks) == sum(b.residual and b.drop_prob > 0 for b in j.plan.blocks) > 0
     x = np.random.default_rng(0).standard_normal((4, 32, 32, 3)).astype(np.float32)
     t.eval()
@@ -176,8 +176,7 @@ def test_stochastic_depth_and_dropout_are_optional_and_random() -> None:
 
 
 def test_efficientnet_224_input_both() -> None:
-    kw = {"width": 0.25, "depth": 0.34}
-    t, j = _pair("efficientnet_b0", kw)
+    t, j = _pair(*CASES[2])
     t.eval()
     j.eval()
     x = np.random.default_rng(1).standard_normal((1, 224, 224, 3)).astype(np.float32)
@@ -280,3 +279,91 @@ def test_flax_per_layer_dtype_and_jitted_train_step() -> None:
     gt = t.layer4[1].conv2.weight.grad.numpy().transpose(2, 3, 1, 0)
     np.testing.assert_allclose(gj, gt, atol=1e-5, rtol=1e-3)
     assert int(jm.to_canonical(j)["bn1.num_batches_tracked"]) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Device augmentation (torch and JAX): crop (pad 4) + flip are real, seeded, normalised.
+
+from triaccel.backends.jax import augment as jaug  # noqa: E402
+from triaccel.backends.torch import augment as taug  # noqa: E402
+from triaccel.data.cifar import normalization  # noqa: E402
+
+
+def _match_crop_flip(src: np.ndarray, out: np.ndarray, pad: int = 4) -> list[tuple[int, int, bool]]:
+    """For each sample, the unique (dy, dx, flipped) with out == crop of the zero-padded source."""
+    n, h, w, _ = src.shape
+    padded = np.pad(src, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    found = []
+    for i in range(n):
+        hits = [
+            (dy, dx, fl)
+            for dy in range(2 * pad + 1)
+            for dx in range(2 * pad + 1)
+            for fl in (False, True)
+            if np.array_equal(out[i], (lambda c: c[:, ::-1] if fl else c)(padded[i, dy : dy + h, dx : dx + w]))
+        ]
+        assert len(hits) == 1, (i, hits)
+        found.append(hits[0])
+    return found
+
+
+def _check_params(found: list[tuple[int, int, bool]]) -> None:
+    # Offsets spread over 0..8 in both axes, both flips occur (64 samples: chance of failure ~0).
+    assert len({dy for dy, _, _ in found}) > 5 and len({dx for _, dx, _ in found}) > 5
+    assert {fl for *_, fl in found} == {False, True}
+
+
+def test_torch_augment_crop_flip_real_seeded_normalised() -> None:
+    src = np.random.default_rng(0).integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
+    x = torch.from_numpy(src)
+    out = taug.random_crop_flip(x, torch.Generator().manual_seed(1))
+    assert out.dtype == torch.uint8 and out.shape == x.shape
+    _check_params(_match_crop_flip(src, out.numpy()))
+    again = taug.random_crop_flip(x, torch.Generator().manual_seed(1))
+    assert torch.equal(out, again)
+    assert not torch.equal(out, taug.random_crop_flip(x, torch.Generator().manual_seed(2)))
+
+    mean, std = normalization("cifar100")
+    y = taug.augment(x[:4], dataset="cifar100", train=False)
+    assert y.shape == (4, 3, 32, 32) and y.dtype == torch.float32
+    ref = ((src[:4] / 255.0 - mean) / std).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(y.numpy(), ref, atol=1e-5)
+    np.testing.assert_allclose(taug.normalize(x[:4], torch.from_numpy(mean), std).numpy(), ref, atol=1e-5)
+    z = taug.augment(x[:4], torch.Generator().manual_seed(1), channels_last=True)
+    assert z.shape == (4, 3, 32, 32) and z.is_contiguous(memory_format=torch.channels_last)
+    w = taug.augment(x, torch.Generator().manual_seed(1))  # same generator seed: same crops
+    np.testing.assert_allclose(w.numpy(), taug.normalize(out, *normalization("cifar10")).numpy())
+    with pytest.raises(ValueError, match="uint8"):
+        taug.augment(x.float())
+    with pytest.raises(ValueError, match="pad"):
+        taug.random_crop_flip(x, pad=-1)
+    with pytest.raises(ValueError, match="std must be 3 finite values > 0"):
+        taug.normalize(x, mean, [0.2, 0.0, 0.2])
+
+
+def test_jax_augment_crop_flip_real_seeded_normalised() -> None:
+    src = np.random.default_rng(0).integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
+    key = jax.random.key(1)
+    out = np.asarray(jaug.random_crop_flip(src, key))
+    assert out.dtype == np.uint8 and out.shape == src.shape
+    _check_params(_match_crop_flip(src, out))
+    np.testing.assert_array_equal(out, np.asarray(jaug.random_crop_flip(src, key)))
+    assert not np.array_equal(out, np.asarray(jaug.random_crop_flip(src, jax.random.key(2))))
+
+    mean, std = normalization("cifar10")
+    y = jaug.augment(src, None, train=False)  # one batch shape in this test: fewer compilations
+    assert y.shape == (64, 32, 32, 3) and y.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(y), (src / 255.0 - mean) / std, atol=1e-5)
+    y2 = np.asarray(jaug.augment(src, key))
+    np.testing.assert_allclose(y2, (out / 255.0 - mean) / std, atol=1e-5)  # same key: same crops
+    # Inside jit, with device constants (how a training step calls it).
+    f = jax.jit(lambda x, k, m, s: jaug.normalize(jaug.random_crop_flip(x, k), m, s))
+    np.testing.assert_allclose(np.asarray(f(src, key, jnp.asarray(mean), jnp.asarray(std))), y2, atol=1e-6)
+    with pytest.raises(ValueError, match="key"):
+        jaug.augment(src, None)
+    with pytest.raises(ValueError, match="uint8"):
+        jaug.normalize(src.astype(np.float32), mean, std)
+    with pytest.raises(ValueError, match="mean must be 3 finite values"):
+        jaug.normalize(src, [0.5, 0.5], std)
+    with pytest.raises(ValueError, match="name must be one of"):
+        jaug.augment(src, key, dataset="svhn")
