@@ -265,17 +265,7 @@ def test_state_dict_round_trip_resumes_identically() -> None:
     assert opt.controller.state_dict()["decision"] == opt_b.controller.state_dict()["decision"]
 
 
-@pytest.mark.parametrize("base", ["fp32", "fp16"])
-def test_nonfinite_gradients_skip_the_step(base: str) -> None:
-    torch.manual_seed(0)
-    model = SmallCNN()
-    x, y = _data()
-    cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision=base)
-    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, cfg)
-    _train(opt, model, x, y, 2)
-    before = [p.detach().clone() for p in model.parameters()]
-    state_before = {k: v["momentum_buffer"].clone() for k, v in opt.state.items()}
-    scale_before = opt.scaler.scale
+def _poison_step(opt, model, x, y) -> None:
     with opt.autocast():
         loss = F.cross_entropy(model(x[:16]), y[:16])
     opt.backward(loss)
@@ -285,16 +275,85 @@ def test_nonfinite_gradients_skip_the_step(base: str) -> None:
         warnings.simplefilter("ignore")
         opt.step()
     opt.zero_grad()
+
+
+@pytest.mark.parametrize("base,fused,host_check", [
+    ("fp32", False, True),    # host check asked for: one sync per step
+    ("fp16", False, False),   # FP16 active, non-fused: host check (GradScaler-like)
+    ("fp16", True, False),    # fused: skipped on the device, no sync
+    ("fp32", True, False),
+], ids=["fp32-hostcheck", "fp16-foreach", "fp16-fused", "fp32-fused"])
+def test_nonfinite_gradients_skip_the_step(base: str, fused: bool, host_check: bool) -> None:
+    torch.manual_seed(0)
+    model = SmallCNN()
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision=base)
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=fused or None), model, cfg,
+               host_check=host_check)
+    assert opt._device_guard == fused
+    _train(opt, model, x, y, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    state_before = {k: v["momentum_buffer"].clone() for k, v in opt.state.items()}
+    scale_before = opt.scaler.scale
+    _poison_step(opt, model, x, y)
     for p, q in zip(model.parameters(), before):
         assert torch.equal(p, q) and p.isfinite().all()
     for k, v in opt.state.items():
         assert torch.equal(v["momentum_buffer"], state_before[k])
-    assert opt.skipped_steps == 1 and opt.step_count == 3
+    assert opt.step_count == 3
     if base == "fp16":
         assert opt.fp16_active and opt.scaler.scale == scale_before * 0.5
+    if fused:
+        assert opt._rows[-1][1] == 3 - 1  # _ROW_DEVICE: counted at the next flush, no sync now
+        opt._flush()
+    assert opt.skipped_steps == 1 and opt.nonfinite_steps == 0
     # training continues and the skipped step's statistics never reach the controller
     _train(opt, model, x, y, 6)
     assert all(p.isfinite().all() for p in model.parameters())
+    ema = [v["var_ema"] for v in opt.report()["layers"].values()]
+    assert all(e is not None and np.isfinite(e) for e in ema)
+    assert opt.skipped_steps == 1
+
+
+def test_fused_first_step_is_checked_on_host() -> None:
+    """A fused SGD skipped on its first step would keep uninitialised momentum: checked on the host."""
+    torch.manual_seed(0)
+    model = SmallCNN()
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision="fp32")
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True), model, cfg)
+    before = [p.detach().clone() for p in model.parameters()]
+    _poison_step(opt, model, x, y)
+    assert opt.skipped_steps == 1 and not opt._device_guard_ready and len(opt.state) == 0
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    _train(opt, model, x, y, 3)
+    assert opt._device_guard_ready
+    assert all(v["momentum_buffer"].isfinite().all() for v in opt.state.values())
+
+
+def test_unguarded_nonfinite_is_reported_at_flush() -> None:
+    """No FP16, non-fused, no host_check: AMP-bf16 semantics (no per-step sync), found at the flush."""
+    torch.manual_seed(0)
+    model = SmallCNN()
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision="bf16")
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, cfg)
+    observed: list[int] = []
+    feed = opt.controller.observe_grad_moments
+    opt.controller.observe_grad_moments = lambda step, *a: (observed.append(step), feed(step, *a))
+    _train(opt, model, x, y, 2)
+    _poison_step(opt, model, x, y)
+    assert not model.conv2.weight.isfinite().all()   # not protected: as under AMP-bf16
+    assert opt.nonfinite_steps == 0 and opt._rows[-1][1] == 3
+    with pytest.warns(RuntimeWarning, match="reached the weights"):
+        opt._flush()
+    assert opt.nonfinite_steps == 1 and opt.skipped_steps == 0
+    with torch.no_grad():   # repair by hand; the poisoned step's statistics were not observed
+        for p in model.parameters():
+            p.nan_to_num_(0.0, 0.0, 0.0)
+    _train(opt, model, x, y, 4)
+    opt._flush()
+    assert observed == [0, 1, 3, 4, 5, 6]   # step 2 (non-finite) never reached the controller
     ema = [v["var_ema"] for v in opt.report()["layers"].values()]
     assert all(e is not None and np.isfinite(e) for e in ema)
 

@@ -69,10 +69,21 @@ def _grad_moments() -> Callable[..., Any]:
     return grad_moments
 
 
+# Guard codes of the statistics ring's rows (how the step dealt with non-finite gradients).
+_ROW_SKIPPED = 0    # checked on the host: non-finite, the inner step was skipped
+_ROW_FINITE = 1     # checked on the host: finite, the inner step ran
+_ROW_DEVICE = 2     # fused optimizer guarded on the device (skipped iff the row is non-finite)
+_ROW_UNGUARDED = 3  # no check (no FP16, non-fused): a non-finite row reached the weights
+
+
 class LossScaler:
     """Dynamic loss scale (as `torch.amp.GradScaler`): x backoff on overflow, x growth after
-    `growth_interval` consecutive finite steps. Plain Python state: the wrapper already reads the
-    non-finite count on the host each step, so no device-side scale update is needed.
+    `growth_interval` consecutive finite steps.
+
+    The scale and the growth counter live on the training device as 1-element tensors and are
+    updated there by `torch._amp_update_scale_` (GradScaler's own op) from a device-side
+    non-finite flag, so keeping the scale costs no host sync. `scale` (a float) reads it back
+    (one sync; for reports and tests). `bind(device)` is called by the wrapper.
     """
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
@@ -85,26 +96,37 @@ class LossScaler:
             raise ValueError(f"backoff_factor={backoff_factor}: must be in (0, 1)")
         if growth_interval < 1:
             raise ValueError(f"growth_interval={growth_interval}: must be >= 1")
-        self.scale = float(init_scale)
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
-        self.good_steps = 0
+        self.scale_tensor = torch.full((1,), float(init_scale), dtype=torch.float32)   # (1,) fp32
+        self._growth = torch.zeros((1,), dtype=torch.int32)                           # (1,) int32
 
-    def update(self, found_nonfinite: bool) -> None:
-        if found_nonfinite:
-            self.scale *= self.backoff_factor
-            self.good_steps = 0
-        else:
-            self.good_steps += 1
-            if self.good_steps >= self.growth_interval:
-                self.scale *= self.growth_factor
-                self.good_steps = 0
+    def bind(self, device: torch.device) -> None:
+        """Move the scale state to `device` (where the gradients and the non-finite flag live)."""
+        self.scale_tensor = self.scale_tensor.to(device)
+        self._growth = self._growth.to(device)
+
+    @property
+    def scale(self) -> float:
+        """Current loss scale (reads the device value: one host sync)."""
+        return float(self.scale_tensor.item())
+
+    @property
+    def good_steps(self) -> int:
+        """Consecutive finite steps since the last change of the scale (one host sync)."""
+        return int(self._growth.item())
+
+    def update(self, found_inf: torch.Tensor) -> None:
+        """One step's outcome; found_inf: (1,) float32 on the scale's device, 1.0 = non-finite, 0.0 = finite."""
+        torch._amp_update_scale_(self.scale_tensor, self._growth, found_inf, self.growth_factor,
+                                 self.backoff_factor, self.growth_interval)
 
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "good_steps": self.good_steps, "growth_factor": self.growth_factor,
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.scale, self.good_steps = float(sd["scale"]), int(sd["good_steps"])
+        self.scale_tensor.fill_(float(sd["scale"]))
+        self._growth.fill_(int(sd["good_steps"]))
         self.growth_factor, self.backoff_factor = sd["growth_factor"], sd["backoff_factor"]
         self.growth_interval = sd["growth_interval"]
 
@@ -121,7 +143,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  curvature_data: Any = None, strict_norm: bool = False,
                  loss_scaler: LossScaler | None = None, hessian_iters: int = 2,
-                 hessian_iters_cold: int = 8, memory_probe: MemoryProbe | None = None) -> None:
+                 hessian_iters_cold: int = 8, memory_probe: MemoryProbe | None = None,
+                 host_check: bool = False) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, TriAccelOptimizer):
@@ -163,6 +186,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.device = params[0].device
         self.plan = PrecisionPlan(layers, self.device.type, strict_norm=strict_norm)
         self.scaler = loss_scaler if loss_scaler is not None else LossScaler()
+        self.scaler.bind(self.device)
         self.memory = memory_probe if memory_probe is not None else MemoryProbe(self.device)
         self.curvature = (CurvatureEstimator(model, layers, self.loss_fn, config.curvature, config.top_k,
                                              hessian_iters=hessian_iters, hessian_iters_cold=hessian_iters_cold)
@@ -175,14 +199,22 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.last_memory: MemoryReading | None = None
         # Statistics ring: one row per optimizer step since the last flush (read at boundaries only).
         self._buf = torch.zeros((config.t_ctrl, len(params), 3), dtype=torch.float32, device=self.device)
-        self._rows: list[tuple[int, bool]] = []  # (step, finite) per filled row
+        self._rows: list[tuple[int, int]] = []  # (step, _ROW_* guard code) per filled row
         self._zeros: dict[int, torch.Tensor] = {}
         self._inv_scale = torch.ones(1, dtype=torch.float32, device=self.device)
-        self._inv_scale_value = 1.0
+        self._found_inf = torch.zeros(1, dtype=torch.float32, device=self.device)  # 1.0 = non-finite step
+        # Fused torch optimizers skip their update on the device when `found_inf` is 1.0 (the
+        # GradScaler protocol): the sync-free guard. The first inner step is still checked on the
+        # host: a fused SGD skipped on its very first step leaves its momentum buffers uninitialised.
+        self._device_guard = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        self._device_guard_ready = False
+        self.host_check = bool(host_check)
+        self.nonfinite_steps = 0   # unguarded steps found non-finite at a flush (see step())
+        self._nonfinite_warned = False
         self._prev: list[torch.Tensor] | None = None
         self.step_count = 0        # optimizer steps taken or skipped (the controller's step)
         self.micro_count = 0       # micro-batches accumulated towards the current step
-        self.skipped_steps = 0
+        self.skipped_steps = 0     # guarded non-finite steps (device-guarded ones: counted at flushes)
         self._mults_uniform: float | None = 1.0
         self._mults_per_tensor: list[float] = [1.0] * len(params)
         self.decision: Decision = self.controller.decide(0)
@@ -214,11 +246,14 @@ class TriAccelOptimizer(torch.optim.Optimizer):
 
     # -- backward / step ---------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """loss.backward() with 1/accumulation and, when any layer is FP16, the loss scale."""
-        factor = 1.0 / self.decision.accumulation
+        """loss.backward() with 1/accumulation and, when any layer is FP16, the loss scale.
+
+        The loss scale is a device tensor: scaling costs one multiply launch and no host sync.
+        """
         if self.fp16_active:
-            factor *= self.scaler.scale
-        (loss * factor if factor != 1.0 else loss).backward(**kwargs)
+            loss = loss * self.scaler.scale_tensor.view(())
+        acc = self.decision.accumulation
+        (loss * (1.0 / acc) if acc != 1 else loss).backward(**kwargs)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss` times the dynamic loss scale while any layer is FP16 (else `loss` itself).
@@ -226,7 +261,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         GradScaler-compatible, so `triaccel.backends.torch.data.elastic_step(..., scaler=opt)` can
         scale the micro-batch losses it weights and accumulates itself.
         """
-        return loss * self.scaler.scale if self.fp16_active else loss
+        return loss * self.scaler.scale_tensor.view(()) if self.fp16_active else loss
 
     def step_accumulated(self) -> None:
         """One optimizer step from gradients already summed over the whole logical batch.
@@ -237,16 +272,32 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.micro_count = self.decision.accumulation - 1
         self.step()
 
-    def _set_inv_scale(self, value: float) -> None:
-        if value != self._inv_scale_value:
-            self._inv_scale.fill_(value)
-            self._inv_scale_value = value
+    def _grad_list(self) -> list[torch.Tensor]:
+        grads = [p.grad for p in self._params]
+        if any(g is None for g in grads):
+            grads = [g if g is not None else self._zero_like(i, p)
+                     for i, (p, g) in enumerate(zip(self._params, grads))]
+        return grads
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One micro-batch done; every `decision.accumulation` of them, one optimizer step.
 
         closure: optional, re-evaluates the model and calls `opt.backward` itself; its value is returned.
+
+        Non-finite gradients (NaN/Inf in the unscaled gradients of any layer), per case; in every
+        case the step's statistics never reach the controller:
+
+        - fused inner optimizer (`fused=True`): the update is skipped ON THE DEVICE (weights and
+          optimizer state untouched), no host sync; counted in `skipped_steps` at the next flush.
+          The very first inner step is checked on the host once.
+        - non-fused inner optimizer while any layer is FP16, or `host_check=True`: one host sync per
+          step (as `GradScaler`); the step is skipped and `skipped_steps` counts it at once.
+        - non-fused inner optimizer, no FP16 layer, `host_check=False` (default): no per-step check,
+          as under AMP-bf16: the non-finite update reaches the weights. It is found at the next
+          flush (`nonfinite_steps`, one RuntimeWarning). Pass a fused optimizer for a free guard.
+
+        With FP16 the loss scale backs off (on the device) after a non-finite step.
         """
         loss = None
         if closure is not None:
@@ -258,24 +309,42 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.micro_count = 0
         step = self.step_count
         scaled = self.fp16_active
-        self._set_inv_scale(1.0 / self.scaler.scale if scaled else 1.0)
-        grads = [p.grad if p.grad is not None else self._zero_like(i, p) for i, p in enumerate(self._params)]
-        r = len(self._rows)
-        row = self._buf[r]
-        _grad_moments()(grads, inv_scale=self._inv_scale if scaled else None, out=row)
-        nonfinite = float(row[:, 2].sum().item())  # the one host sync per step
-        finite = nonfinite == 0.0
-        if finite:
-            self._inner_step()
-        else:
-            self.skipped_steps += 1
-            if not scaled and self.skipped_steps == 1:
-                warnings.warn(f"step {step}: non-finite gradients without FP16 loss scaling; the step "
-                              "was skipped (weights and optimizer state untouched)", RuntimeWarning,
-                              stacklevel=2)
+        inv_scale = None
         if scaled:
-            self.scaler.update(not finite)
-        self._rows.append((step, finite))
+            inv_scale = torch.reciprocal(self.scaler.scale_tensor, out=self._inv_scale)
+        row = self._buf[len(self._rows)]
+        _grad_moments()(self._grad_list(), inv_scale=inv_scale, out=row)
+        guarded = scaled or self._device_guard or self.host_check
+        found = self._found_inf
+        if guarded:
+            # exactly 0.0 / 1.0: fused kernels skip only on == 1.0, Adam subtracts it from its step count
+            torch.sum(row[:, 2:3], dim=0, out=found)
+            found.clamp_(max=1.0)
+        if self._device_guard and self._device_guard_ready:
+            code = _ROW_DEVICE
+            self.optimizer.found_inf = found   # the GradScaler protocol of fused optimizers
+            try:
+                self._inner_step()
+            finally:
+                del self.optimizer.found_inf
+        elif guarded:
+            finite = bool(found.item() == 0.0)   # the one host sync of this path
+            code = _ROW_FINITE if finite else _ROW_SKIPPED
+            if finite:
+                self._inner_step()
+                self._device_guard_ready = self._device_guard
+            else:
+                self.skipped_steps += 1
+                if not scaled and self.skipped_steps == 1:
+                    warnings.warn(f"step {step}: non-finite gradients without FP16 loss scaling; the step "
+                                  "was skipped (weights and optimizer state untouched)", RuntimeWarning,
+                                  stacklevel=2)
+        else:
+            code = _ROW_UNGUARDED
+            self._inner_step()
+        if scaled:
+            self.scaler.update(found)
+        self._rows.append((step, code))
         if self.curvature is not None and self.controller.is_curvature_step(step):
             self._curvature_event(step)
         self.step_count = step + 1
@@ -337,9 +406,23 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         per_layer = group_by_layer(np.moveaxis(host, 1, 2), self._tensor_layer, len(self.layers))
         counts = group_by_layer(np.array([p.numel() for p in self._params], dtype=np.float64),
                                 self._tensor_layer, len(self.layers))
-        for i, (step, finite) in enumerate(self._rows):
-            if finite:
+        bad = host[:, :, 2].sum(axis=1) > 0                       # (n,) non-finite rows
+        for i, (step, code) in enumerate(self._rows):
+            if code == _ROW_SKIPPED:
+                continue
+            if not bad[i]:
                 self.controller.observe_grad_moments(step, per_layer[i, 0], per_layer[i, 1], counts)
+            elif code == _ROW_DEVICE:
+                self.skipped_steps += 1
+            elif code == _ROW_UNGUARDED:
+                self.nonfinite_steps += 1
+                if not self._nonfinite_warned:
+                    self._nonfinite_warned = True
+                    warnings.warn(f"step {step}: non-finite gradients reached the weights (no FP16 layer and "
+                                  "a non-fused optimizer: no per-step check, as under AMP-bf16). Pass "
+                                  "fused=True to the optimizer (free device-side skip) or host_check=True "
+                                  "to wrap() (one sync per step) to skip such steps.", RuntimeWarning,
+                                  stacklevel=4)
         self._rows = []
 
     # -- curvature ---------------------------------------------------------------------------
@@ -434,7 +517,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             "controller": self.controller.state_dict(),
             "loss_scaler": self.scaler.state_dict(),
             "step_count": self.step_count, "micro_count": self.micro_count,
-            "skipped_steps": self.skipped_steps,
+            "skipped_steps": self.skipped_steps, "nonfinite_steps": self.nonfinite_steps,
             "pending_rows": list(self._rows),
             "pending_stats": self._buf[:n].detach().cpu().clone(),
             "curvature_basis": (None if self.curvature is None else
@@ -452,7 +535,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.scaler.load_state_dict(sd["loss_scaler"])
         self.step_count, self.micro_count = int(sd["step_count"]), int(sd["micro_count"])
         self.skipped_steps = int(sd.get("skipped_steps", 0))
-        rows = [(int(s), bool(f)) for s, f in sd.get("pending_rows", [])]
+        self.nonfinite_steps = int(sd.get("nonfinite_steps", 0))
+        rows = [(int(s), int(f)) for s, f in sd.get("pending_rows", [])]  # older checkpoints: bool
         if len(rows) > self._buf.shape[0]:
             raise ValueError(f"state_dict: {len(rows)} pending statistics rows, buffer holds {self._buf.shape[0]}")
         self._rows = rows
@@ -476,7 +560,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             entry["lr_multiplier"] = float(self.decision.lr_multipliers[i])
         rep.update({
             "optimizer_step": self.step_count, "skipped_steps": self.skipped_steps,
-            "loss_scale": self.scaler.scale if self.fp16_active else None,
+            "nonfinite_steps": self.nonfinite_steps,
+            "loss_scale": self.scaler.scale if self.fp16_active else None,   # one host sync
             "autocast_dtype": self.plan.majority.short, "hooked_layers": list(self.plan.hooked),
             "memory": None if self.last_memory is None else self.last_memory.to_dict(),
         })
@@ -495,6 +580,7 @@ def wrap(optimizer: torch.optim.Optimizer, model: nn.Module, config: TriAccelCon
     curvature_data: an (inputs, targets) batch, or an iterable of them, used every t_curv steps
     (first b_curv samples); strict_norm: FP32 inputs/outputs for norm layers (extra hooks);
     loss_scaler: a LossScaler; hessian_iters / hessian_iters_cold: Krylov iterations per event;
-    memory_probe: a MemoryProbe.
+    memory_probe: a MemoryProbe; host_check: check every step for non-finite gradients on the host
+    (one sync per step) even when no layer is FP16 and the optimizer is not fused (see `step`).
     """
     return TriAccelOptimizer(optimizer, model, config if config is not None else TriAccelConfig(), **kwargs)
