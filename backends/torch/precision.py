@@ -3,8 +3,8 @@
 Mechanism (chosen by measurement, see below): the forward runs inside ONE `torch.autocast` region
 whose dtype is the precision most non-norm layers were given (the "majority"; FP32 majority = no
 autocast). Only the layers whose decision differs from the majority get a forward pre-hook/hook
-pair, which enters a nested autocast region of their own dtype (FP32: autocast disabled and floating
-inputs cast to FP32) and leaves it after the module. With a uniform decision no hook is installed,
+pair, which switches autocast to their own dtype (FP32: autocast disabled and floating inputs cast
+to FP32) and restores the enclosing state after the module. With a uniform decision no hook is installed,
 so the step costs exactly what AMP costs; hooks are (re)installed only when the decision changes.
 
 Why not hooks everywhere: measured on this project's CPU machine (tests/benchmarks note), a
@@ -110,33 +110,55 @@ class PrecisionPlan:
     def _install(self, module: nn.Module, prec: Precision, majority: Precision) -> None:
         dtype = torch_dtype(prec)
         dev = self.device_type
-        stack: list[torch.autocast] = []  # per-module: re-entrant for modules called several times
+        # Per module: re-entrant for modules called several times. The hooks switch autocast's
+        # state with its plain setters instead of entering a `torch.autocast` object: same effect
+        # inside the region (the region's own exit clears the weight-cast cache) for a fraction of
+        # the Python cost, which a launch-bound eager step pays per hooked module per forward.
+        stack: list[tuple[bool, torch.dtype]] = []
         outer_fp32 = majority == Precision.FP32
+        is_enabled, get_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+        set_enabled, set_dtype = torch.set_autocast_enabled, torch.set_autocast_dtype
 
-        def pre(mod: nn.Module, args: Any, kwargs: Any) -> Any:
+        if prec == Precision.FP32:
+            def pre(mod: nn.Module, args: Any, kwargs: Any) -> Any:
+                if not self._active:
+                    return None
+                stack.append((is_enabled(dev), get_dtype(dev)))
+                set_enabled(dev, False)
+                return _cast_floats(args, torch.float32), _cast_floats(kwargs, torch.float32)
+
+            def post(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> Any:
+                if stack:
+                    enabled, prev = stack.pop()
+                    set_dtype(dev, prev)
+                    set_enabled(dev, enabled)
+                return None
+
+            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+            return
+
+        def pre16(mod: nn.Module, args: Any) -> Any:
             if not self._active:
                 return None
-            if prec == Precision.FP32:
-                ctx = torch.autocast(dev, enabled=False)
-                ctx.__enter__()
-                stack.append(ctx)
-                return _cast_floats(args, torch.float32), _cast_floats(kwargs, torch.float32)
-            ctx = torch.autocast(dev, dtype=dtype)
-            ctx.__enter__()
-            stack.append(ctx)
+            stack.append((is_enabled(dev), get_dtype(dev)))
+            set_dtype(dev, dtype)
+            set_enabled(dev, True)
             return None
 
-        def post(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> Any:
+        def post16(mod: nn.Module, args: Any, out: Any) -> Any:
             if not stack:
                 return None
-            stack.pop().__exit__(None, None, None)
-            if outer_fp32 and prec != Precision.FP32:
+            enabled, prev = stack.pop()
+            set_dtype(dev, prev)
+            set_enabled(dev, enabled)
+            if outer_fp32:
                 # Outside autocast the next module expects FP32 activations.
                 return _cast_floats(out, torch.float32)
             return None
 
-        self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        self._handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        self._handles.append(module.register_forward_pre_hook(pre16))
+        self._handles.append(module.register_forward_hook(post16, always_call=True))
 
     def remove(self) -> None:
         """Remove every hook (the model computes in FP32 outside autocast afterwards)."""
