@@ -230,3 +230,16 @@ def test_png_and_grayscale_are_read_as_rgb(tmp_path: Path) -> None:
     x, y = load_cifar("cifar10", tmp_path, "test", cache=False)
     np.testing.assert_array_equal(x, np.stack(ref))
     assert y.tolist() == list(range(10))
+
+
+def test_data_and_layout_import_no_framework() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, triaccel.data, triaccel.layout\n"
+        "bad = [m for m in ('torch', 'jax', 'flax', 'PIL') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -198,7 +198,8 @@ def to_canonical(model: nn.Module) -> dict[str, np.ndarray]:
 
 
 def load_canonical(model: nn.Module, d: Mapping[str, Any]) -> None:
-    """Load a canonical dict in place (values keep the model's device and dtype).
+    """Load a canonical dict (NumPy arrays or tensors) in place; values take the model's device
+    and dtype.
 
     Raises ValueError naming any missing, unexpected or mis-shaped key; nothing is loaded then.
     """
@@ -206,4 +207,4 @@ def load_canonical(model: nn.Module, d: Mapping[str, Any]) -> None:
     check_canonical({k: tuple(v.shape) for k, v in sd.items()}, d, what="load_canonical")
     with torch.no_grad():
         for k, v in sd.items():
-            v.copy_(torch.as_tensor(np.asarray(d[k])).to(dtype=v.dtype))
+            v.copy_(torch.as_tensor(d[k]).to(device=v.device, dtype=v.dtype))
