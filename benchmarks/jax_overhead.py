@@ -150,7 +150,8 @@ def bench_batch(bs: int, args: argparse.Namespace) -> dict[str, Any]:
     for mode in args.curvature:
         pure = nnx_loss(wm, ce_loss)
         est = (FisherTopK(pure.fn, ta.layers, args.top_k) if mode == "fisher"
-               else HessianTopK(pure.fn, ta.layers, args.top_k, iters=args.hessian_iters))
+               else HessianTopK(pure.fn, ta.layers, args.top_k, iters=args.hessian_iters,
+                              layers_per_event=args.hessian_layers_per_event))
         t0 = time.perf_counter()
         est(pure.params, batch, pure.aux)
         cold = time.perf_counter() - t0
@@ -161,7 +162,8 @@ def bench_batch(bs: int, args: argparse.Namespace) -> dict[str, Any]:
                       "amortised_fraction_at_t_curv": t_event / (args.t_curv * tw + t_event),
                       "t_curv": args.t_curv, "finite": bool(np.isfinite(eig).all())}
         if mode == "hessian":
-            curv[mode]["iters"] = args.hessian_iters
+            curv[mode].update(iters=args.hessian_iters, layers_per_event=args.hessian_layers_per_event,
+                              refreshed_layers=len(est.refreshed), num_layers=ta.layers.num_layers)
     res["curvature"] = curv
     return res
 
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--b-curv", type=int, default=32)
     ap.add_argument("--top-k", type=int, default=5)
     ap.add_argument("--hessian-iters", type=int, default=3)
+    ap.add_argument("--hessian-layers-per-event", type=int, default=None,
+                    help="Hessian blocks refreshed per curvature event, round-robin (default: all)")
     ap.add_argument("--curvature", nargs="*", default=["fisher", "hessian"], choices=["fisher", "hessian"])
     ap.add_argument("--tiny", action="store_true", help="CPU smoke mode: width 1/8, 16x16 inputs, bs 8, k=2, b_curv=4")
     ap.add_argument("--out", type=Path, default=None)

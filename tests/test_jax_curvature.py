@@ -71,6 +71,18 @@ def test_curvature_on_nnx_model_leaves_batch_stats_and_mode_alone():
     assert (eig[:, 0] >= eig[:, 1]).all()  # descending Ritz values
 
 
+def test_hessian_round_robin_refreshes_a_subset():
+    params, batch = mlp_params(), mlp_data()
+    est = HessianTopK(_pure, layer_map(params), k=2, iters=1, cold_iters=3, layers_per_event=1)
+    first = est(params, batch)
+    assert est.refreshed == (0, 1) and np.isfinite(first).all()
+    second = est(params, batch)
+    assert est.refreshed == (0,)
+    np.testing.assert_array_equal(second[1], first[1])  # not refreshed: previous estimate kept
+    est(params, batch)
+    assert est.refreshed == (1,)
+
+
 def test_bad_k_raises():
     with pytest.raises(ValueError, match="k=0"):
         FisherTopK(_pure, layer_map(mlp_params()), k=0)

@@ -127,13 +127,23 @@ class HessianTopK:
     the parameters for the vectors, plus one vmapped HVP of k tangents.
     """
 
-    def __init__(self, loss_fn: LossFn, layers: LayerMap, k: int, iters: int = 3, seed: int = 0) -> None:
+    def __init__(self, loss_fn: LossFn, layers: LayerMap, k: int, iters: int = 3, seed: int = 0, *,
+                 cold_iters: int | None = None, layers_per_event: int | None = None) -> None:
         _check_k(k)
         if not isinstance(iters, int) or iters < 1:
             raise ValueError(f"iters={iters!r}: must be an int >= 1")
+        if cold_iters is not None and (not isinstance(cold_iters, int) or cold_iters < 1):
+            raise ValueError(f"cold_iters={cold_iters!r}: must be None or an int >= 1")
+        if layers_per_event is not None and (not isinstance(layers_per_event, int) or layers_per_event < 1):
+            raise ValueError(f"layers_per_event={layers_per_event!r}: must be None (all) or an int >= 1")
         self.layers, self.k, self.iters = layers, k, iters
+        self.cold_iters = cold_iters if cold_iters is not None else max(iters, 8)
+        self.layers_per_event = layers_per_event
         self._key = jax.random.PRNGKey(seed)
         self.vectors: Any = None  # params-shaped tree, leaves (k, *shape): the warm start
+        self.eigvals = np.full((layers.num_layers, k), np.nan)  # last estimate per layer
+        self.refreshed: tuple[int, ...] = ()  # layers recomputed by the last call
+        self._cursor = 0
         tl = tuple(int(x) for x in layers.tensor_layer)
 
         def hvp(p: Any, batch: Any, aux: Any, v: Any) -> Any:
@@ -183,13 +193,34 @@ class HessianTopK:
         return jax.tree_util.tree_unflatten(treedef, [
             jax.random.normal(kk, (self.k,) + jnp.shape(x), jnp.float32) for kk, x in zip(keys, leaves)])
 
+    def _select(self) -> list[int]:
+        """Layers to recompute: all without an estimate, plus the next `layers_per_event` of a
+        round-robin cycle (all layers when None). The others keep their last estimate."""
+        L = self.layers.num_layers
+        missing = [i for i in range(L) if np.isnan(self.eigvals[i]).any()]
+        per = self.layers_per_event
+        if per is None or per >= L:
+            return list(range(L))
+        if len(missing) == L:
+            return missing
+        chosen = {(self._cursor + j) % L for j in range(per)}
+        self._cursor = (self._cursor + per) % L
+        return sorted(chosen.union(missing))
+
     def __call__(self, params: Any, batch: Any, aux: Any = None) -> np.ndarray:
-        """float64 (L, k): top-k Ritz values (descending) of each layer's Hessian block on `batch`."""
+        """float64 (L, k): top-k Ritz values (descending) of each layer's Hessian block on `batch`.
+
+        Layers not refreshed this call (see `layers_per_event`) report their previous estimate;
+        a layer's first estimate runs `cold_iters` iterations, later ones `iters` (warm start).
+        """
         if self.vectors is None or jax.tree_util.tree_structure(self.vectors) != jax.tree_util.tree_structure(params):
             self.vectors = self._init_vectors(params)
-        out = np.zeros((self.layers.num_layers, self.k))
-        for layer in range(self.layers.num_layers):
-            for _ in range(self.iters):
+            self.eigvals[:] = np.nan
+        selected = self._select()
+        for layer in selected:
+            iters = self.cold_iters if np.isnan(self.eigvals[layer]).any() else self.iters
+            for _ in range(iters):
                 self.vectors, t = self._run_layer(params, batch, aux, self.vectors, jnp.int32(layer))
-            out[layer] = ritz(np.asarray(t, dtype=np.float64))[0]
-        return out
+            self.eigvals[layer] = ritz(np.asarray(t, dtype=np.float64))[0]
+        self.refreshed = tuple(selected)
+        return self.eigvals.copy()

@@ -135,12 +135,13 @@ class TriAccel:
     target of the precision policy); None -> layers from the parameter paths at ``tx.init``.
     loss_fn: for curvature, ``loss_fn(model, batch) -> scalar`` with a model, else
     ``loss_fn(params, batch) -> scalar``. hessian_iters: subspace iterations per curvature pass
-    (warm-started). loss_scaling: the dynamic loss-scale parameters. device: for the memory probe.
+    (warm-started); hessian_layers_per_event: refresh only this many layers' Hessian blocks per
+    curvature step, round-robin (None: all; bounds the Hessian cost on deep models). loss_scaling: the dynamic loss-scale parameters. device: for the memory probe.
     """
 
     def __init__(self, config: TriAccelConfig, model: Any = None, *, loss_fn: Callable[..., Any] | None = None,
-                 hessian_iters: int = 3, loss_scaling: LossScaleConfig = LossScaleConfig(),
-                 device: Any = None) -> None:
+                 hessian_iters: int = 3, hessian_layers_per_event: int | None = None,
+                 loss_scaling: LossScaleConfig = LossScaleConfig(), device: Any = None) -> None:
         if not isinstance(config, TriAccelConfig):
             raise ValueError(f"config={config!r}: expected a TriAccelConfig")
         if hessian_iters < 1:
@@ -153,6 +154,7 @@ class TriAccel:
         self.model = model
         self.loss_fn = loss_fn
         self.hessian_iters = hessian_iters
+        self.hessian_layers_per_event = hessian_layers_per_event
         self.loss_scaling = loss_scaling
         self.layers: LayerMap | None = layer_map(model) if model is not None else None
         self.controller: Controller | None = Controller(config, self.layers.specs) if self.layers else None
@@ -315,9 +317,11 @@ class TriAccel:
         # normally one compile); the Hessian warm-start vectors carry over.
         if self._curv is None or self._curv[0] != key:
             est = (FisherTopK(fn, self.layers, cfg.top_k) if cfg.curvature == "fisher"
-                   else HessianTopK(fn, self.layers, cfg.top_k, iters=self.hessian_iters))
+                   else HessianTopK(fn, self.layers, cfg.top_k, iters=self.hessian_iters,
+                               layers_per_event=self.hessian_layers_per_event))
             if self._curv is not None and isinstance(est, HessianTopK):
-                est.vectors = self._curv[1].vectors
+                old = self._curv[1]
+                est.vectors, est.eigvals, est._cursor = old.vectors, old.eigvals, old._cursor
             self._curv = (key, est)
         self.controller.observe_curvature(step, self._curv[1](params, batch, aux))
 
