@@ -195,8 +195,9 @@ class TriAccel:
             self._bind(params)
             n = len(self._tensor_layer)
             L = self.layers.num_layers
-            acc = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params) \
-                if self.accumulate else ()
+            # Plain arrays even when params holds nnx Variables (nnx.Optimizer passes nnx.state(...)).
+            acc = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(_value(p)), jnp.float32), params,
+                                         is_leaf=lambda x: hasattr(x, "get_value")) if self.accumulate else ()
             return TriAccelState(
                 inner=inner.init(params), count=jnp.zeros((), jnp.int32),
                 moments=jnp.zeros((cfg.t_ctrl, n, 3), jnp.float32),
