@@ -109,3 +109,62 @@ def test_bad_arguments() -> None:
         est((x, y[:3]))
     with pytest.raises(ValueError, match="inputs, targets"):
         est(x)
+
+
+def test_packed_blocks_equal_per_layer_calls() -> None:
+    # Disjoint probe rows: packing all layers into one batched second backward is still exact.
+    m, x, y = _mlp()
+    layers = discover_layers(m)
+    one = CurvatureEstimator(m, layers, F.cross_entropy, "hessian", 3, hessian_iters_cold=6, hessian_pack=1)
+    allp = CurvatureEstimator(m, layers, F.cross_entropy, "hessian", 3, hessian_iters_cold=6,
+                              hessian_pack=len(layers))
+    for _ in range(2):  # cold event, then a warm one
+        np.testing.assert_allclose(allp((x, y)), one((x, y)), rtol=1e-4, atol=1e-6)
+
+
+def test_warm_power_step_converges_across_events() -> None:
+    # One iteration per event (cold included): the carried (H - sigma I) y start refines the
+    # subspace event after event, so the estimate reaches the dense top eigenvalue.
+    m, x, y = _mlp()
+    layers = discover_layers(m)
+    est = CurvatureEstimator(m, layers, F.cross_entropy, "hessian", 2, hessian_iters=1, hessian_iters_cold=1)
+    dense = [float(torch.linalg.eigvalsh(h)[-1]) for h, _ in _dense_blocks(m, layers, x, y)]
+    first = est((x, y))
+    for _ in range(15):
+        eig = est((x, y))
+    for i, top1 in enumerate(dense):
+        assert abs(eig[i, 0] - top1) <= 0.05 * abs(top1), (layers[i].name, eig[i, 0], top1)
+    assert max(abs(first[i, 0] - t) / abs(t) for i, t in enumerate(dense)) > 0.01  # it did have to converge
+
+
+def test_round_robin_refreshes_subset_and_keeps_the_rest() -> None:
+    m, x, y = _mlp()
+    layers = discover_layers(m)
+    est = CurvatureEstimator(m, layers, F.cross_entropy, "hessian", 2, hessian_iters_cold=6,
+                             hessian_layers_per_event=3)
+    first = est((x, y))
+    assert est.refreshed == (0, 1, 2, 3)  # no estimate yet: every layer
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(1.5)  # a different Hessian: refreshed rows must change, the others must not
+    second = est((x, y))
+    assert est.refreshed == (0, 1, 2)
+    assert np.array_equal(second[3], first[3])
+    assert not np.allclose(second[:3, 0], first[:3, 0])
+    third = est((x, y))
+    assert est.refreshed == (0, 1, 3)  # cycle wraps: 3, 0, 1
+    assert np.array_equal(third[2], second[2])
+    est.reset()
+    est((x, y))
+    assert est.refreshed == (0, 1, 2, 3)
+
+
+def test_bad_hessian_options() -> None:
+    m, _, _ = _mlp()
+    layers = discover_layers(m)
+    with pytest.raises(ValueError, match="hessian_layers_per_event"):
+        CurvatureEstimator(m, layers, F.cross_entropy, "hessian", 2, hessian_layers_per_event=0)
+    with pytest.raises(ValueError, match="hessian_pack"):
+        CurvatureEstimator(m, layers, F.cross_entropy, "hessian", 2, hessian_pack=0)
+    with pytest.raises(ValueError, match="hessian_iters"):
+        CurvatureEstimator(m, layers, F.cross_entropy, "hessian", 2, hessian_iters=0)
