@@ -8,13 +8,19 @@ device, SGD-nesterov. For each batch size, in the same process and interleaved (
   warm-up, the memory probe runs at every control step) and curvature EXCLUDED from the timed
   steps (t_curv larger than the run; curvature is timed separately below).
 
-Reports median step times and their ratio (target <= 1.03). Curvature: one event (k=5, b_curv=32)
+Variants (`--variants`): amp, tri, tri-uniform (adaptive precision off: bf16 everywhere, no hooks),
+tri-keep (tri with zero_grad(set_to_none=False)); inner SGD foreach and/or fused (`--optimizers`, the
+same for baseline and wrapper). Step time = wall time of `--steps` consecutive steps synchronised only
+at both ends (how training runs: the host may run ahead of the device, and control boundaries are
+included), median over interleaved rounds; also the median of single synchronised steps.
+Reports step times and ratios to amp (target <= 1.03). Curvature: one event (k=5, b_curv=32)
 timed after a cold event, for "fisher" and "hessian" (warm-started, `hessian_iters` iterations);
 amortised fraction = t_event / (t_curv * t_step + t_event) at t_curv=200 (targets: fisher <= 2%,
 hessian <= 10%).
 
     python benchmarks/torch_overhead.py                         # GPU, full run
     python benchmarks/torch_overhead.py --device cpu --steps 3  # smoke check of the script
+    python benchmarks/torch_overhead.py --no-curvature --profile 20   # overhead only, with profiles
 
 Writes benchmarks/results/torch_overhead-<device>.json and prints a table.
 """
@@ -47,6 +53,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def _timed(fn: Callable[[], None], steps: int, dev: torch.device) -> list[float]:
+    """Per-step times (s), the device synchronised around every step."""
     out = []
     for _ in range(steps):
         _sync(dev)
@@ -57,12 +64,59 @@ def _timed(fn: Callable[[], None], steps: int, dev: torch.device) -> list[float]
     return out
 
 
+def _pipelined(fn: Callable[[], None], steps: int, dev: torch.device) -> float:
+    """Mean step time (s) over `steps` steps synchronised only at both ends (as training runs)."""
+    _sync(dev)
+    t = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    _sync(dev)
+    return (time.perf_counter() - t) / steps
+
+
 def _model(dev: torch.device, width: float) -> torch.nn.Module:
     torch.manual_seed(0)
     m = create_model("resnet18", num_classes=10, width=width).to(dev)
     if dev.type == "cuda":
         m = m.to(memory_format=torch.channels_last)
     return m
+
+
+def _sgd(model: torch.nn.Module, kind: str) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4,
+                           fused=True if kind == "fused" else None)
+
+
+VARIANTS = ("amp", "tri", "tri-uniform", "tri-keep")
+VARIANT_HELP = ("amp: torch.autocast(bf16) + GradScaler-free step (the baseline); tri: wrap() with precision "
+                "and batch levers on; tri-uniform: wrap() with adaptive_precision=False (bf16 everywhere, no "
+                "hooks, no loss scaling); tri-keep: tri with zero_grad(set_to_none=False)")
+
+
+def _profile(fn: Callable[[], None], steps: int, dev: torch.device, path: Path) -> None:
+    """cProfile (Python, by self time) and torch.profiler (ops, by self CPU time) over `steps` steps."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(dev)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(steps):
+        fn()
+    _sync(dev)
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            fn()
+        _sync(dev)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+    path.write_text(f"# {steps} steps\n## cProfile (tottime)\n{buf.getvalue()}\n## torch.profiler\n{table}\n")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,67 +130,92 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             x = x.contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 10, (bs,), generator=g).to(dev)
         xc, yc = x[: args.b_curv], y[: args.b_curv]
-
-        base_model = _model(dev, args.width)
-        base_opt = torch.optim.SGD(base_model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
-                                   weight_decay=5e-4)
-
-        def base_step() -> None:
-            with torch.autocast(dev.type, dtype=amp_dtype):
-                loss = F.cross_entropy(base_model(x), y)
-            loss.backward()
-            base_opt.step()
-            base_opt.zero_grad(set_to_none=True)
-
-        tri_model = _model(dev, args.width)
         cfg = TriAccelConfig(curvature="fisher", t_curv=10**9, top_k=args.top_k, b_curv=args.b_curv,
                              t_ctrl=args.t_ctrl, warmup_steps=args.warmup, min_dwell=args.t_ctrl,
                              batch_init=bs, batch_min=8, batch_max=max(bs, 1024), lr_rule="linear")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # CPU smoke runs: the memory probe warns once
-            tri_opt = wrap(torch.optim.SGD(tri_model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
-                                           weight_decay=5e-4), tri_model, cfg, curvature_data=(xc, yc))
+        entry: dict[str, Any] = {"optimizers": {}}
+        tri_model = tri_opt = None
+        for kind in args.optimizers:
+            steps_fns: dict[str, Callable[[], None]] = {}
+            opts: dict[str, Any] = {}
+            for v in args.variants:
+                model = _model(dev, args.width)
+                if v == "amp":
+                    opt = _sgd(model, kind)
 
-        def tri_step() -> None:
-            with tri_opt.autocast():
-                loss = F.cross_entropy(tri_model(x), y)
-            tri_opt.backward(loss)
-            tri_opt.step()
-            tri_opt.zero_grad()
+                    def fn(model=model, opt=opt) -> None:
+                        with torch.autocast(dev.type, dtype=amp_dtype):
+                            loss = F.cross_entropy(model(x), y)
+                        loss.backward()
+                        opt.step()
+                        opt.zero_grad(set_to_none=True)
+                else:
+                    vcfg = cfg.replace(adaptive_precision=False) if v == "tri-uniform" else cfg
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # CPU smoke runs: the memory probe warns once
+                        opt = wrap(_sgd(model, kind), model, vcfg, curvature_data=(xc, yc))
+                    none = v != "tri-keep"
 
-        # warm-up: cudnn autotune, allocator, the step-0 curvature event, the precision warm-up
-        for fn in (base_step, tri_step):
-            _timed(fn, args.warmup + 2, dev)
-        base_t, tri_t = [], []
-        for _ in range(args.rounds):
-            base_t += _timed(base_step, args.steps, dev)
-            tri_t += _timed(tri_step, args.steps, dev)
-        tb, tt = statistics.median(base_t), statistics.median(tri_t)
-        entry: dict[str, Any] = {
-            "amp_bf16_step_s": tb, "triaccel_step_s": tt, "ratio": tt / tb,
-            "steps_timed_each": len(base_t),
-            "triaccel_precisions": [p.short for p in tri_opt.decision.precisions],
-            "triaccel_hooked_layers": list(tri_opt.plan.hooked),
-            "triaccel_autocast_dtype": tri_opt.plan.majority.short,
-            "triaccel_skipped_steps": tri_opt.skipped_steps,
-        }
-        # curvature: one cold event, then `curv_events` warm events timed
-        for mode in ("fisher", "hessian"):
+                    def fn(model=model, opt=opt, none=none) -> None:
+                        with opt.autocast():
+                            loss = F.cross_entropy(model(x), y)
+                        opt.backward(loss)
+                        opt.step()
+                        opt.zero_grad(set_to_none=none)
+                    if v == "tri":
+                        tri_model, tri_opt = model, opt
+                steps_fns[v], opts[v] = fn, opt
+            # warm-up: cudnn autotune, allocator, the step-0 curvature event, the precision warm-up and
+            # the first control decision after it
+            for fn in steps_fns.values():
+                _timed(fn, max(args.warmup, args.t_ctrl) + 2, dev)
+            synced: dict[str, list[float]] = {v: [] for v in steps_fns}
+            piped: dict[str, list[float]] = {v: [] for v in steps_fns}
+            for _ in range(args.rounds):  # interleaved: A, B, C, ... per round
+                for v, fn in steps_fns.items():
+                    piped[v].append(_pipelined(fn, args.steps, dev))
+                    synced[v] += _timed(fn, args.steps, dev)
+            ke: dict[str, Any] = {}
+            for v, opt in opts.items():
+                ke[v] = {"pipelined_step_s": statistics.median(piped[v]),
+                         "synced_step_s": statistics.median(synced[v])}
+                if v != "amp":
+                    ke[v].update({
+                        "precisions": [p.short for p in opt.decision.precisions],
+                        "hooked_layers": list(opt.plan.hooked), "autocast_dtype": opt.plan.majority.short,
+                        "skipped_steps": opt.skipped_steps, "nonfinite_steps": opt.nonfinite_steps,
+                        "batch_size": opt.decision.batch_size})
+            if "amp" in ke:
+                for v in ke:
+                    ke[v]["ratio_pipelined"] = ke[v]["pipelined_step_s"] / ke["amp"]["pipelined_step_s"]
+                    ke[v]["ratio_synced"] = ke[v]["synced_step_s"] / ke["amp"]["synced_step_s"]
+            entry["optimizers"][kind] = ke
+            if args.profile and kind == args.optimizers[0] and bs == args.batch_sizes[0]:
+                args.out.mkdir(parents=True, exist_ok=True)
+                for v, fn in steps_fns.items():
+                    _profile(fn, args.profile, dev, args.out / f"torch_overhead-profile-{kind}-{v}-bs{bs}.txt")
+            if kind != args.optimizers[-1]:
+                del steps_fns, opts
+        if not args.no_curvature and tri_model is not None and tri_opt is not None:
+            # curvature: one cold event, then `curv_events` warm events timed
             from triaccel.backends.torch.curvature import CurvatureEstimator
 
-            est = CurvatureEstimator(tri_model, tri_opt.layers, F.cross_entropy, mode, args.top_k,
-                                     hessian_iters=args.hessian_iters, hessian_iters_cold=args.hessian_iters_cold)
-            _sync(dev)
-            t0 = time.perf_counter()
-            est((xc, yc))
-            _sync(dev)
-            cold = time.perf_counter() - t0
-            warm = statistics.median(_timed(lambda: est((xc, yc)), args.curv_events, dev))
-            entry[f"{mode}_event_cold_s"] = cold
-            entry[f"{mode}_event_s"] = warm
-            entry[f"{mode}_amortised_fraction"] = warm / (args.t_curv * tt + warm)
+            ref = entry["optimizers"][args.optimizers[0]]["tri"]["pipelined_step_s"]
+            for mode in ("fisher", "hessian"):
+                est = CurvatureEstimator(tri_model, tri_opt.layers, F.cross_entropy, mode, args.top_k,
+                                         hessian_iters=args.hessian_iters,
+                                         hessian_iters_cold=args.hessian_iters_cold)
+                _sync(dev)
+                t0 = time.perf_counter()
+                est((xc, yc))
+                _sync(dev)
+                cold = time.perf_counter() - t0
+                warm = statistics.median(_timed(lambda: est((xc, yc)), args.curv_events, dev))
+                entry[f"{mode}_event_cold_s"] = cold
+                entry[f"{mode}_event_s"] = warm
+                entry[f"{mode}_amortised_fraction"] = warm / (args.t_curv * ref + warm)
         results["batch_sizes"][str(bs)] = entry
-        del base_model, base_opt, tri_model, tri_opt
+        tri_model = tri_opt = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return results
@@ -147,7 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[96, 512])
     ap.add_argument("--steps", type=int, default=50, help="timed steps per round and method")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (A then B) per batch size")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (A, B, ...) per batch size")
+    ap.add_argument("--optimizers", nargs="+", choices=("foreach", "fused"), default=["foreach", "fused"],
+                    help="inner SGD implementation (the same for the baseline and the wrapper)")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help=VARIANT_HELP)
+    ap.add_argument("--no-curvature", action="store_true", help="skip the curvature event timings")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile N steps of each variant (first batch size and optimizer) into --out")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps; also the precision warm-up")
     ap.add_argument("--t-ctrl", type=int, default=50)
     ap.add_argument("--t-curv", type=int, default=200, help="for the amortised curvature fraction")
@@ -163,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, torch.get_num_threads()))
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here; use --device cpu for a smoke run")
+    if "amp" not in args.variants:
+        ap.error("--variants must include amp (the baseline of every ratio)")
     if args.steps < 1 or args.rounds < 1 or args.curv_events < 1:
         ap.error("--steps, --rounds and --curv-events must be >= 1")
     res = run(args)
@@ -181,14 +268,25 @@ def main(argv: list[str] | None = None) -> int:
     m = res["meta"]
     print(f"# torch_overhead  device={m['device']}  torch={m['torch']}  date={m['date']}")
     print(f"# command: {m['command']}")
-    print(f"{'bs':>5} {'amp-bf16 ms':>12} {'triaccel ms':>12} {'ratio':>7} {'fisher ms':>10} {'fisher %':>9} "
-          f"{'hessian ms':>11} {'hessian %':>10}")
+    print("# step time = median over rounds of (wall time of --steps steps, synchronised at both ends) / steps;")
+    print("# 'synced' = median of single steps synchronised around each step")
+    print(f"{'bs':>5} {'optimizer':>9} {'variant':>12} {'step ms':>9} {'ratio':>7} {'synced ms':>10} "
+          f"{'ratio':>7}  decision")
     for bs, e in res["batch_sizes"].items():
-        print(f"{bs:>5} {e['amp_bf16_step_s'] * 1e3:12.2f} {e['triaccel_step_s'] * 1e3:12.2f} {e['ratio']:7.3f} "
-              f"{e['fisher_event_s'] * 1e3:10.1f} {e['fisher_amortised_fraction'] * 100:8.2f}% "
-              f"{e['hessian_event_s'] * 1e3:11.1f} {e['hessian_amortised_fraction'] * 100:9.2f}%")
-    print(f"# targets: ratio <= 1.03, fisher <= 2%, hessian <= 10% (t_curv={args.t_curv}, k={args.top_k}, "
-          f"b_curv={args.b_curv}); JSON: {path}")
+        for kind, ke in e["optimizers"].items():
+            for v, r in ke.items():
+                dec = ""
+                if v != "amp":
+                    dec = (f"autocast {r['autocast_dtype']}, {len(r['hooked_layers'])} hooked, "
+                           f"skipped {r['skipped_steps']}")
+                print(f"{bs:>5} {kind:>9} {v:>12} {r['pipelined_step_s'] * 1e3:9.2f} {r['ratio_pipelined']:7.3f} "
+                      f"{r['synced_step_s'] * 1e3:10.2f} {r['ratio_synced']:7.3f}  {dec}")
+        if "fisher_event_s" in e:
+            print(f"{bs:>5} curvature: fisher {e['fisher_event_s'] * 1e3:.1f} ms "
+                  f"({e['fisher_amortised_fraction'] * 100:.2f}%), hessian {e['hessian_event_s'] * 1e3:.1f} ms "
+                  f"({e['hessian_amortised_fraction'] * 100:.2f}%) amortised at t_curv={args.t_curv}")
+    print(f"# targets: ratio <= 1.03, fisher <= 2%, hessian <= 10% (k={args.top_k}, b_curv={args.b_curv}); "
+          f"JSON: {path}")
     return 0
 
 

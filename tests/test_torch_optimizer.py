@@ -438,3 +438,20 @@ def test_bad_inputs() -> None:
         opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
     with pytest.raises(ValueError, match="inputs, targets"):
         opt.curvature_batch(torch.zeros(3))
+
+
+def test_zero_grad_modes() -> None:
+    torch.manual_seed(0)
+    model = SmallCNN()
+    x, y = _data()
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, CFG.replace(curvature="off"))
+    _train(opt, model, x, y, 1)
+    assert all(p.grad is None for p in model.parameters())      # default: set_to_none=True, as torch
+    with opt.autocast():
+        loss = F.cross_entropy(model(x[:16]), y[:16])
+    opt.backward(loss)
+    grads = [p.grad for p in model.parameters()]
+    opt.step()
+    opt.zero_grad(set_to_none=False)                             # one foreach launch, buffers kept
+    for p, g in zip(model.parameters(), grads):
+        assert p.grad is g and not g.requires_grad and torch.count_nonzero(g) == 0

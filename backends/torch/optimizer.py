@@ -212,6 +212,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.nonfinite_steps = 0   # unguarded steps found non-finite at a flush (see step())
         self._nonfinite_warned = False
         self._prev: list[torch.Tensor] | None = None
+        self._lerp_ok = True
         self.step_count = 0        # optimizer steps taken or skipped (the controller's step)
         self.micro_count = 0       # micro-batches accumulated towards the current step
         self.skipped_steps = 0     # guarded non-finite steps (device-guarded ones: counted at flushes)
@@ -378,9 +379,16 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         prev = self._prev
         torch._foreach_copy_(prev, params)
         self.optimizer.step()
-        # p <- p_new + (1 - m) (p_old - p_new)  ==  p_old + m (p_new - p_old)
+        # p <- p_new + (1 - m) (p_old - p_new)  ==  p_old + m (p_new - p_old): one foreach lerp
+        weights = [1.0 - m_i for m_i in self._mults_per_tensor]
+        if self._lerp_ok:
+            try:
+                torch._foreach_lerp_(params, prev, weights)
+                return
+            except (RuntimeError, TypeError):  # a torch without the scalar-list lerp overload
+                self._lerp_ok = False
         torch._foreach_sub_(prev, params)
-        torch._foreach_mul_(prev, [1.0 - m_i for m_i in self._mults_per_tensor])
+        torch._foreach_mul_(prev, weights)
         torch._foreach_add_(params, prev)
 
     def _boundary(self, step: int) -> None:
@@ -487,15 +495,32 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         return d
 
     # -- optimizer protocol ------------------------------------------------------------------
-    def zero_grad(self, set_to_none: bool = False) -> None:  # type: ignore[override]
+    def zero_grad(self, set_to_none: bool = True) -> None:  # type: ignore[override]
         """Zero gradients, except in the middle of an accumulation (then they keep accumulating).
 
-        Default set_to_none=False (unlike torch): gradient buffers keep their addresses, so the
-        statistics kernel's pointer table stays cached (no table upload per step).
+        set_to_none=True (default, as torch): measured faster on the GPU (H200, ResNet-18 bs 96)
+        than keeping zeroed buffers: backward then hands its gradient tensors over instead of
+        adding into the old ones (one add launch per parameter), and the caching allocator gives
+        them the same addresses step after step, so the statistics kernel's table stays cached.
+        set_to_none=False zeroes all gradients with one foreach launch (torch's default
+        optimizers zero them one tensor at a time unless built with foreach=True).
         """
         if self.micro_count != 0:
             return
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        if set_to_none:
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        grads = []
+        for p in self._params:
+            g = p.grad
+            if g is not None:
+                if g.grad_fn is not None:
+                    g.detach_()
+                else:
+                    g.requires_grad_(False)
+                grads.append(g)
+        if grads:
+            torch._foreach_zero_(grads)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise ValueError("add_param_group: the controller's layers are fixed at wrap(); add every param "
