@@ -1,0 +1,1 @@
+"""Runnable examples of triaccel (`python -m examples.cifar.train`)."""

@@ -1,0 +1,108 @@
+"""Framework-free pieces of the CIFAR example: run options, the JSONL run log, the LR schedule."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from triaccel import Controller, TriAccelConfig
+
+LEVERS = ("precision", "curvature", "batch")
+
+
+@dataclass
+class RunOptions:
+    """Everything one training run needs (set by the command line; see train.py --help)."""
+
+    backend: str = "torch"
+    model: str = "resnet18"
+    dataset: str = "cifar10"
+    method: str = "triaccel"          # fp32 | amp | triaccel
+    epochs: int = 10
+    data: str = ""
+    seed: int = 0
+    batch: int = 96                   # initial (triaccel) or static (fp32/amp) batch, samples
+    lr: float = 0.1                   # SGD lr at `batch` samples
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    width: float = 1.0
+    image_size: int = 32              # EfficientNet-B0 also runs at the paper's 224
+    train_subset: int | None = None   # first N train images (CPU runs)
+    test_subset: int | None = None
+    budget: str | None = None         # memory budget, e.g. "4GiB"
+    batch_max: int = 1024
+    lr_rule: str = "sqrt"
+    curvature: str = "fisher"
+    levers: tuple[str, ...] = LEVERS  # triaccel ablations: which levers are on
+    t_ctrl: int = 50
+    warmup_steps: int = 100
+    device: str = "auto"
+    out: str = ""
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def triaccel_config(self) -> TriAccelConfig:
+        """The controller's config for this run (all levers off for fp32/amp: a static batch)."""
+        on = set(self.levers) if self.method == "triaccel" else set()
+        return TriAccelConfig(
+            batch_init=self.batch, batch_min=8, batch_max=max(self.batch_max, self.batch),
+            memory_budget=self.budget, lr_rule=self.lr_rule if "batch" in on else "none",
+            curvature=self.curvature if "curvature" in on else "off",
+            adaptive_precision="precision" in on, elastic_batch="batch" in on,
+            base_precision="fp32" if self.method == "fp32" else "bf16",
+            t_ctrl=self.t_ctrl, warmup_steps=self.warmup_steps, **self.extra)
+
+
+def cosine_lr_factor(progress: float) -> float:
+    """Cosine decay over training progress in [0, 1] (samples seen / samples of the run)."""
+    return 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+
+class RunLog:
+    """JSON lines: one "run" header, "step" and "epoch" records, and the controller's "decision"s."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("w")
+        self._decisions_written = 0
+        self.t0 = time.perf_counter()
+
+    def write(self, kind: str, **record: Any) -> None:
+        self._f.write(json.dumps({"type": kind, **record}, default=_json_default) + "\n")
+
+    def sync_decisions(self, ctl: Controller) -> None:
+        """Append the controller's telemetry records not written yet."""
+        recs = ctl.telemetry.records
+        for r in recs[self._decisions_written:]:
+            self.write("decision", **r)
+        self._decisions_written = len(recs)
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, (np.integer, np.floating)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
+
+
+def options_record(opts: RunOptions) -> dict[str, Any]:
+    d = asdict(opts)
+    d["levers"] = list(opts.levers)
+    return d
+
+
+def median_last(xs: list[float], n: int = 5) -> float:
+    """Median of the last n values (the paper's s/epoch)."""
+    return float(np.median(xs[-n:])) if xs else float("nan")

@@ -1,0 +1,161 @@
+"""The CIFAR training loop in JAX/Flax NNX: fp32, amp (all layers bf16) or triaccel (the wrapper)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from triaccel import Controller, Precision
+from triaccel.backends.jax import (TriAccel, augment, find_state, layer_map_from_model, loss_scale,
+                                   precision_policy)
+from triaccel.backends.jax.data import ElasticLoader, elastic_step
+from triaccel.backends.jax.models import create_model
+
+from .common import RunLog, RunOptions, cosine_lr_factor, median_last
+from .datasets import CifarArrays
+
+
+def _sgd(lr: float, opts: RunOptions) -> optax.GradientTransformation:
+    # The lr is a hyperparameter in the state so that the cosine schedule can follow samples seen
+    # (the number of steps per epoch changes with the elastic batch).
+    def make(learning_rate: float) -> optax.GradientTransformation:
+        return optax.chain(optax.add_decayed_weights(opts.weight_decay),
+                           optax.sgd(learning_rate, momentum=opts.momentum, nesterov=True))
+
+    return optax.inject_hyperparams(make)(learning_rate=lr)
+
+
+def _cross_entropy(logits: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y)
+    return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
+    model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed)
+    cfg = opts.triaccel_config()
+    mean = jnp.asarray(data.mean, jnp.float32)
+    std = jnp.asarray(data.std, jnp.float32)
+    dev = jax.devices()[0]
+    xtr, ytr = jax.device_put(data.train_x, dev), jax.device_put(data.train_y.astype(np.int32), dev)
+    xte, yte = jax.device_put(data.test_x, dev), jax.device_put(data.test_y.astype(np.int32), dev)
+
+    def prep(xb: jax.Array, key: jax.Array | None) -> jax.Array:
+        if key is not None:
+            xb = augment.random_crop_flip(xb, key)
+        xb = augment.normalize(xb, mean, std)
+        if opts.image_size != xb.shape[1]:
+            xb = jax.image.resize(xb, (xb.shape[0], opts.image_size, opts.image_size, 3), "bilinear")
+        return xb
+
+    if opts.method == "triaccel":
+        def curv_loss(m: Any, batch: Any) -> jax.Array:
+            x, y = batch
+            return _cross_entropy(m(x), y, jnp.ones(y.shape, jnp.float32))
+
+        ta = TriAccel(cfg, model, loss_fn=curv_loss)
+        tx: Any = ta.wrap(_sgd(opts.lr, opts))
+        controller: Controller = ta.controller
+        jit = ta.jit
+    else:
+        ta = None
+        tx = _sgd(opts.lr, opts)
+        controller = Controller(cfg, ["model"])  # all levers off: a static batch, same data order
+        jit = nnx.jit
+        if opts.method == "amp":  # static bf16 everywhere but the norm layers, as AMP
+            lm = layer_map_from_model(model)
+            precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
+    opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    log.write("layers", names=list(controller.layer_names))
+    key = jax.random.key(opts.seed)
+
+    @jit
+    def grad_fn(model: Any, x: jax.Array, y: jax.Array, mask: jax.Array, scale: jax.Array, k: jax.Array):
+        xb = prep(x, k)
+
+        def lf(m: Any) -> tuple[jax.Array, jax.Array]:
+            loss = _cross_entropy(m(xb), y, mask)
+            return loss * scale, loss
+
+        (_, loss), grads = nnx.value_and_grad(lf, has_aux=True)(model)
+        return loss, grads
+
+    @jit
+    def update(model: Any, opt: Any, grads: Any) -> None:
+        opt.update(model, grads)
+
+    @nnx.jit
+    def predict(model: Any, x: jax.Array) -> jax.Array:
+        return model(prep(x, None)).argmax(-1)
+
+    def hyper(opt: Any) -> Any:
+        inner = find_state(opt.opt_state).inner if ta is not None else opt.opt_state
+        return inner.hyperparams["learning_rate"]
+
+    step_key = [key]
+
+    def micro(x: jax.Array, y: jax.Array, mask: jax.Array) -> Any:
+        step_key[0], k = jax.random.split(step_key[0])
+        scale = loss_scale(opt.opt_state) if ta is not None else jnp.ones((), jnp.float32)
+        return grad_fn(model, x, y, mask, scale, k)
+
+    loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed,
+                           buckets=cfg.batch_buckets)
+    total_samples = opts.epochs * len(data.train_x)
+    seen = 0
+    rng = np.random.default_rng(opts.seed + 1)
+    epoch_times: list[float] = []
+    accs: list[float] = []
+    step = 0
+    for epoch in range(opts.epochs):
+        t0 = time.perf_counter()
+        losses: list[jax.Array] = []
+        records: list[dict[str, Any]] = []
+        bar = progress(total=len(data.train_x), desc=f"epoch {epoch + 1}/{opts.epochs}")
+        while True:
+            hyper(opt).set_value(jnp.asarray(opts.lr * cosine_lr_factor(seen / total_samples), jnp.float32))
+            if ta is not None:
+                idx = rng.choice(len(data.train_x), cfg.b_curv, replace=False)
+                curv = (prep(xtr[idx], None), ytr[idx]) if controller.is_curvature_step(step) else None
+                ta.control(step, opt, model, batch=curv)
+            res = elastic_step(loader, controller, lambda b, m: micro(b[0], b[1], m), step,
+                               update_fn=lambda g, d: update(model, opt, g))
+            seen += res.samples
+            losses.append(res.loss)
+            bar.update(res.samples)
+            # Step records are written at the epoch's end: reading the loss now would sync the host.
+            records.append(dict(step=step, epoch=epoch, batch_size=res.decision.batch_size, samples=res.samples,
+                                ooms=res.ooms, lr=opts.lr * cosine_lr_factor((seen - res.samples) / total_samples),
+                                mem_used=(dev.memory_stats() or {}).get("bytes_in_use")))
+            step += 1
+            if res.end_of_epoch:
+                break
+        jax.block_until_ready(losses[-1])
+        epoch_times.append(time.perf_counter() - t0)
+        bar.close()
+        model.eval()
+        correct = sum(int((predict(model, xte[i:i + 1000]) == yte[i:i + 1000]).sum())
+                      for i in range(0, len(data.test_x), 1000))
+        model.train()
+        acc = correct / len(data.test_x)
+        accs.append(acc)
+        step_losses = np.asarray(jnp.stack(losses), dtype=np.float64).tolist()
+        for r, loss in zip(records, step_losses):
+            log.write("step", loss=loss, **r)
+        train_loss = sum(step_losses) / len(step_losses)
+        log.write("epoch", epoch=epoch + 1, train_loss=train_loss, test_acc=acc, seconds=epoch_times[-1],
+                  steps=step, batch_size=controller.decision.batch_size)
+        log.sync_decisions(controller)
+        print(f"epoch {epoch + 1}: loss {train_loss:.4f}  test acc {100 * acc:.2f}%  {epoch_times[-1]:.1f}s  "
+              f"batch {controller.decision.batch_size}", flush=True)
+    stats = dev.memory_stats() or {}
+    return {"final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
+            "s_per_epoch_median_last5": median_last(epoch_times),
+            "peak_alloc_bytes": stats.get("peak_bytes_in_use"), "steps": step, "device": str(dev),
+            "device_name": getattr(dev, "device_kind", str(dev)),
+            "report": ta.report() if ta is not None else None}

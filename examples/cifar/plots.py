@@ -1,0 +1,112 @@
+"""PNG plots of a training run from its JSONL log (framework-free; matplotlib).
+
+The log holds one JSON object per line with a "type": "layers" (names: the controller's layer
+order), "step" (step, epoch, loss, batch_size, mem_used bytes), "epoch" (epoch, train_loss, test_acc,
+seconds), and "decision" (a controller telemetry record: step, precisions, lr_scales, lambda_max,
+batch_size, mem_used, mem_limit).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PRECISION_CODE = {"fp16": 0, "bf16": 1, "fp32": 2}
+
+
+def read_log(path: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """Records of the log grouped by type."""
+    out: dict[str, list[dict[str, Any]]] = {"step": [], "epoch": [], "decision": [], "run": []}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            out.setdefault(r["type"], []).append(r)
+    return out
+
+
+def plot_run(log_path: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write the run's PNGs into out_dir; returns their paths (plots without data are skipped)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    log = read_log(log_path)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    layers = log["layers"][0]["names"] if log.get("layers") else []
+
+    def save(fig, name: str) -> None:
+        p = out / name
+        fig.tight_layout()
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+
+    decisions = log["decision"]
+    if decisions:
+        steps = [d["step"] for d in decisions]
+        grid = np.array([[PRECISION_CODE[p] for p in d["precisions"]] for d in decisions]).T
+        fig, ax = plt.subplots(figsize=(10, max(3.0, 0.12 * grid.shape[0] + 1.5)))
+        cmap = ListedColormap(["#4c9be8", "#f2b134", "#d1495b"])
+        ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap, vmin=-0.5, vmax=2.5,
+                  extent=(-0.5, len(steps) - 0.5, grid.shape[0] - 0.5, -0.5))
+        ticks = np.linspace(0, len(steps) - 1, min(len(steps), 10)).astype(int)
+        ax.set_xticks(ticks, [str(steps[i]) for i in ticks])
+        if layers and len(layers) <= 80:
+            ax.set_yticks(range(len(layers)), layers, fontsize=5)
+        ax.set_xlabel("step (control decisions)")
+        ax.set_ylabel("layer")
+        ax.set_title("per-layer precision (blue FP16, amber BF16, red FP32)")
+        save(fig, "precision_heatmap.png")
+
+        lam = np.array([[np.nan if x is None else x for x in d["lambda_max"]] for d in decisions], dtype=float)
+        if np.isfinite(lam).any():
+            fig, ax = plt.subplots(figsize=(10, 4))
+            for i in range(lam.shape[1]):
+                ax.plot(steps, lam[:, i], lw=0.8, alpha=0.7)
+            ax.set_yscale("symlog", linthresh=1e-3)
+            ax.set_xlabel("step")
+            ax.set_ylabel("λ_max")
+            ax.set_title("top curvature eigenvalue per layer")
+            save(fig, "lambda_max.png")
+
+    if log["step"]:
+        st = log["step"]
+        x = [r["step"] for r in st]
+        fig, ax1 = plt.subplots(figsize=(10, 4))
+        ax1.plot(x, [r["batch_size"] for r in st], color="#2a6f97", label="batch size")
+        ax1.set_xlabel("step")
+        ax1.set_ylabel("batch size (samples)")
+        mem = [r.get("mem_used") for r in st]
+        if any(m is not None for m in mem):
+            ax2 = ax1.twinx()
+            ax2.plot(x, [np.nan if m is None else m / 2**30 for m in mem], color="#d1495b", lw=0.8,
+                     label="peak memory")
+            lim = [d.get("mem_limit") for d in decisions if d.get("mem_limit")]
+            if lim:
+                ax2.axhline(lim[-1] / 2**30, color="#d1495b", ls="--", lw=0.8, label="MemMax")
+            ax2.set_ylabel("GiB")
+            ax2.legend(loc="lower right")
+        ax1.legend(loc="upper left")
+        ax1.set_title("batch size and device memory")
+        save(fig, "batch_memory.png")
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        axes[0].plot(x, [r["loss"] for r in st], lw=0.6)
+        axes[0].set_xlabel("step")
+        axes[0].set_ylabel("train loss")
+        axes[0].set_yscale("log")
+        ep = log["epoch"]
+        if ep:
+            axes[1].plot([r["epoch"] for r in ep], [100 * r["test_acc"] for r in ep], marker="o")
+        axes[1].set_xlabel("epoch")
+        axes[1].set_ylabel("test accuracy (%)")
+        fig.suptitle("loss and accuracy")
+        save(fig, "loss_accuracy.png")
+    return written

@@ -1,0 +1,153 @@
+"""The CIFAR training loop in PyTorch: fp32, amp (static bf16 autocast) or triaccel (the wrapper)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from triaccel import Controller
+from triaccel.backends.torch import augment, wrap
+from triaccel.backends.torch.data import ElasticLoader, elastic_step
+from triaccel.backends.torch.models import create_model
+
+from .common import RunLog, RunOptions, cosine_lr_factor, median_last
+from .datasets import CifarArrays
+
+
+def pick_device(opts: RunOptions) -> torch.device:
+    if opts.device != "auto":
+        return torch.device(opts.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _prep(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 NHWC -> normalised float NCHW (channels_last memory on CUDA), resized to `size`."""
+    xb = augment.normalize(x, mean, std, channels_last=x.is_cuda)
+    if size != xb.shape[-1]:
+        xb = F.interpolate(xb, size=size, mode="bilinear", align_corners=False)
+    return xb
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
+             size: int, cast: Any, batch: int = 1000) -> float:
+    """Top-1 accuracy on device-resident uint8 NHWC images."""
+    model.eval()
+    correct = 0
+    for i in range(0, len(x), batch):
+        xb = _prep(x[i:i + batch], mean, std, size)
+        with cast():
+            correct += int((model(xb).argmax(1) == y[i:i + batch]).sum())
+    model.train()
+    return correct / len(x)
+
+
+def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
+    device = pick_device(opts)
+    torch.manual_seed(opts.seed)
+    model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+        torch.backends.cudnn.benchmark = True
+    inner = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum, nesterov=True,
+                            weight_decay=opts.weight_decay)
+    cfg = opts.triaccel_config()
+    mean = torch.tensor(data.mean, device=device)
+    std = torch.tensor(data.std, device=device)
+    xtr = torch.from_numpy(data.train_x).to(device)
+    ytr = torch.from_numpy(data.train_y).to(device)
+    xte = torch.from_numpy(data.test_x).to(device)
+    yte = torch.from_numpy(data.test_y).to(device)
+    gen = torch.Generator(device=device).manual_seed(opts.seed)
+
+    def transform(xb: torch.Tensor) -> torch.Tensor:
+        return _prep(augment.random_crop_flip(xb, gen), mean, std, opts.image_size)
+
+    loader = ElasticLoader(xtr, ytr, batch_size=cfg.batch_init, seed=opts.seed, transform=transform)
+    total_samples = opts.epochs * len(xtr)
+    seen = [0]
+    if opts.method == "triaccel":
+        curv_idx = np.random.default_rng(opts.seed + 1)
+
+        def curvature_batches():
+            while True:
+                idx = torch.from_numpy(curv_idx.choice(len(xtr), cfg.b_curv, replace=False)).to(device)
+                yield transform(xtr[idx]), ytr[idx]
+
+        opt: Any = wrap(inner, model, cfg, curvature_data=curvature_batches())
+        controller: Controller = opt.controller
+        cast = opt.autocast
+        step_kwargs = dict(scaler=opt, apply_lr_batch_scale=False,
+                           optimizer_step=lambda d: opt.step_accumulated())
+    else:
+        opt = inner
+        controller = Controller(cfg, ["model"])  # all levers off: a static batch, same data order
+        if opts.method == "amp":
+            def cast():
+                return torch.autocast(device.type, dtype=torch.bfloat16)
+        else:
+            cast = contextlib.nullcontext
+        step_kwargs = {}
+    log.write("layers", names=list(controller.layer_names))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: cosine_lr_factor(seen[0] / total_samples))
+
+    def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        xb, yb = batch
+        with cast():
+            return F.cross_entropy(model(xb), yb)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    epoch_times: list[float] = []
+    accs: list[float] = []
+    step = 0
+    for epoch in range(opts.epochs):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        losses: list[torch.Tensor] = []
+        records: list[dict[str, Any]] = []
+        bar = progress(total=len(xtr), desc=f"epoch {epoch + 1}/{opts.epochs}")
+        while True:
+            ctl_step = opt.step_count if opts.method == "triaccel" else step
+            res = elastic_step(loader, controller, loss_fn, opt, ctl_step, **step_kwargs)
+            seen[0] += res.samples
+            sched.step()
+            losses.append(res.loss)
+            bar.update(res.samples)
+            # Step records are written at the epoch's end: reading the loss now would sync the host.
+            records.append(dict(step=step, epoch=epoch, batch_size=res.decision.batch_size, samples=res.samples,
+                                ooms=res.ooms, lr=opt.param_groups[0]["lr"],
+                                mem_used=(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)))
+            step += 1
+            if res.end_of_epoch:
+                break
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        epoch_times.append(time.perf_counter() - t0)
+        bar.close()
+        acc = evaluate(model, xte, yte, mean, std, opts.image_size, cast)
+        accs.append(acc)
+        step_losses = torch.stack(losses).float().cpu().tolist()
+        for r, loss in zip(records, step_losses):
+            log.write("step", loss=loss, **r)
+        train_loss = sum(step_losses) / len(step_losses)
+        log.write("epoch", epoch=epoch + 1, train_loss=train_loss, test_acc=acc, seconds=epoch_times[-1],
+                  steps=step, batch_size=controller.decision.batch_size)
+        log.sync_decisions(controller)
+        print(f"epoch {epoch + 1}: loss {train_loss:.4f}  test acc {100 * acc:.2f}%  {epoch_times[-1]:.1f}s  "
+              f"batch {controller.decision.batch_size}", flush=True)
+    peak = None
+    if device.type == "cuda":  # the wrapper's probe resets torch's peak counter at each read
+        peak = max(torch.cuda.max_memory_allocated(device),
+                   opt.memory.peak_bytes if opts.method == "triaccel" else 0)
+    return {"final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
+            "s_per_epoch_median_last5": median_last(epoch_times), "peak_alloc_bytes": peak,
+            "steps": step, "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "report": opt.report() if opts.method == "triaccel" else None}
