@@ -156,6 +156,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     stats = dev.memory_stats() or {}
     return {"final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times),
-            "peak_alloc_bytes": stats.get("peak_bytes_in_use"), "steps": step, "device": str(dev),
+            "peak_alloc_bytes": stats.get("peak_bytes_in_use"), "steps": step,
+            "final_batch": controller.decision.batch_size, "device": str(dev),
             "device_name": getattr(dev, "device_kind", str(dev)),
             "report": ta.report() if ta is not None else None}

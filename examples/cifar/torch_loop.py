@@ -148,6 +148,6 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                    opt.memory.peak_bytes if opts.method == "triaccel" else 0)
     return {"final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times), "peak_alloc_bytes": peak,
-            "steps": step, "device": str(device),
+            "steps": step, "final_batch": controller.decision.batch_size, "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "report": opt.report() if opts.method == "triaccel" else None}

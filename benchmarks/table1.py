@@ -1,0 +1,121 @@
+"""Table 1/2 reproduction: FP32, AMP (static bf16) and triaccel with its ablations, on CIFAR.
+
+Each cell is one run of the CIFAR demo (`python -m examples.cifar.train`) in its own process, so
+that peak-memory counters and caches start clean. Columns: final test accuracy (mean +- std over
+seeds), s/epoch (median of the last 5 epochs), peak allocated device memory, and an efficiency
+score. The score used here is accuracy(%) / (s/epoch x peak GB), reported relative to FP32 of the
+same model (FP32 = 1.00); the paper's exact formula was not available to us, so compare its shape,
+not its value, with the paper's column.
+
+    python3 benchmarks/table1.py --models resnet18 efficientnet_b0 --seeds 0 1 2 --epochs 10 \
+        --data ../shared/data/cifar10-jpeg
+
+Writes benchmarks/results/table1-<device>.json (every run's summary) and prints the table with the
+machine, the date and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> demo options (ablations stack on AMP's static bf16 baseline: the levers not listed are off)
+METHODS: dict[str, list[str]] = {
+    "FP32": ["--method", "fp32"],
+    "AMP (bf16)": ["--method", "amp"],
+    "+batch elasticity": ["--method", "triaccel", "--levers", "batch"],
+    "+precision": ["--method", "triaccel", "--levers", "precision,batch"],
+    "triaccel (full)": ["--method", "triaccel", "--levers", "precision,curvature,batch"],
+}
+
+
+def run_one(model: str, method: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "examples.cifar.train", "--backend", args.backend, "--model", model,
+           "--dataset", args.dataset, "--epochs", str(args.epochs), "--data", args.data, "--seed", str(seed),
+           "--out", str(out), "--no-progress", *METHODS[method], *args.demo_args]
+    if args.budget and method not in ("FP32", "AMP (bf16)"):
+        cmd += ["--budget", args.budget]
+    print("$", " ".join(cmd[1:]), flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=args.workdir, text=True, capture_output=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", flush=True)
+        return {"model": model, "method": method, "seed": seed, "failed": proc.returncode}
+    summary = json.loads((out / "summary.json").read_text())
+    summary.update(model=model, method=method, seed=seed, wall_s=time.perf_counter() - t0)
+    summary.pop("report", None)
+    return summary
+
+
+def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    cells = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        base = None
+        for method in METHODS:
+            runs = [r for r in rows if r["model"] == model and r["method"] == method and "failed" not in r]
+            if not runs:
+                continue
+            accs = [100 * r["final_acc"] for r in runs]
+            spe = statistics.median(r["s_per_epoch_median_last5"] for r in runs)
+            peaks = [r["peak_alloc_bytes"] for r in runs if r.get("peak_alloc_bytes")]
+            peak_gb = max(peaks) / 1e9 if peaks else float("nan")
+            raw = statistics.mean(accs) / (spe * peak_gb)
+            base = raw if method == "FP32" else base
+            cells.append({"model": model, "method": method, "seeds": len(runs), "acc_mean": statistics.mean(accs),
+                          "acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "s_per_epoch": spe,
+                          "peak_gb": peak_gb, "efficiency_vs_fp32": raw / base if base else float("nan"),
+                          "final_batch": [r.get("final_batch") for r in runs]})
+    return cells
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["resnet18"], choices=["resnet18", "efficientnet_b0"])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--backend", choices=["torch", "jax"], default="torch")
+    ap.add_argument("--dataset", choices=["cifar10", "cifar100"], default="cifar10")
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "cifar10-jpeg"))
+    ap.add_argument("--budget", default=None, help="memory budget for the triaccel rows, e.g. 4GiB")
+    ap.add_argument("--workdir", default=str(ROOT), help="folder holding examples/ (cwd of each run)")
+    ap.add_argument("--runs", default=str(ROOT / "runs" / "table1"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: extra demo options for every run")
+    args = ap.parse_args()
+    args.demo_args = [a for a in args.demo_args if a != "--"]
+    rows = []
+    for model in args.models:
+        for method in args.methods:
+            for seed in args.seeds:
+                tag = f"{model}-{method.split()[0].strip('+()')}-s{seed}"
+                rows.append(run_one(model, method, seed, args, Path(args.runs) / tag))
+    cells = table(rows)
+    device = next((r.get("device_name") for r in rows if r.get("device_name")), "unknown")
+    meta = {"device": device, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "epochs": args.epochs}
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \
+        f"table1-{device.lower().replace(' ', '-')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "cells": cells, "runs": rows}, indent=2, default=str))
+    print(f"# table1  device={device}  date={meta['date']}  epochs={args.epochs}  seeds={args.seeds}")
+    print(f"# command: {meta['command']}")
+    print(f"{'model':<16}{'method':<20}{'acc %':>14}{'s/epoch':>9}{'peak GB':>9}{'eff/FP32':>9}")
+    for c in cells:
+        acc = f"{c['acc_mean']:.2f}+-{c['acc_std']:.2f}"
+        print(f"{c['model']:<16}{c['method']:<20}{acc:>14}{c['s_per_epoch']:>9.2f}{c['peak_gb']:>9.2f}"
+              f"{c['efficiency_vs_fp32']:>9.2f}")
+    print(f"# JSON: {out}")
+
+
+if __name__ == "__main__":
+    main()
