@@ -49,7 +49,7 @@ INVALID = [
     ({"tau_low": -1.0, "tau_high": 1.0}, "tau_low"), ({"tau_high": float("inf"), "tau_low": 1.0}, "tau_high"),
     ({"calibration_quantiles": (0.9, 0.1)}, "calibration_quantiles"),
     ({"calibration_quantiles": (0.1, 1.5)}, "calibration_quantiles"),
-    ({"hysteresis": -0.1}, "hysteresis"), ({"hysteresis": 1.0}, "hysteresis"),
+    ({"recalibrate_every": 0}, "recalibrate_every"), ({"hysteresis": -0.1}, "hysteresis"), ({"hysteresis": 1.0}, "hysteresis"),
     ({"min_dwell": -1}, "min_dwell"), ({"min_dwell": 1.5}, "min_dwell"),
     ({"base_precision": "fp8"}, "base_precision"),
     ({"curvature": "kfac"}, "curvature"), ({"top_k": 0}, "top_k"), ({"t_curv": 0}, "t_curv"),

@@ -78,6 +78,20 @@ def test_warmup_keeps_base_and_calibrates_after():
     assert p.effective(1) == (F16, B16, B16, F32)
 
 
+def test_recalibration_follows_drift_when_asked():
+    p = law(n=4, tau_low=None, tau_high=None, quantiles=(0.25, 0.75), beta=0.0, recalibrate_every=100)
+    p.observe(np.array([1.0, 2.0, 3.0, 4.0]))
+    p.update_levels(0, warm=True)
+    assert p.effective(0) == (F16, B16, B16, F32)
+    p.observe(np.array([10.0, 20.0, 30.0, 40.0]))       # every variance grew tenfold
+    p.update_levels(50, warm=True)
+    assert p.effective(50) == (F32,) * 4                 # fixed thresholds: all FP32
+    p.update_levels(100, warm=True)                      # re-calibrated: the same shares as before
+    assert p.tau_low == pytest.approx(17.5) and p.effective(100) == (F16, B16, B16, F32)
+    given = law(n=4, tau_low=1.0, tau_high=2.0, recalibrate_every=1)
+    assert given.recalibrate_every is None               # user thresholds are never re-calibrated
+
+
 def test_promotion_window_and_pinned():
     p = PrecisionLaw(2, np.array([False, True]), beta=0.5, tau_low=1.0, tau_high=10.0, quantiles=(0.25, 0.9),
                      hysteresis=0.0, min_dwell=0, base=B16)
@@ -143,6 +157,13 @@ def test_batch_law_grow_hold_shrink_and_bounds():
     for _ in range(20):
         b.update(used=99, mem_max=100, step=0)
     assert b.batch == 32                              # batch_min
+
+
+def test_growth_held_when_predicted_memory_overshoots():
+    b = BatchLaw(CFG)
+    assert b.update(used=49, mem_max=100, step=0) == 128     # 49 * 128/96 = 65 <= 80: grow
+    b2 = BatchLaw(CFG.replace(batch_init=32, batch_min=32))
+    assert b2.update(used=49, mem_max=100, step=0) == 32     # 49 * 64/32 = 98 > 80: hold
 
 
 def test_oom_shrinks_at_once_and_caps_growth():

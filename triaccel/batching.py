@@ -33,6 +33,9 @@ def resolve_memory_limit(budget: int | None, device_total: int | None) -> int | 
 class BatchLaw:
     """B + delta_up if mem < rho_low*MemMax; B - delta_down if mem > rho_high*MemMax; else B.
 
+    Growth is held when mem * B_new/B (memory assumed proportional to B, which over-estimates)
+    would exceed rho_high*MemMax, so one step up does not overshoot into the shrink band.
+
     B stays within [batch_min, min(batch_max, ceiling)] and on the grid (multiples of batch_multiple,
     or `batch_buckets` when given, where a step moves one bucket). An OOM multiplies B by oom_shrink
     at once and lowers the ceiling below the size that failed, so growth does not retry it until
@@ -84,6 +87,8 @@ class BatchLaw:
                 b = min(b + c.delta_up, self.ceiling)
             elif used > c.rho_high * mem_max:
                 b = max(b - c.delta_down, c.batch_min)
+        if b > self.batch and used * b / self.batch > c.rho_high * mem_max:
+            b = self.batch  # the grown batch would likely land above rho_high: hold
         self.batch = self._clip(b)
         return self.batch
 

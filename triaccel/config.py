@@ -64,6 +64,8 @@ class TriAccelConfig:
       tau_low, tau_high: thresholds on v (FP16 below tau_low, FP32 at/above tau_high, BF16 between).
         None -> calibrated at the end of warm-up as `calibration_quantiles` of the layers' v.
       calibration_quantiles: (q_low, q_high), 0 <= q_low <= q_high <= 1.
+      recalibrate_every: steps between re-calibrations of thresholds left as None (None: calibrate
+        once, at the end of warm-up).
       hysteresis: relative band >= 0 around each threshold a layer must cross to change level.
       min_dwell: steps a layer keeps its variance-chosen level before it may change again (>= 0).
       base_precision: precision of every non-norm layer during warm-up and when
@@ -77,7 +79,8 @@ class TriAccelConfig:
       promotion_window: steps a promotion lasts; None -> t_curv.
     Batch lever (every t_ctrl steps, from measured device memory):
       rho_low, rho_high: fractions of MemMax (0 < rho_low < rho_high <= 1) below/above which B grows
-        by delta_up / shrinks by delta_down (samples, multiples of batch_multiple).
+        by delta_up / shrinks by delta_down (samples, multiples of batch_multiple). B grows only if
+        memory scaled by the new B/B (an over-estimate: weights do not grow) stays <= rho_high*MemMax.
       batch_init, batch_min, batch_max: samples, multiples of batch_multiple, min <= init <= max.
       batch_buckets: optional sorted allowed batch sizes (bounds compiled shapes under JAX); the
         controller then moves between buckets instead of by delta_up/delta_down.
@@ -98,6 +101,7 @@ class TriAccelConfig:
     tau_low: float | None = None
     tau_high: float | None = None
     calibration_quantiles: tuple[float, float] = (0.25, 0.9)
+    recalibrate_every: int | None = None
     hysteresis: float = 0.1
     min_dwell: int = 200
     base_precision: str = "bf16"
@@ -167,6 +171,8 @@ class TriAccelConfig:
         q = self.calibration_quantiles
         _check(len(q) == 2 and all(isinstance(x, (int, float)) for x in q) and 0 <= q[0] <= q[1] <= 1,
                "calibration_quantiles", q, "(q_low, q_high) with 0 <= q_low <= q_high <= 1")
+        if self.recalibrate_every is not None:
+            integer("recalibrate_every", 1)
         real("hysteresis", 0.0, 1.0, hi_open=True)
         integer("min_dwell", 0)
         choice("base_precision", PRECISIONS)

@@ -96,7 +96,8 @@ class Controller:
         self._precision = PrecisionLaw(
             L, pinned, beta=config.beta, tau_low=config.tau_low, tau_high=config.tau_high,
             quantiles=config.calibration_quantiles, hysteresis=config.hysteresis,
-            min_dwell=config.min_dwell, base=Precision.parse(config.base_precision))
+            min_dwell=config.min_dwell, base=Precision.parse(config.base_precision),
+            recalibrate_every=config.recalibrate_every)
         self._curvature = CurvatureLaw(L, config.top_k, alpha=config.alpha, tau_curv=config.tau_curv)
         self._batch = BatchLaw(config)
         self._mem_used: int | None = None   # peak bytes in use since the last batch decision
@@ -182,10 +183,12 @@ class Controller:
                 self._precision.update_levels(step, warm=step >= cfg.warmup_steps)
             if cfg.elastic_batch and self._mem_used is not None and self._mem_limit is not None:
                 self._batch.update(self._mem_used, self._mem_limit, step)
-            self._mem_used = None
         if curvature:
             self._curv_pending = False
-        return self._commit(step, event="decide")
+        decision = self._commit(step, event="decide")  # its record shows the memory it was taken on
+        if control:
+            self._mem_used = None
+        return decision
 
     def _make(self, step: int, changed: frozenset[str]) -> Decision:
         b = self._batch

@@ -53,12 +53,14 @@ class PrecisionLaw:
 
     `pinned` (bool (L,)) marks layers held at FP32 (norm layers). The EMA starts at the first
     observed variance (no zero bias). Thresholds left as None are calibrated from the EMA of the
-    non-pinned layers at the first decision after warm-up.
+    non-pinned layers at the first decision after warm-up, and again every `recalibrate_every`
+    steps when that is set (gradient variances drift over training; re-calibrating keeps the
+    share of layers per level set by the quantiles while the ranking follows the variances).
     """
 
     def __init__(self, num_layers: int, pinned: np.ndarray, *, beta: float, tau_low: float | None,
                  tau_high: float | None, quantiles: tuple[float, float], hysteresis: float,
-                 min_dwell: int, base: Precision) -> None:
+                 min_dwell: int, base: Precision, recalibrate_every: int | None = None) -> None:
         self.beta = beta
         self.quantiles = quantiles
         self.hysteresis = hysteresis
@@ -67,6 +69,9 @@ class PrecisionLaw:
         self.pinned = np.asarray(pinned, dtype=bool)
         self.tau_low = tau_low
         self.tau_high = tau_high
+        # Only thresholds the user left to calibration are re-calibrated.
+        self.recalibrate_every = recalibrate_every if tau_low is None else None
+        self.calibrated_at: int | None = None
         self.ema = np.full(num_layers, np.nan)
         self.level = np.full(num_layers, int(base), dtype=np.int64)
         self.last_change = np.full(num_layers, _NEVER, dtype=np.int64)
@@ -107,8 +112,11 @@ class PrecisionLaw:
         """Re-take the base levels at a control boundary. `warm`: warm-up is over."""
         if not warm or np.isnan(self.ema[~self.pinned]).any():
             return  # warm-up, or some layer not yet observed: keep the base precision
-        if not self.calibrated:
+        due = (self.recalibrate_every is not None and self.calibrated_at is not None
+               and step - self.calibrated_at >= self.recalibrate_every)
+        if not self.calibrated or due:
             self._calibrate()
+            self.calibrated_at = step
         target = self.target_levels()
         may_change = (step - self.last_change) >= self.min_dwell
         if not self.adapting:  # leaving warm-up is not a "change" subject to dwell
@@ -133,6 +141,7 @@ class PrecisionLaw:
     def state_dict(self) -> dict[str, Any]:
         return {
             "tau_low": self.tau_low, "tau_high": self.tau_high, "adapting": self.adapting,
+            "calibrated_at": self.calibrated_at,
             "ema": [None if np.isnan(x) else float(x) for x in self.ema],
             "level": self.level.tolist(), "last_change": self.last_change.tolist(),
             "promoted_until": self.promoted_until.tolist(),
@@ -140,6 +149,7 @@ class PrecisionLaw:
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.tau_low, self.tau_high, self.adapting = sd["tau_low"], sd["tau_high"], sd["adapting"]
+        self.calibrated_at = sd["calibrated_at"]
         self.ema = np.array([np.nan if x is None else x for x in sd["ema"]], dtype=np.float64)
         self.level = np.array(sd["level"], dtype=np.int64)
         self.last_change = np.array(sd["last_change"], dtype=np.int64)
