@@ -64,8 +64,8 @@ class TriAccelConfig:
       tau_low, tau_high: thresholds on v (FP16 below tau_low, FP32 at/above tau_high, BF16 between).
         None -> calibrated at the end of warm-up as `calibration_quantiles` of the layers' v.
       calibration_quantiles: (q_low, q_high), 0 <= q_low <= q_high <= 1.
-      recalibrate_every: steps between re-calibrations of thresholds left as None (None: calibrate
-        once, at the end of warm-up).
+      recalibrate_every: steps between re-calibrations of thresholds left as None (default 1000;
+        None: calibrate once, at the end of warm-up, as the paper does).
       hysteresis: relative band >= 0 around each threshold a layer must cross to change level.
       min_dwell: steps a layer keeps its variance-chosen level before it may change again (>= 0).
       base_precision: precision of every non-norm layer during warm-up and when
@@ -101,7 +101,7 @@ class TriAccelConfig:
     tau_low: float | None = None
     tau_high: float | None = None
     calibration_quantiles: tuple[float, float] = (0.25, 0.9)
-    recalibrate_every: int | None = None
+    recalibrate_every: int | None = 1000
     hysteresis: float = 0.1
     min_dwell: int = 200
     base_precision: str = "bf16"

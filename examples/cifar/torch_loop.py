@@ -53,7 +53,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-        torch.backends.cudnn.benchmark = True
+        # cuDNN autotuning re-runs for every new batch shape: worth it only for a static batch.
+        torch.backends.cudnn.benchmark = not (opts.method == "triaccel" and "batch" in opts.levers)
     inner = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum, nesterov=True,
                             weight_decay=opts.weight_decay)
     cfg = opts.triaccel_config()
