@@ -43,6 +43,18 @@ def test_boundaries_only():
     assert ds[5] is ds[0]                                  # between boundaries: the decision in force
 
 
+def test_precision_decided_every_t_precision_only():
+    cfg = TriAccelConfig(t_ctrl=10, t_precision=30, warmup_steps=0, min_dwell=0, curvature="off",
+                         elastic_batch=False, beta=0.0, tau_low=1.0, tau_high=100.0)
+    ctl = Controller(cfg, ["a"])
+    seen = {}
+    for step in range(61):
+        ctl.observe_grad_variance(step, [0.1 if (step // 10) % 2 else 500.0])
+        seen[step] = ctl.decide(step).precisions[0]
+    changes = [s for s in range(1, 61) if seen[s] != seen[s - 1]]
+    assert changes and all(s % 30 == 0 for s in changes)
+
+
 def test_oom_is_immediate():
     ctl = Controller(TriAccelConfig(t_ctrl=10, curvature="off"), LAYERS)
     drive(ctl, 3)

@@ -94,6 +94,9 @@ class TriAccelConfig:
     Loop:
       t_ctrl: steps between control decisions (precision, batch); warmup_steps: steps before the
         first precision decision (thresholds are calibrated then).
+      t_precision: steps between precision decisions, a multiple of t_ctrl (None: every t_ctrl).
+        Each new per-layer dtype assignment costs a compilation under jit / torch.compile, so
+        deciding rarely bounds them; curvature promotions still act at curvature steps.
       adaptive_precision, elastic_batch: switches for ablations (curvature="off" for the third).
     """
 
@@ -126,6 +129,7 @@ class TriAccelConfig:
     oom_cooldown: int | None = None
     lr_rule: str = "linear"
     t_ctrl: int = 50
+    t_precision: int | None = None
     warmup_steps: int = 100
     adaptive_precision: bool = True
     elastic_batch: bool = True
@@ -209,6 +213,10 @@ class TriAccelConfig:
         choice("lr_rule", LR_RULES)
         integer("t_ctrl", 1)
         integer("warmup_steps", 0)
+        if self.t_precision is not None:
+            integer("t_precision", 1)
+            _check(self.t_precision % self.t_ctrl == 0, "t_precision", self.t_precision,
+                   f"a multiple of t_ctrl ({self.t_ctrl})")
         for name in ("adaptive_precision", "elastic_batch"):
             _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
 

@@ -79,7 +79,8 @@ class Decision:
 class Controller:
     """Collects per-step observations and re-decides at control boundaries.
 
-    Boundaries: precision and batch every `t_ctrl` steps (step % t_ctrl == 0); LR scales and
+    Boundaries: batch every `t_ctrl` steps (step % t_ctrl == 0), precision every `t_precision`
+    (default t_ctrl); LR scales and
     curvature promotions at curvature steps (step % t_curv == 0) once eigenvalues were observed.
     An OOM shrinks the batch immediately (`observe_oom`).
     """
@@ -179,7 +180,7 @@ class Controller:
             return self._decision
         cfg = self.config
         if control:
-            if cfg.adaptive_precision:
+            if cfg.adaptive_precision and step % (cfg.t_precision or cfg.t_ctrl) == 0:
                 self._precision.update_levels(step, warm=step >= cfg.warmup_steps)
             if cfg.elastic_batch and self._mem_used is not None and self._mem_limit is not None:
                 self._batch.update(self._mem_used, self._mem_limit, step)

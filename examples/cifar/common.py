@@ -14,6 +14,7 @@ import numpy as np
 from triaccel import Controller, TriAccelConfig
 
 LEVERS = ("precision", "curvature", "batch")
+BUCKETS = (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
 @dataclass
@@ -50,13 +51,19 @@ class RunOptions:
     def triaccel_config(self) -> TriAccelConfig:
         """The controller's config for this run (all levers off for fp32/amp: a static batch)."""
         on = set(self.levers) if self.method == "triaccel" else set()
+        # Few precision decisions (each new dtype assignment is a compilation under jit) and, for
+        # JAX, batch sizes from buckets (each new shape is one too).
+        extra = {"t_precision": 10 * self.t_ctrl, **self.extra}
+        if self.backend == "jax" and "batch_buckets" not in extra:
+            hi = max(self.batch_max, self.batch)
+            extra["batch_buckets"] = tuple(sorted({self.batch, *(b for b in BUCKETS if 8 <= b <= hi)}))
         return TriAccelConfig(
             batch_init=self.batch, batch_min=8, batch_max=max(self.batch_max, self.batch),
             memory_budget=self.budget, lr_rule=self.lr_rule if "batch" in on else "none",
             curvature=self.curvature if "curvature" in on else "off",
             adaptive_precision="precision" in on, elastic_batch="batch" in on,
             base_precision="fp32" if self.method == "fp32" else "bf16",
-            t_ctrl=self.t_ctrl, warmup_steps=self.warmup_steps, **self.extra)
+            t_ctrl=self.t_ctrl, warmup_steps=self.warmup_steps, **extra)
 
 
 def cosine_lr_factor(progress: float) -> float:
