@@ -96,7 +96,14 @@ def main(argv: list[str] | None = None) -> int:
                                  hessian_layers_per_event=per)
         _sync(dev)
         t0 = time.perf_counter()
-        first = est((x, y))
+        try:
+            first = est((x, y))
+        except torch.OutOfMemoryError:
+            del est
+            torch.cuda.empty_cache()
+            res["configs"][cfg] = {"oom": True}
+            print(f"# {cfg}: out of memory", flush=True)
+            continue
         _sync(dev)
         cold = time.perf_counter() - t0
         if dev.type == "cuda":
@@ -118,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             "staleness_steps": args.t_curv * (1 if per is None else -(-len(layers) // per)),
             "cold_rel_err_median": float(np.median(cold_err)), "cold_rel_err_max": float(cold_err.max()),
             "rel_err_median": float(np.median(errs[-1])), "rel_err_max": float(errs[-1].max()),
+            "lambda1": eig[:, 0].tolist(),
             "peak_mem_gb": (torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None),
         }
         del est
@@ -137,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'iters,pack,per':>15} {'cold s':>7} {'event ms':>9} {'amort %':>8} {'stale steps':>11} "
           f"{'err med':>8} {'err max':>8} {'cold err max':>12} {'peak GB':>8}")
     for cfg, e in res["configs"].items():
+        if e.get("oom"):
+            print(f"{cfg:>15} out of memory")
+            continue
         pk = "-" if e["peak_mem_gb"] is None else f"{e['peak_mem_gb']:.2f}"
         print(f"{cfg:>15} {e['cold_s']:7.2f} {e['event_s'] * 1e3:9.1f} {e['amortised_fraction'] * 100:7.2f}% "
               f"{e['staleness_steps']:>11} {e['rel_err_median'] * 100:7.2f}% {e['rel_err_max'] * 100:7.2f}% "
