@@ -11,11 +11,18 @@ BatchNorm/Dropout behave deterministically. The module's train/eval flags are re
   then the core's `fisher_topk_from_gram` (an eigh of a b x b matrix per layer).
 - "hessian": top-k (algebraically largest) of each layer's Hessian block H_ll by block-Krylov
   subspace iteration on Hessian-vector products. One forward and one create_graph backward per
-  event; each iteration then costs one second backward per layer with the k vectors batched
-  (`is_grads_batched`, i.e. vmap over the backward). Iterations are warm-started from the previous
-  event's top-k Ritz vectors, so after the first (cold) event a couple of iterations per event
-  suffice. Rayleigh-Ritz over the Krylov basis through the core's `ritz`.
-  Blocks smaller than k (n_l <= k) are solved exactly (the basis then spans the whole block).
+  event; each iteration then costs one batched second backward (`is_grads_batched`, i.e. vmap over
+  the backward) per PACK of `hessian_pack` layers: each layer's k vectors occupy their own probe
+  rows, zero outside that layer's parameters, so the product read in layer l's slice is exactly
+  H_ll q (no cross-layer term H_lm q_m). Rayleigh-Ritz per layer over its Krylov basis (core
+  `ritz`). Warm start: each event stores, per layer, (H_ll - sigma I) applied to its top-k Ritz
+  vectors (sigma = min(0, lowest Ritz value)) and starts the next event from it, so one iteration
+  per event (the default) still performs a power step per event on top of the Rayleigh-Ritz; the
+  first (cold) event runs `hessian_iters_cold` iterations. `hessian_layers_per_event` = n refreshes
+  only n layers per event, round-robin (plus any layer without an estimate yet); the others report
+  their last estimate, at most ceil(L/n) events old. Blocks with n_l <= k are solved exactly.
+  Rejected design: all layers in the same probe rows (one k-wide HVP for the whole model) adds
+  sum_m H_lm q_m to layer l's product; on the test MLP this put a top-1 at 0.415 for a true 0.157.
 """
 
 from __future__ import annotations
