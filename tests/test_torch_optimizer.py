@@ -277,29 +277,34 @@ def _poison_step(opt, model, x, y) -> None:
     opt.zero_grad()
 
 
-@pytest.mark.parametrize("base,fused,host_check", [
-    ("fp32", False, True),    # host check asked for: one sync per step
-    ("fp16", False, False),   # FP16 active, non-fused: host check (GradScaler-like)
-    ("fp16", True, False),    # fused: skipped on the device, no sync
-    ("fp32", True, False),
-], ids=["fp32-hostcheck", "fp16-foreach", "fp16-fused", "fp32-fused"])
-def test_nonfinite_gradients_skip_the_step(base: str, fused: bool, host_check: bool) -> None:
+@pytest.mark.parametrize("base,optim,host_check", [
+    ("fp32", "rmsprop", True),    # host check asked for: one sync per step
+    ("fp16", "rmsprop", False),   # FP16 active, non-fused optimizer: host check (GradScaler-like)
+    ("fp16", "fused", False),     # fused: skipped on the device, no sync
+    ("fp32", "fused", False),
+    ("fp16", "sgd", False),       # plain SGD: stepped with the fused SGD kernel, device skip
+], ids=["fp32-hostcheck", "fp16-rmsprop", "fp16-fused", "fp32-fused", "fp16-sgd"])
+def test_nonfinite_gradients_skip_the_step(base: str, optim: str, host_check: bool) -> None:
     torch.manual_seed(0)
     model = SmallCNN()
     x, y = _data()
     cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision=base)
-    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=fused or None), model, cfg,
-               host_check=host_check)
+    if optim == "rmsprop":
+        inner = torch.optim.RMSprop(model.parameters(), lr=1e-3, momentum=0.9)
+    else:
+        inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=optim == "fused" or None)
+    opt = wrap(inner, model, cfg, host_check=host_check)
+    fused = optim != "rmsprop"
     assert opt._device_guard == fused
     _train(opt, model, x, y, 2)
     before = [p.detach().clone() for p in model.parameters()]
-    state_before = {k: v["momentum_buffer"].clone() for k, v in opt.state.items()}
+    state_before = {k: {n: t.clone() for n, t in v.items()} for k, v in opt.state.items()}
     scale_before = opt.scaler.scale
     _poison_step(opt, model, x, y)
     for p, q in zip(model.parameters(), before):
         assert torch.equal(p, q) and p.isfinite().all()
     for k, v in opt.state.items():
-        assert torch.equal(v["momentum_buffer"], state_before[k])
+        assert all(torch.equal(t, state_before[k][n]) for n, t in v.items())
     assert opt.step_count == 3
     if base == "fp16":
         assert opt.fp16_active and opt.scaler.scale == scale_before * 0.5
@@ -321,7 +326,7 @@ def test_fused_first_step_is_checked_on_host() -> None:
     model = SmallCNN()
     x, y = _data()
     cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision="fp32")
-    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True), model, cfg)
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, cfg)   # SGD: fused kernel
     before = [p.detach().clone() for p in model.parameters()]
     _poison_step(opt, model, x, y)
     assert opt.skipped_steps == 1 and not opt._device_guard_ready and len(opt.state) == 0
@@ -337,7 +342,7 @@ def test_unguarded_nonfinite_is_reported_at_flush() -> None:
     model = SmallCNN()
     x, y = _data()
     cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision="bf16")
-    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, cfg)
+    opt = wrap(torch.optim.Adam(model.parameters(), lr=1e-3), model, cfg)   # non-fused: no guard
     observed: list[int] = []
     feed = opt.controller.observe_grad_moments
     opt.controller.observe_grad_moments = lambda step, *a: (observed.append(step), feed(step, *a))
@@ -351,6 +356,9 @@ def test_unguarded_nonfinite_is_reported_at_flush() -> None:
     with torch.no_grad():   # repair by hand; the poisoned step's statistics were not observed
         for p in model.parameters():
             p.nan_to_num_(0.0, 0.0, 0.0)
+        for st in opt.state.values():
+            for t in st.values():
+                t.nan_to_num_(0.0, 0.0, 0.0)
     _train(opt, model, x, y, 4)
     opt._flush()
     assert observed == [0, 1, 3, 4, 5, 6]   # step 2 (non-finite) never reached the controller
@@ -455,3 +463,24 @@ def test_zero_grad_modes() -> None:
     opt.zero_grad(set_to_none=False)                             # one foreach launch, buffers kept
     for p, g in zip(model.parameters(), grads):
         assert p.grad is g and not g.requires_grad and torch.count_nonzero(g) == 0
+
+
+def test_plain_sgd_through_fused_kernel_matches_sgd() -> None:
+    """The device guard steps a non-fused SGD with the fused kernel: same trajectory as plain SGD."""
+    torch.manual_seed(0)
+    model = SmallCNN()
+    ref_model = copy.deepcopy(model)
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision="fp32", elastic_batch=False)
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
+               model, cfg)
+    ref = torch.optim.SGD(ref_model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3)
+    for i in range(5):
+        idx = torch.arange(i * 16, (i + 1) * 16) % 64
+        for mdl, o in ((model, opt), (ref_model, ref)):
+            F.cross_entropy(mdl(x[idx]), y[idx]).backward()
+            o.step()
+            o.zero_grad()
+    assert opt._device_guard_ready and opt.param_groups[0]["fused"] is None   # flags restored
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

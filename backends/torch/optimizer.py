@@ -207,6 +207,12 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         # GradScaler protocol): the sync-free guard. The first inner step is still checked on the
         # host: a fused SGD skipped on its very first step leaves its momentum buffers uninitialised.
         self._device_guard = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        # A non-fused torch SGD is stepped with torch's fused SGD kernel (same state: momentum
+        # buffers; same update formula) so that it gets the same sync-free device-side skip.
+        self._sgd_as_fused = (not self._device_guard and type(optimizer) is torch.optim.SGD and all(
+            "fused" in g and not g.get("differentiable", False) for g in optimizer.param_groups)
+            and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params))
+        self._device_guard = self._device_guard or self._sgd_as_fused
         self._device_guard_ready = False
         self.host_check = bool(host_check)
         self.nonfinite_steps = 0   # unguarded steps found non-finite at a flush (see step())
@@ -289,9 +295,10 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         Non-finite gradients (NaN/Inf in the unscaled gradients of any layer), per case; in every
         case the step's statistics never reach the controller:
 
-        - fused inner optimizer (`fused=True`): the update is skipped ON THE DEVICE (weights and
-          optimizer state untouched), no host sync; counted in `skipped_steps` at the next flush.
-          The very first inner step is checked on the host once.
+        - fused inner optimizer (`fused=True`), or any `torch.optim.SGD` (stepped with torch's fused
+          SGD kernel, same state and update formula): the update is skipped ON THE DEVICE (weights
+          and optimizer state untouched), no host sync; counted in `skipped_steps` at the next
+          flush. The very first inner step is checked on the host once.
         - non-fused inner optimizer while any layer is FP16, or `host_check=True`: one host sync per
           step (as `GradScaler`); the step is skipped and `skipped_steps` counts it at once.
         - non-fused inner optimizer, no FP16 layer, `host_check=False` (default): no per-step check,
@@ -324,9 +331,17 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if self._device_guard and self._device_guard_ready:
             code = _ROW_DEVICE
             self.optimizer.found_inf = found   # the GradScaler protocol of fused optimizers
+            groups = self.param_groups
+            saved = [(g["fused"], g["foreach"]) for g in groups] if self._sgd_as_fused else None
             try:
+                if saved is not None:
+                    for g in groups:
+                        g["fused"], g["foreach"] = True, False
                 self._inner_step()
             finally:
+                if saved is not None:
+                    for g, (fu, fe) in zip(groups, saved):
+                        g["fused"], g["foreach"] = fu, fe
                 del self.optimizer.found_inf
         elif guarded:
             finite = bool(found.item() == 0.0)   # the one host sync of this path
