@@ -346,7 +346,7 @@ class TriAccel:
         ts = find_state(opt_state)
         if control:
             self._feed(ts)
-            sample = self.probe.read()
+            sample = self.probe.read(batch=ctl.decision.batch_size)
             if sample is not None:
                 ctl.observe_memory(step, sample.used, sample.limit)
         if curv:
