@@ -50,7 +50,8 @@ from torch.nn import functional as F
 from triaccel import Controller, Decision, Precision, TriAccelConfig
 from triaccel.stats import group_by_layer
 
-from .curvature import CurvatureEstimator, split_batch
+from .curvature import (DEFAULT_HESSIAN_ITERS, DEFAULT_LAYERS_PER_EVENT, DEFAULT_PACK, CurvatureEstimator,
+                        split_batch)
 from .layers import TorchLayer, discover_layers, tensor_layer_index
 from .memory import MemoryProbe, MemoryReading
 from .precision import PrecisionPlan, torch_dtype
@@ -142,8 +143,10 @@ class TriAccelOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, config: TriAccelConfig, *,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  curvature_data: Any = None, strict_norm: bool = False,
-                 loss_scaler: LossScaler | None = None, hessian_iters: int = 2,
-                 hessian_iters_cold: int = 8, memory_probe: MemoryProbe | None = None,
+                 loss_scaler: LossScaler | None = None, hessian_iters: int = DEFAULT_HESSIAN_ITERS,
+                 hessian_iters_cold: int = 8,
+                 hessian_layers_per_event: int | None = DEFAULT_LAYERS_PER_EVENT,
+                 hessian_pack: int = DEFAULT_PACK, memory_probe: MemoryProbe | None = None,
                  host_check: bool = False) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -189,7 +192,9 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.scaler.bind(self.device)
         self.memory = memory_probe if memory_probe is not None else MemoryProbe(self.device)
         self.curvature = (CurvatureEstimator(model, layers, self.loss_fn, config.curvature, config.top_k,
-                                             hessian_iters=hessian_iters, hessian_iters_cold=hessian_iters_cold)
+                                             hessian_iters=hessian_iters, hessian_iters_cold=hessian_iters_cold,
+                                             hessian_layers_per_event=hessian_layers_per_event,
+                                             hessian_pack=hessian_pack)
                           if config.curvature_enabled else None)
         self._curv_source = curvature_data
         self._curv_iter: Iterator[Any] | None = None
@@ -619,7 +624,8 @@ def wrap(optimizer: torch.optim.Optimizer, model: nn.Module, config: TriAccelCon
     kwargs: loss_fn (outputs, targets) -> scalar mean loss for curvature (default cross-entropy);
     curvature_data: an (inputs, targets) batch, or an iterable of them, used every t_curv steps
     (first b_curv samples); strict_norm: FP32 inputs/outputs for norm layers (extra hooks);
-    loss_scaler: a LossScaler; hessian_iters / hessian_iters_cold: Krylov iterations per event;
+    loss_scaler: a LossScaler; hessian_iters / hessian_iters_cold / hessian_layers_per_event /
+    hessian_pack: the Hessian estimator's options (see `CurvatureEstimator`);
     memory_probe: a MemoryProbe; host_check: check every step for non-finite gradients on the host
     (one sync per step) even when no layer is FP16 and the optimizer is not fused (see `step`).
     """

@@ -92,6 +92,19 @@ class RunLog:
         self._decisions_written = len(recs)
         self._f.flush()
 
+    def end_epoch(self, ctl: Controller, epoch: int, records: list[dict[str, Any]], step_losses: list[float],
+                  test_acc: float, seconds: float, steps: int) -> None:
+        """Write the epoch's step records (with their losses), its summary and new decisions; print it."""
+        for r, loss in zip(records, step_losses):
+            self.write("step", loss=loss, **r)
+        train_loss = sum(step_losses) / len(step_losses)
+        batch = ctl.decision.batch_size
+        self.write("epoch", epoch=epoch + 1, train_loss=train_loss, test_acc=test_acc, seconds=seconds,
+                   steps=steps, batch_size=batch)
+        self.sync_decisions(ctl)
+        print(f"epoch {epoch + 1}: loss {train_loss:.4f}  test acc {100 * test_acc:.2f}%  {seconds:.1f}s  "
+              f"batch {batch}", flush=True)
+
     def close(self) -> None:
         self._f.close()
 

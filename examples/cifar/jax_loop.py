@@ -144,15 +144,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         model.train()
         acc = correct / len(data.test_x)
         accs.append(acc)
-        step_losses = np.asarray(jnp.stack(losses), dtype=np.float64).tolist()
-        for r, loss in zip(records, step_losses):
-            log.write("step", loss=loss, **r)
-        train_loss = sum(step_losses) / len(step_losses)
-        log.write("epoch", epoch=epoch + 1, train_loss=train_loss, test_acc=acc, seconds=epoch_times[-1],
-                  steps=step, batch_size=controller.decision.batch_size)
-        log.sync_decisions(controller)
-        print(f"epoch {epoch + 1}: loss {train_loss:.4f}  test acc {100 * acc:.2f}%  {epoch_times[-1]:.1f}s  "
-              f"batch {controller.decision.batch_size}", flush=True)
+        log.end_epoch(controller, epoch, records, np.asarray(jnp.stack(losses), dtype=np.float64).tolist(), acc, epoch_times[-1], step)
     stats = dev.memory_stats() or {}
     return {"final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times),

@@ -134,15 +134,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         bar.close()
         acc = evaluate(model, xte, yte, mean, std, opts.image_size, cast)
         accs.append(acc)
-        step_losses = torch.stack(losses).float().cpu().tolist()
-        for r, loss in zip(records, step_losses):
-            log.write("step", loss=loss, **r)
-        train_loss = sum(step_losses) / len(step_losses)
-        log.write("epoch", epoch=epoch + 1, train_loss=train_loss, test_acc=acc, seconds=epoch_times[-1],
-                  steps=step, batch_size=controller.decision.batch_size)
-        log.sync_decisions(controller)
-        print(f"epoch {epoch + 1}: loss {train_loss:.4f}  test acc {100 * acc:.2f}%  {epoch_times[-1]:.1f}s  "
-              f"batch {controller.decision.batch_size}", flush=True)
+        log.end_epoch(controller, epoch, records, torch.stack(losses).float().cpu().tolist(), acc,
+                      epoch_times[-1], step)
     peak = None
     if device.type == "cuda":  # the wrapper's probe resets torch's peak counter at each read
         peak = max(torch.cuda.max_memory_allocated(device),
