@@ -16,10 +16,10 @@ What the wrapper does per optimizer step (no control law here: every decision is
    when any layer is FP16.
 2. `step`: one `triaccel.kernels.grad_moments` launch over all gradients unscales them in place and
    writes per-tensor (sum, sumsq, non-finite) into row r of a preallocated (t_ctrl, n_tensors, 3)
-   device buffer. The non-finite total is read (one scalar host sync per step, as `GradScaler` does):
-   with any NaN/Inf the inner step is skipped, the loss scale backs off, and nothing reaches the
-   weights or the optimizer state. Otherwise the inner optimizer steps with the per-layer LR
-   multipliers (see below).
+   device buffer. No host sync: the loss scale lives on the device (`torch._amp_update_scale_`),
+   and fused optimizers (and any `torch.optim.SGD`, stepped with the fused SGD kernel) skip a
+   non-finite step on the device via `found_inf`; see `TriAccelOptimizer.step` for the other cases.
+   The inner optimizer steps with the per-layer LR multipliers (see below).
 3. At control boundaries only: the buffer is read once, grouped per layer (`triaccel.stats`), and fed
    to `observe_grad_moments` step by step; memory is probed; curvature is computed on curvature
    steps; `decide` is called and its decision applied (precision hooks, multipliers, accumulation).
@@ -30,8 +30,8 @@ scale each parameter's UPDATE: p <- p_old + m_l (p_new - p_old). For SGD (moment
 weight decay), Adam, AdamW, RMSprop, Adagrad the update is linear in lr, so this equals stepping
 with lr * m_l (the state, e.g. momentum buffers and Adam moments, does not depend on lr) while
 keeping one param group (splitting groups per layer would multiply the inner optimizer's foreach
-launches by the number of layers). Cost: one parameter-sized buffer and four foreach launches, only
-while the multipliers differ across layers. Optimizers whose update is not linear in lr (e.g.
+launches by the number of layers). Cost: one parameter-sized buffer and two foreach launches (copy,
+lerp), only while the multipliers differ across layers. Optimizers whose update is not linear in lr (e.g.
 LBFGS) are refused.
 """
 
@@ -229,6 +229,10 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.skipped_steps = 0     # guarded non-finite steps (device-guarded ones: counted at flushes)
         self._mults_uniform: float | None = 1.0
         self._mults_per_tensor: list[float] = [1.0] * len(params)
+        # Curvature is measured on the weights a curvature step starts from, before its decision
+        # (as the JAX backend does), so its LR scales and promotions act from that step on.
+        if self.curvature is not None and curvature_data is not None and self.controller.is_curvature_step(0):
+            self._curvature_event(0)
         self.decision: Decision = self.controller.decide(0)
         self._applied: Decision | None = None
         self._apply(self.decision)
@@ -366,8 +370,6 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if scaled:
             self.scaler.update(found)
         self._rows.append((step, code))
-        if self.curvature is not None and self.controller.is_curvature_step(step):
-            self._curvature_event(step)
         self.step_count = step + 1
         self._boundary(self.step_count)
         return loss
@@ -421,6 +423,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             self.last_memory = reading
             if reading is not None:
                 ctl.observe_memory(step, reading.used_bytes, reading.limit_bytes)
+        if self.curvature is not None and ctl.is_curvature_step(step):
+            self._curvature_event(step)  # on the weights step `step` starts from
         d = ctl.decide(step)
         if d is not self._applied:
             self._apply(d)
