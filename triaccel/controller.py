@@ -171,11 +171,17 @@ class Controller:
         return self._decision
 
     def decide(self, step: int) -> Decision:
-        """Re-take decisions if `step` is a boundary; otherwise return the decision in force."""
-        if step == self._decision.step:
-            return self._decision
+        """Re-take decisions if `step` is a boundary; otherwise return the decision in force.
+
+        Called again for the same step, it returns the same decision, unless eigenvalues of that
+        (curvature) step were observed since: then LR scales and promotions are re-taken.
+        """
         control = self.is_control_step(step)
         curvature = self.is_curvature_step(step) and self._curv_pending
+        if step == self._decision.step and not curvature:
+            return self._decision
+        if step == self._decision.step:  # eigenvalues of this step arrived after its decision
+            control = False
         if not (control or curvature):
             return self._decision
         cfg = self.config

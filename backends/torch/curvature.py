@@ -340,6 +340,20 @@ class CurvatureEstimator:
                 nxt = ritz_vecs
             self._basis[b.index] = nxt.detach() if bool(torch.isfinite(nxt).all()) else None
 
+    def state_dict(self) -> dict[str, Any]:
+        """Warm-start subspaces, last estimates and the round-robin position (CPU tensors/lists)."""
+        return {"basis": [None if b is None else b.detach().cpu().clone() for b in self._basis],
+                "eigs": [None if e is None else np.asarray(e).tolist() for e in self._eigs],
+                "cursor": self._cursor, "events": self.events}
+
+    def load_state_dict(self, sd: dict[str, Any], device: torch.device | None = None) -> None:
+        if len(sd["basis"]) != len(self.layers) or len(sd["eigs"]) != len(self.layers):
+            raise ValueError(f"state_dict: curvature state for {len(sd['basis'])} layers, expected "
+                             f"{len(self.layers)}")
+        self._basis = [None if b is None else b.to(device) for b in sd["basis"]]
+        self._eigs = [None if e is None else np.asarray(e, dtype=np.float64) for e in sd["eigs"]]
+        self._cursor, self.events = int(sd["cursor"]), int(sd["events"])
+
     def reset(self) -> None:
         """Forget the warm-start subspaces and last estimates (e.g. after loading a checkpoint)."""
         self._basis = [None] * len(self.layers)

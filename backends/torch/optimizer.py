@@ -229,10 +229,6 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.skipped_steps = 0     # guarded non-finite steps (device-guarded ones: counted at flushes)
         self._mults_uniform: float | None = 1.0
         self._mults_per_tensor: list[float] = [1.0] * len(params)
-        # Curvature is measured on the weights a curvature step starts from, before its decision
-        # (as the JAX backend does), so its LR scales and promotions act from that step on.
-        if self.curvature is not None and curvature_data is not None and self.controller.is_curvature_step(0):
-            self._curvature_event(0)
         self.decision: Decision = self.controller.decide(0)
         self._applied: Decision | None = None
         self._apply(self.decision)
@@ -325,6 +321,14 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             return loss
         self.micro_count = 0
         step = self.step_count
+        if self.curvature is not None and self.controller.is_curvature_step(step):
+            # Measured on the weights this step starts from (the update has not run yet), as the
+            # JAX backend does; the LR scales apply to this very update, promotions from the next
+            # forward pass.
+            self._curvature_event(step)
+            d = self.controller.decide(step)
+            if d is not self._applied:
+                self._apply(d)
         scaled = self.fp16_active
         inv_scale = None
         if scaled:
@@ -423,8 +427,6 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             self.last_memory = reading
             if reading is not None:
                 ctl.observe_memory(step, reading.used_bytes, reading.limit_bytes)
-        if self.curvature is not None and ctl.is_curvature_step(step):
-            self._curvature_event(step)  # on the weights step `step` starts from
         d = ctl.decide(step)
         if d is not self._applied:
             self._apply(d)
@@ -569,8 +571,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             "skipped_steps": self.skipped_steps, "nonfinite_steps": self.nonfinite_steps,
             "pending_rows": list(self._rows),
             "pending_stats": self._buf[:n].detach().cpu().clone(),
-            "curvature_basis": (None if self.curvature is None else
-                                [None if b is None else b.detach().cpu().clone() for b in self.curvature._basis]),
+            "curvature": None if self.curvature is None else self.curvature.state_dict(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
@@ -591,11 +592,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self._rows = rows
         if rows:
             self._buf[: len(rows)].copy_(sd["pending_stats"].to(self._buf.device))
-        basis = sd.get("curvature_basis")
-        if self.curvature is not None and basis is not None:
-            if len(basis) != len(self.layers):
-                raise ValueError(f"state_dict: curvature_basis has {len(basis)} layers, expected {len(self.layers)}")
-            self.curvature._basis = [None if b is None else b.to(self.device) for b in basis]
+        if self.curvature is not None and sd.get("curvature") is not None:
+            self.curvature.load_state_dict(sd["curvature"], self.device)
         self._apply(self.controller.decision)
 
     # -- reporting ---------------------------------------------------------------------------
