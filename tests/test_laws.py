@@ -127,6 +127,7 @@ def test_fisher_topk_from_gram_matches_explicit_fisher():
     fisher = g.T @ g / 6
     expected = np.sort(np.linalg.eigvalsh(fisher))[::-1][:3]
     np.testing.assert_allclose(fisher_topk_from_gram(g @ g.T, 3), expected, rtol=1e-10)
+    assert np.isnan(fisher_topk_from_gram(np.full((3, 3), np.inf), 2)).all()
     padded = fisher_topk_from_gram(g[:2] @ g[:2].T, 4)     # rank 2: the rest are zero
     assert padded[2:].tolist() == [0.0, 0.0] and padded[0] > 0
 

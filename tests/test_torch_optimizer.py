@@ -489,3 +489,23 @@ def test_plain_sgd_through_fused_kernel_matches_sgd() -> None:
     assert opt._device_guard_ready and opt.param_groups[0]["fused"] is None   # flags restored
     for p, q in zip(model.parameters(), ref_model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_curvature_promotion_mid_step_keeps_this_steps_unscale() -> None:
+    """A curvature step promotes every FP16 layer to BF16 inside step(), after a backward that ran
+    loss-scaled: that step's gradients must still be unscaled (found on an H200: a 2^16x update)."""
+    torch.manual_seed(0)
+    x, y = _data()
+    cfg = CFG.replace(tau_low=1e9, tau_high=1e10, warmup_steps=0, min_dwell=0, t_ctrl=1, t_curv=2,
+                      tau_curv=0.0, alpha=1e-12, curvature="fisher")     # all FP16; any lambda promotes
+    model = SmallCNN()
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, cfg, curvature_data=(x[:8], y[:8]))
+    deltas = []
+    for i in range(3):
+        before = [p.detach().clone() for p in model.parameters()]
+        was_fp16 = opt.fp16_active
+        _train(opt, model, x[16 * i:], y[16 * i:], 1)
+        deltas.append(sum(float((p - b).norm()) for p, b in zip(model.parameters(), before)))
+        if i == 2:
+            assert was_fp16 and not opt.fp16_active   # promoted inside this step
+    assert all(np.isfinite(deltas)) and deltas[2] < 10 * max(deltas[:2]), deltas

@@ -24,7 +24,9 @@ def fisher_topk_from_gram(gram: np.ndarray, k: int) -> np.ndarray:
 
     `gram` is the (b, b) Gram matrix G_ij = <g_i, g_j> of b per-sample gradients of one layer; F and
     G/b share their non-zero eigenvalues, so this costs an eigh of a b x b matrix instead of an
-    n x n one. Missing eigenvalues (k > b) are 0, the Fisher's rank being at most b.
+    n x n one. Missing eigenvalues (k > b) are 0, the Fisher's rank being at most b. A Gram matrix
+    with NaN/Inf (per-sample gradients that overflowed) gives NaN eigenvalues, which the backends
+    do not observe.
     """
     g = np.asarray(gram, dtype=np.float64)
     if g.ndim != 2 or g.shape[0] != g.shape[1] or g.shape[0] == 0:
@@ -32,6 +34,8 @@ def fisher_topk_from_gram(gram: np.ndarray, k: int) -> np.ndarray:
     if k < 1:
         raise ValueError(f"k={k}: must be >= 1")
     b = g.shape[0]
+    if not np.isfinite(g).all():
+        return np.full(k, np.nan)
     vals = np.linalg.eigvalsh(0.5 * (g + g.T) / b)[::-1]
     out = np.zeros(k)
     n = min(k, b)

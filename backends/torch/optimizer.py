@@ -321,6 +321,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             return loss
         self.micro_count = 0
         step = self.step_count
+        scaled = self.fp16_active  # how this step's backward ran: decide before a re-decision
         if self.curvature is not None and self.controller.is_curvature_step(step):
             # Measured on the weights this step starts from (the update has not run yet), as the
             # JAX backend does; the LR scales apply to this very update, promotions from the next
@@ -329,7 +330,6 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             d = self.controller.decide(step)
             if d is not self._applied:
                 self._apply(d)
-        scaled = self.fp16_active
         inv_scale = None
         if scaled:
             inv_scale = torch.reciprocal(self.scaler.scale_tensor, out=self._inv_scale)
