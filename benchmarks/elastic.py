@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=0, help="cap steps per phase (0 = whole epochs)")
     p.add_argument("--inject", type=int, default=100)
     p.add_argument("--inject-oom-shrink", type=float, default=0.99)
+    p.add_argument("--inject-oom-cooldown", type=int, default=2,
+                   help="steps without OOM after which the post-OOM growth cap lifts (oom_cooldown)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="")
@@ -258,7 +260,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # -- injected OOMs over one epoch ---------------------------------------------------------------
     inj_cfg = TriAccelConfig(**(base_cfg | dict(batch_init=climbed, batch_max=max(climbed, args.batch_init),
-                                                oom_shrink=args.inject_oom_shrink)))
+                                                oom_shrink=args.inject_oom_shrink,
+                                                oom_cooldown=args.inject_oom_cooldown)))
     model, opt = new_model()
     counter = SampleCounter(n)
     ctl = CountingController(Controller(inj_cfg, ["model"]), counter)
