@@ -60,6 +60,8 @@ def enforce_memory_budget(budget: int | str, device: torch.device | str | int | 
         raise RuntimeError("enforce_memory_budget: CUDA is not available; a memory budget can only be "
                            "enforced on a CUDA device")
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if dev.index is None:  # "cuda": the current device (set_per_process_memory_fraction needs an index)
+        dev = torch.device("cuda", torch.cuda.current_device())
     total = int(torch.cuda.get_device_properties(dev).total_memory)
     limit = resolve_memory_limit(parse_bytes(budget, "memory_budget"), total)
     assert limit is not None
