@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--t-curv", type=int, default=200, help="for the amortised curvature fraction")
     ap.add_argument("--top-k", type=int, default=5)
     ap.add_argument("--b-curv", type=int, default=32)
-    ap.add_argument("--hessian-iters", type=int, default=2)
+    ap.add_argument("--hessian-iters", type=int, default=1)
     ap.add_argument("--hessian-iters-cold", type=int, default=8)
     ap.add_argument("--curv-events", type=int, default=3)
     ap.add_argument("--width", type=float, default=1.0, help="channel width multiplier (1.0 = ResNet-18)")
