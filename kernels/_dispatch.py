@@ -54,6 +54,22 @@ def check_impl(impl: str) -> None:
         raise ValueError(f"impl={impl!r}: allowed values are {IMPLS}")
 
 
+def use_triton_torch(have_triton: bool, device: Any, impl: str) -> bool:
+    """Whether a torch launch on `device` runs the Triton kernel (else the torch reference).
+
+    impl "auto": Triton on CUDA, or on CPU under TRITON_INTERPRET=1; "triton" insists (RuntimeError
+    where it cannot run); "reference" never.
+    """
+    check_impl(impl)
+    if impl == "reference":
+        return False
+    ok = have_triton and (device.type == "cuda" or (device.type == "cpu" and interpreter_enabled()))
+    if impl == "triton" and not ok:
+        raise RuntimeError(f"impl='triton': Triton cannot run on {device} here "
+                           "(needs CUDA, or TRITON_INTERPRET=1 for CPU tensors)")
+    return ok
+
+
 def interpreter_enabled() -> bool:
     """True when Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -106,17 +106,6 @@ def _layout(sizes: np.ndarray, codes: np.ndarray, src_base: np.ndarray, chunk: i
 _TABLES = D.LRU(128)
 
 
-def _use_triton_torch(device: Any, impl: str) -> bool:
-    D.check_impl(impl)
-    if impl == "reference":
-        return False
-    ok = triton is not None and (device.type == "cuda" or (device.type == "cpu" and D.interpreter_enabled()))
-    if impl == "triton" and not ok:
-        raise RuntimeError(f"impl='triton': Triton cannot run on {device} here "
-                           "(needs CUDA, or TRITON_INTERPRET=1 for CPU tensors)")
-    return ok
-
-
 def _torch_cast(tensors: Sequence[Any], codes: list[int], out: Any, impl: str,
                 block: int, iters: int, num_warps: int, flat: Any = None,
                 offsets: np.ndarray | None = None) -> tuple[Any, list]:
@@ -157,7 +146,7 @@ def _torch_cast(tensors: Sequence[Any], codes: list[int], out: Any, impl: str,
             views.append(t)
         else:
             views.append(out[int(d):int(d) + t.numel()].view(dts[c]).as_strided(t.shape, t.stride()))
-    if _use_triton_torch(dev, impl):
+    if D.use_triton_torch(triton is not None, dev, impl):
         if nch:
             x = flat if flat is not None else out
             _cast_kernel[(nch,)](x, table, out, MODE=0 if flat is not None else 1, BLOCK=block,

@@ -279,17 +279,6 @@ def _torch_check(tensors: Sequence[Any]) -> None:
             raise ValueError(f"tensors[{i}]: on {t.device}, but tensors[0] is on {dev}; all must share a device")
 
 
-def _use_triton_torch(device: Any, impl: str) -> bool:
-    D.check_impl(impl)
-    if impl == "reference":
-        return False
-    ok = triton is not None and (device.type == "cuda" or (device.type == "cpu" and D.interpreter_enabled()))
-    if impl == "triton" and not ok:
-        raise RuntimeError(f"impl='triton': Triton cannot run on {device} here "
-                           "(needs CUDA, or TRITON_INTERPRET=1 for CPU tensors)")
-    return ok
-
-
 def _launch_torch(refs: list, table: Any, nchunks: int, scale: tuple[int, Any], out: Any, y: Any,
                   mode: int, write: bool, block: int, iters: int, num_warps: int) -> None:
     out.zero_()
@@ -307,7 +296,7 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str,
 
     dev = tensors[0].device
     n = len(tensors)
-    if not _use_triton_torch(dev, impl):
+    if not D.use_triton_torch(triton is not None, dev, impl):
         _torch_check(tensors)
         if out is None:
             out = torch.empty((n, 3), dtype=torch.float32, device=dev)
@@ -379,7 +368,7 @@ def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, impl: str,
     else:
         _check_out(out, n, dev)
     scale = _torch_scale(inv_scale, dev)
-    if not _use_triton_torch(dev, impl):
+    if not D.use_triton_torch(triton is not None, dev, impl):
         views = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
         out.copy_(moments_reference_torch(views, inv_scale))
         return out
