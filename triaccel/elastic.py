@@ -29,6 +29,7 @@ from .batching import OOMAtMinimumBatch
 __all__ = [
     "ElasticIndexLoader",
     "ElasticSampler",
+    "ElasticStepOutcome",
     "ElasticStepReport",
     "OOMAtMinimumBatch",
     "run_elastic_step",
@@ -221,9 +222,37 @@ class ElasticStepReport(Generic[T]):
     ooms: int = 0
     replayed: int = 0
 
+    def weighted_sum(self) -> Any:
+        """Sum of weight x output over the micro-batches (framework scalars stay on the device)."""
+        return sum(w * o for w, o in zip(self.weights, self.outputs))
+
     def mean_loss(self) -> float:
         """Sample-weighted mean of float(outputs) over the step (a host sync per micro-batch)."""
         return float(sum(w * float(o) for w, o in zip(self.weights, self.outputs)))
+
+
+@dataclass
+class ElasticStepOutcome:
+    """What both backends' `elastic_step` results hold besides their framework values.
+
+    samples: samples in the step. micro_sizes: micro-batch sizes run, in order. ooms: OOMs survived
+    in the step; replayed: samples re-run after them. decision: the controller decision the step
+    started with. epoch / end_of_epoch: the samples' epoch and whether this step completed it.
+    """
+
+    samples: int
+    micro_sizes: list[int]
+    ooms: int
+    replayed: int
+    decision: Any
+    epoch: int
+    end_of_epoch: bool
+
+    @staticmethod
+    def fields(report: "ElasticStepReport[Any]", decision: Any, epoch: int) -> dict[str, Any]:
+        """The common fields of a step that just finished (end_of_epoch set by the caller after)."""
+        return {"samples": report.num_samples, "micro_sizes": list(report.sizes), "ooms": report.ooms,
+                "replayed": report.replayed, "decision": decision, "epoch": epoch, "end_of_epoch": False}
 
 
 def run_elastic_step(

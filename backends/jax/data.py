@@ -27,6 +27,7 @@ import numpy as np
 
 from triaccel.elastic import (
     ElasticIndexLoader,
+    ElasticStepOutcome,
     ElasticStepReport,
     check_batch_size,
     controlled_step,
@@ -150,27 +151,17 @@ class ElasticLoader(ElasticIndexLoader):
 
 
 @dataclass
-class ElasticStepResult:
-    """One elastic optimizer step.
-
-    grads: sample-weighted mean of the micro-batch gradients (equals the gradient of the mean loss
-      over the step's samples). loss: the same weighted mean of the micro-batch losses (jax scalar).
-    aux: the last micro-batch's aux (has_aux=True), else None. updated: update_fn's return value,
-    else None. decision: the controller decision the step started with (apply its lr_batch_scale
-    to the LR). samples/micro_sizes/ooms/replayed/epoch/end_of_epoch: as in the torch backend.
-    """
+class ElasticStepResult(ElasticStepOutcome):
+    """One elastic optimizer step: the common fields (`triaccel.elastic.ElasticStepOutcome`; apply
+    its decision's lr_batch_scale to the LR) and grads: sample-weighted mean of the micro-batch
+    gradients (the gradient of the mean loss over the step's samples); loss: the same weighted mean
+    of the micro-batch losses (jax scalar); aux: the last micro-batch's aux (has_aux=True), else
+    None; updated: update_fn's return value, else None."""
 
     grads: Any
     loss: jax.Array
     aux: Any
     updated: Any
-    samples: int
-    micro_sizes: list[int]
-    ooms: int
-    replayed: int
-    decision: Any
-    epoch: int
-    end_of_epoch: bool
 
 
 def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any, jax.Array], Any],
@@ -208,12 +199,9 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
 
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
         updated = update_fn(acc["grads"], decision) if update_fn is not None else None
-        loss = sum(w * o for w, o in zip(report.weights, report.outputs))
-        return ElasticStepResult(grads=acc["grads"], loss=jnp.asarray(loss), aux=acc.get("aux"),
-                                 updated=updated, samples=report.num_samples,
-                                 micro_sizes=list(report.sizes), ooms=report.ooms,
-                                 replayed=report.replayed, decision=decision, epoch=loader.epoch,
-                                 end_of_epoch=False)
+        return ElasticStepResult(grads=acc["grads"], loss=jnp.asarray(report.weighted_sum()),
+                                 aux=acc.get("aux"), updated=updated,
+                                 **ElasticStepOutcome.fields(report, decision, loader.epoch))
 
     def read_memory() -> tuple[int, int] | None:
         if probe is None:

@@ -31,7 +31,8 @@ import torch
 
 from triaccel.batching import resolve_memory_limit
 from triaccel.config import parse_bytes
-from triaccel.elastic import ElasticIndexLoader, ElasticStepReport, controlled_step, memory_pair
+from triaccel.elastic import (ElasticIndexLoader, ElasticStepOutcome, ElasticStepReport, controlled_step,
+                              memory_pair)
 
 __all__ = ["ElasticLoader", "ElasticStepResult", "elastic_step", "enforce_memory_budget",
            "free_memory", "is_oom"]
@@ -154,24 +155,12 @@ class ElasticLoader(ElasticIndexLoader):
 
 
 @dataclass
-class ElasticStepResult:
-    """One elastic optimizer step.
-
-    loss: sample-weighted mean of loss_fn over the step's samples (0-dim tensor, detached; no host
-      sync). samples: samples in the step. micro_sizes: micro-batch sizes run, in order. ooms:
-      OOMs survived in this step; replayed: samples re-run after them. decision: the controller's
-      decision the step started with (its lr_batch_scale was applied). epoch/end_of_epoch: the
-      epoch of the samples and whether this step completed it.
-    """
+class ElasticStepResult(ElasticStepOutcome):
+    """One elastic optimizer step: the common fields (`triaccel.elastic.ElasticStepOutcome`; its
+    decision's lr_batch_scale was applied) and `loss`, the sample-weighted mean of loss_fn over the
+    step's samples (0-dim tensor, detached; no host sync)."""
 
     loss: torch.Tensor
-    samples: int
-    micro_sizes: list[int]
-    ooms: int
-    replayed: int
-    decision: Any
-    epoch: int
-    end_of_epoch: bool
 
 
 def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any], torch.Tensor],
@@ -237,10 +226,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
         finally:
             for g, lr in zip(optimizer.param_groups, saved):
                 g["lr"] = lr
-        loss = sum(w * o for w, o in zip(report.weights, report.outputs))
-        return ElasticStepResult(loss=loss, samples=report.num_samples, micro_sizes=list(report.sizes),
-                                 ooms=report.ooms, replayed=report.replayed, decision=decision,
-                                 epoch=loader.epoch, end_of_epoch=False)
+        return ElasticStepResult(loss=report.weighted_sum(),
+                                 **ElasticStepOutcome.fields(report, decision, loader.epoch))
 
     def read_memory() -> tuple[int, int] | None:
         if probe is None:
