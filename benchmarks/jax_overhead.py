@@ -9,11 +9,16 @@ in rounds (A, B, A, B, ...):
   multipliers, loss-scale state), `ta.control(step, ...)` called every step (reads the ring and
   probes memory at each control boundary, applies the per-layer precision policy), adaptive
   precision on, batch fixed (elastic_batch=False: the batch lever is benchmarked by elastic.py),
-  curvature excluded from the timed steps (timed separately below).
+  curvature excluded from the timed steps (timed separately below);
+- triaccel_bf16: the wrapper with its precision lever off (all layers bf16, as plain): the cost of
+  the mechanism alone;
+- plain_policy: the plain optimizer with the per-layer policy triaccel chose: the cost (or gain)
+  of the decision alone.
 
-Reports samples/s of each and the ratio triaccel/plain (target >= 0.95; median over rounds; a
-triaccel round during which the step retraced for a new precision policy is timed again, since
-compilations are reported on their own), the number of traces of each jitted step (compilations), and for curvature one event (k=5, b_curv=32) timed after a cold
+Reports samples/s of each and the ratios to plain (target for triaccel >= 0.95; median over rounds;
+a round during which a step retraced for a new precision policy is timed again, since compilations
+are reported on their own), the number of traces of each jitted step (compilations), each step's
+compiled memory footprint, and for curvature one event (k=5, b_curv=32) timed after a cold
 one, for "fisher" and "hessian" (warm-started, --hessian-iters), as the amortised fraction
 t_event / (t_curv * t_step + t_event) at t_curv=200 (targets: fisher <= 2%, hessian <= 10%).
 
@@ -108,40 +113,55 @@ def bench_batch(bs: int, args: argparse.Namespace) -> dict[str, Any]:
                          batch_init=bs, batch_min=min(8, bs), batch_max=max(bs, 8), elastic_batch=False)
     pm, popt, pstep = _plain(args.width, 0)
     wm, wopt, ta, wstep = _wrapped(args.width, 0, cfg)
-    counter = {"s": 0}
+    # The wrapper with its precision lever off (every layer at bf16, as plain): the mechanism's cost.
+    fm, fopt, fta, fstep = _wrapped(args.width, 0, cfg.replace(adaptive_precision=False))
+    counters = {"triaccel": 0, "triaccel_bf16": 0}
 
-    def run_plain() -> Any:
-        return pstep(pm, popt, x, y)
+    def wrapped_runner(name: str, m: Any, opt: Any, t: TriAccel, step: CountingJit) -> Callable[[], Any]:
+        def run() -> Any:
+            t.control(counters[name], opt, m)
+            counters[name] += 1
+            return step(m, opt, x, y)
+        return run
 
-    def run_wrapped() -> Any:
-        ta.control(counter["s"], wopt, wm)
-        counter["s"] += 1
-        return wstep(wm, wopt, x, y)
-
-    for _ in range(args.warmup):  # compile both, pass the first control boundaries
-        jax.block_until_ready(run_plain())
-        jax.block_until_ready(run_wrapped())
+    runs: dict[str, tuple[Callable[[], Any], CountingJit]] = {
+        "plain": (lambda: pstep(pm, popt, x, y), pstep),
+        "triaccel": (wrapped_runner("triaccel", wm, wopt, ta, wstep), wstep),
+        "triaccel_bf16": (wrapped_runner("triaccel_bf16", fm, fopt, fta, fstep), fstep),
+    }
+    for _ in range(args.warmup):  # compile, pass the first control boundaries
+        for fn, _j in runs.values():
+            jax.block_until_ready(fn())
+    # The plain step with the policy triaccel chose: the cost of the decision, apart from the mechanism.
+    qm, qopt, qstep = _plain(args.width, 0)
+    precision_policy(qm, ta.decision, ta.layers)
+    runs["plain_policy"] = (lambda: qstep(qm, qopt, x, y), qstep)
+    jax.block_until_ready(runs["plain_policy"][0]())
     per = max(1, args.steps // args.rounds)
-    plain_t, wrapped_t = [], []
+    times: dict[str, list[float]] = {k: [] for k in runs}
     retimed = 0
     for _ in range(args.rounds):
-        plain_t.append(_time_chunk(run_plain, per))
-        # A chunk during which the wrapped step retraced (a new precision policy at a boundary)
-        # measures compilation, which is counted separately: time the chunk again (bounded).
-        for attempt in range(4):
-            before = wstep.traces
-            t_chunk = _time_chunk(run_wrapped, per)
-            if wstep.traces == before or attempt == 3:
-                break
-            retimed += 1
-        wrapped_t.append(t_chunk)
-    tp, tw = statistics.median(plain_t), statistics.median(wrapped_t)
+        for name, (fn, j) in runs.items():
+            # A chunk during which a step retraced (a new precision policy at a boundary) measures
+            # compilation, which is counted separately: time the chunk again (bounded).
+            for attempt in range(4):
+                before = j.traces
+                t_chunk = _time_chunk(fn, per)
+                if j.traces == before or attempt == 3:
+                    break
+                retimed += 1
+            times[name].append(t_chunk)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    tp, tw = med["plain"], med["triaccel"]
     res: dict[str, Any] = {
         "batch_size": bs, "steps_per_round": per, "rounds": args.rounds,
+        "step_s": med, "samples_per_s": {k: bs / v for k, v in med.items()},
         "plain_step_s": tp, "triaccel_step_s": tw,
         "plain_samples_per_s": bs / tp, "triaccel_samples_per_s": bs / tw, "throughput_ratio": tp / tw,
-        "compilations": {"plain": pstep.traces, "triaccel": wstep.traces}, "retimed_rounds": retimed,
-        "triaccel_steps": counter["s"], "policy": list(p.short for p in ta.decision.precisions),
+        "ratio_vs_plain": {k: tp / v for k, v in med.items()},
+        "compilations": {k: j.traces for k, (_f, j) in runs.items()}, "retimed_rounds": retimed,
+        "triaccel_steps": counters["triaccel"], "policy": list(p.short for p in ta.decision.precisions),
+        "footprint_bytes": {"plain": pstep.footprint(bs), "triaccel": wstep.footprint(bs)},
     }
     # Curvature: one cold event (compile), then one timed event, per mode.
     bc = min(args.b_curv, bs)
@@ -213,15 +233,17 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# jax_overhead  {meta['date']}  {meta['device']} ({kind})  jax {jax.__version__}")
     print(f"# {meta['command']}")
-    print(f"{'bs':>5} {'plain samp/s':>13} {'triaccel samp/s':>16} {'ratio':>6} {'compiles p/t':>13} "
-          f"{'fisher %':>9} {'hessian %':>10}")
+    print(f"{'bs':>5} {'plain samp/s':>13} {'triaccel samp/s':>16} {'ratio':>6} {'ratio bf16-only':>16} "
+          f"{'policy-only':>12} {'compiles p/t':>13} {'fisher %':>9} {'hessian %':>10}")
     for r in results:
-        c = r["curvature"]
+        c, q = r["curvature"], r["ratio_vs_plain"]
         f = f"{100 * c['fisher']['amortised_fraction_at_t_curv']:.2f}" if "fisher" in c else "-"
         h = f"{100 * c['hessian']['amortised_fraction_at_t_curv']:.2f}" if "hessian" in c else "-"
         print(f"{r['batch_size']:>5} {r['plain_samples_per_s']:>13.1f} {r['triaccel_samples_per_s']:>16.1f} "
-              f"{r['throughput_ratio']:>6.3f} {r['compilations']['plain']:>6}/{r['compilations']['triaccel']:<6} "
-              f"{f:>9} {h:>10}")
+              f"{r['throughput_ratio']:>6.3f} {q['triaccel_bf16']:>16.3f} {q['plain_policy']:>12.3f} "
+              f"{r['compilations']['plain']:>6}/{r['compilations']['triaccel']:<6} {f:>9} {h:>10}")
+    print("# ratio = plain step time / variant step time (>1: faster than plain bf16); bf16-only: the wrapper with "
+          "its precision lever off; policy-only: plain optimizer with triaccel's final per-layer policy")
     print(f"# written {out}")
     return 0
 

@@ -1,6 +1,11 @@
-"""The JAX memory probe between allocator peak records (XLA has no peak reset)."""
+"""The JAX memory probe: compiled footprints, and allocator peak records between (XLA has no peak reset)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
 
 from triaccel.backends.jax.memory import MemoryProbe
+from triaccel.backends.jax.policy import CountingJit
 
 
 class FakeDevice:
@@ -25,3 +30,68 @@ def test_step_peak_estimated_from_the_last_record_scaled_by_batch():
     assert probe.read(batch=200).used == 9500
     assert probe.read().used == 1200                                   # no batch: bytes in use now
     assert probe.read(batch=100).limit == 10_000
+
+
+def test_compiled_footprint_gives_the_step_peak_before_it_happens():
+    dev = FakeDevice()
+    probe = MemoryProbe(dev)
+    dev.stats.update(bytes_in_use=1000, peak_bytes_in_use=9000)        # a record from compile scratch
+    s = probe.read(batch=100, footprint=2500)
+    assert (s.used, s.source) == (3500, "compiled")                    # in use + footprint, not the record
+    assert probe.read(batch=100).source == "memory_stats"               # no footprint: the fallback
+    with pytest.raises(ValueError, match="footprint=-1"):
+        probe.read(batch=100, footprint=-1)
+
+
+def test_counting_jit_records_a_footprint_per_batch_without_extra_traces():
+    j = CountingJit(lambda x, w: jnp.tanh(x @ w).sum(0), use_nnx=False)   # batch: first array argument
+    w = jnp.ones((16, 32))
+    for n in (8, 64, 8):
+        j(jnp.ones((n, 16)), w)
+    assert j.traces == 2                                                # lowering for the analysis is cached
+    assert set(j.footprints) == {8, 64}
+    assert j.footprint(8) > 0 and j.footprint(64) >= j.footprint(8)    # (64, 32) temporaries vs (8, 32)
+    assert j.footprint(16) is None                                       # never compiled at 16
+
+
+def test_batch_free_footprint_applies_to_every_batch():
+    j = CountingJit(lambda p: jax.tree_util.tree_map(lambda a: a * 2, p), use_nnx=False)
+    j({"a": jnp.ones((4, 4))})                                          # no positional array: key None
+    assert set(j.footprints) == {None} and j.footprint(123) == j.footprints[None]
+
+
+def test_control_feeds_the_controller_in_use_plus_the_compiled_footprint():
+    import optax
+    from flax import nnx
+
+    from triaccel import TriAccelConfig
+    from triaccel.backends.jax import TriAccel
+
+    class Net(nnx.Module):
+        def __init__(self):
+            self.fc = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.fc(x)
+
+    model = Net()
+    cfg = TriAccelConfig(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=8, batch_max=64)
+    ta = TriAccel(cfg, model)
+    opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
+    dev = FakeDevice()
+    dev.stats.update(bytes_in_use=1000, peak_bytes_in_use=1000)
+    ta.probe = MemoryProbe(dev)
+
+    @ta.jit
+    def step(x, model, opt):
+        g = nnx.grad(lambda m: (m(x) ** 2).mean())(model)
+        opt.update(model, g)
+
+    seen = []
+    ta.controller.observe_memory = lambda s, used, limit: seen.append((s, used, limit))
+    for s in range(3):
+        ta.control(s, opt, model)
+        step(jnp.ones((8, 4)), model, opt)
+    fp = ta.footprint(8)
+    assert fp is not None and fp > 0
+    assert seen[-1] == (2, 1000 + fp, 10_000)

@@ -23,7 +23,8 @@ __all__ = ["MemorySample", "MemoryProbe", "nvml_total_bytes"]
 @dataclass(frozen=True)
 class MemorySample:
     """One reading, in bytes. used: peak in use since the previous reading (see MemoryProbe);
-    in_use: live now; limit: what this process may allocate; source: "memory_stats"."""
+    in_use: live now; limit: what this process may allocate; source: "compiled" or "memory_stats"
+    (see MemoryProbe)."""
 
     used: int
     in_use: int
@@ -49,13 +50,17 @@ def nvml_total_bytes(device: Any) -> int | None:
 class MemoryProbe:
     """Reads device memory for `Controller.observe_memory`.
 
-    XLA keeps one process-wide peak and offers no reset, so a step's peak is seen only when it
-    sets a new record. Between records, the bytes in use after a step miss the step's
-    activations, which made the batch lever grow past its budget (measured on an H200: 9.8 GB
-    peak under a 4 GiB budget). So the probe remembers the last record with the batch it was set
-    at, and between records reports `in_use + (record - in_use_then) * batch / batch_then`:
-    the step-dependent part scaled by the batch (activations grow with it), never below the
-    bytes in use now. Pass `batch` (samples per micro-batch) to `read` to get that estimate.
+    XLA keeps one process-wide peak and offers no reset, and between steps the bytes in use miss
+    the step's activations (an H200 run grew its batch to a 9.8 GB peak under a 4 GiB budget on
+    that signal). Two ways to see a step's peak, best first:
+
+    1. `footprint` (bytes): what the step needs beyond its arguments, from XLA's compiled memory
+       analysis (`CountingJit.footprint`, `TriAccel.footprint`); then used = in_use + footprint,
+       the peak XLA planned for that step. Source "compiled".
+    2. Otherwise the allocator's peak when it set a new record since the previous reading, and
+       between records the last record's step-dependent part scaled by `batch`:
+       `in_use + (record - in_use_then) * batch / batch_then` — conservative (the record may
+       include compilation scratch), never below the bytes in use now. Source "memory_stats".
     """
 
     def __init__(self, device: Any = None) -> None:
@@ -73,10 +78,13 @@ class MemoryProbe:
             s = None
         return dict(s) if s else None
 
-    def read(self, batch: int | None = None) -> MemorySample | None:
+    def read(self, batch: int | None = None, footprint: int | None = None) -> MemorySample | None:
         """One MemorySample, or None (with one warning per probe) when the device reports nothing.
 
-        batch: the micro-batch size in force since the last reading (see the class docstring)."""
+        batch: the micro-batch size in force since the last reading; footprint: the step's bytes
+        beyond its arguments at that batch, when known (see the class docstring)."""
+        if footprint is not None and footprint < 0:
+            raise ValueError(f"footprint={footprint}: must be >= 0 bytes")
         s = self.stats()
         if not s or "bytes_in_use" not in s:
             if not self._warned:
@@ -87,15 +95,18 @@ class MemoryProbe:
             return None
         in_use = int(s["bytes_in_use"])
         peak = int(s.get("peak_bytes_in_use", in_use))
-        if peak > self._last_peak:
+        source = "memory_stats"
+        if footprint is not None:
+            used, source = in_use + footprint, "compiled"
+        elif peak > self._last_peak:
             used = peak
-            if batch is not None:
-                self._record = (peak, in_use, batch)
         elif batch is not None and self._record is not None:
             rec_peak, rec_in_use, rec_batch = self._record
             used = max(in_use, int(in_use + max(rec_peak - rec_in_use, 0) * batch / rec_batch))
         else:
             used = in_use
+        if peak > self._last_peak and batch is not None:
+            self._record = (peak, in_use, batch)
         self._last_peak = max(self._last_peak, peak)
         limit = s.get("bytes_limit") or s.get("bytes_reservable_limit")
         if not limit:
@@ -108,4 +119,4 @@ class MemoryProbe:
                               "the batch lever gets no observations", RuntimeWarning, stacklevel=2)
                 self._warned = True
             return None
-        return MemorySample(used=used, in_use=in_use, limit=int(limit), source="memory_stats")
+        return MemorySample(used=used, in_use=in_use, limit=int(limit), source=source)

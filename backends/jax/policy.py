@@ -75,19 +75,30 @@ def current_policy(model: Any, layers: LayerMap | None = None) -> tuple[str, ...
 
 
 class CountingJit:
-    """`nnx.jit` (or `jax.jit`) of `fn` that counts its traces (= compilations of new variants).
+    """`nnx.jit` (or `jax.jit`) of `fn` that counts its traces (= compilations of new variants)
+    and records each variant's device-memory footprint.
 
     A trace happens for every new static configuration: a new precision policy (module dtypes),
     a new batch shape, a new train/eval mode. ``traces`` is the total; `report()` a short dict.
+
+    ``footprints`` maps a micro-batch size to the bytes one call needs on top of its arguments,
+    from XLA's compiled memory analysis: temporaries + outputs - outputs aliased to donated inputs
+    (the largest over the variants compiled at that size). The micro-batch is the leading axis of
+    the first positional array argument (None when there is none: such a footprint holds for every
+    batch). Read once per new variant, where the lowering and compilation are cache hits; XLA has
+    no resettable peak, so this is how the memory probe sees a step's peak before it happens.
     """
 
     def __init__(self, fn: Callable[..., Any], *, use_nnx: bool = True, **jit_kwargs: Any) -> None:
         self.traces = 0
         self.fn = fn
+        self.footprints: dict[int | None, int] = {}
+        self._analysing = False
 
         @functools.wraps(fn)
         def counted(*args: Any, **kwargs: Any) -> Any:
-            self.traces += 1  # runs only while tracing: a compiled call never executes Python
+            if not self._analysing:
+                self.traces += 1  # runs only while tracing: a compiled call never executes Python
             return fn(*args, **kwargs)
 
         if use_nnx:
@@ -100,10 +111,35 @@ class CountingJit:
             self._jitted = jax.jit(counted, **jit_kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._jitted(*args, **kwargs)
+        before = self.traces
+        out = self._jitted(*args, **kwargs)
+        if self.traces != before:
+            self._record_footprint(args, kwargs)
+        return out
 
-    def report(self) -> Mapping[str, int]:
-        return {"traces": self.traces}
+    def _record_footprint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._analysing = True
+        try:
+            stats = self._jitted.lower(*args, **kwargs).compile().memory_analysis()
+        except Exception:  # no analysis on this platform/version: the probe falls back to allocator counters
+            return
+        finally:
+            self._analysing = False
+        if stats is None:
+            return
+        fp = int(stats.temp_size_in_bytes) + max(int(stats.output_size_in_bytes) - int(stats.alias_size_in_bytes), 0)
+        key = next((int(a.shape[0]) for a in args if hasattr(a, "shape") and hasattr(a, "dtype")
+                    and len(a.shape) > 0), None)
+        self.footprints[key] = max(fp, self.footprints.get(key, 0))
+
+    def footprint(self, batch: int) -> int | None:
+        """Bytes a call at micro-batch `batch` needs beyond its arguments (see the class docstring),
+        or None when no variant at that size (nor a batch-free one) has been compiled yet."""
+        known = [self.footprints[k] for k in (batch, None) if k in self.footprints]
+        return max(known) if known else None
+
+    def report(self) -> Mapping[str, Any]:
+        return {"traces": self.traces, "footprints": dict(self.footprints)}
 
 
 def counting_jit(fn: Callable[..., Any] | None = None, **jit_kwargs: Any) -> Any:

@@ -277,6 +277,12 @@ class TriAccel:
         self._jits.append(j)
         return j
 
+    def footprint(self, batch: int) -> int | None:
+        """Bytes the jitted steps (`TriAccel.jit`) need beyond their arguments at micro-batch `batch`:
+        the largest compiled footprint among them (`CountingJit.footprint`); None before one is known."""
+        known = [fp for j in self._jits if (fp := j.footprint(batch)) is not None]
+        return max(known) if known else None
+
     def _feed(self, ts: TriAccelState) -> None:
         moments, row_step = jax.device_get((_value(ts.moments), _value(ts.row_step)))
         order = np.argsort(row_step)
@@ -346,7 +352,8 @@ class TriAccel:
         ts = find_state(opt_state)
         if control:
             self._feed(ts)
-            sample = self.probe.read(batch=ctl.decision.batch_size)
+            b = ctl.decision.batch_size
+            sample = self.probe.read(batch=b, footprint=self.footprint(b))
             if sample is not None:
                 ctl.observe_memory(step, sample.used, sample.limit)
         if curv:

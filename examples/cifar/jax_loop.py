@@ -85,9 +85,13 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         (_, loss), grads = nnx.value_and_grad(lf, has_aux=True)(model)
         return loss, grads
 
+    # The update sees only the parameters (their Variables, updated in place), not the model's
+    # graph: a new precision policy then does not recompile it.
+    params = nnx.state(model, nnx.Param)
+
     @jit
-    def update(model: Any, opt: Any, grads: Any) -> None:
-        opt.update(model, grads)
+    def update(params: Any, opt: Any, grads: Any) -> None:
+        opt.update(params, grads)
 
     @nnx.jit
     def predict(model: Any, x: jax.Array) -> jax.Array:
@@ -124,7 +128,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                 curv = (prep(xtr[idx], None), ytr[idx]) if controller.is_curvature_step(step) else None
                 ta.control(step, opt, model, batch=curv)
             res = elastic_step(loader, controller, lambda b, m: micro(b[0], b[1], m), step,
-                               update_fn=lambda g, d: update(model, opt, g))
+                               update_fn=lambda g, d: update(params, opt, g))
             seen += res.samples
             losses.append(res.loss)
             bar.update(res.samples)
