@@ -207,3 +207,10 @@ def test_core_imports_without_torch_or_jax():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "96"
+
+
+def test_no_curvature_step_during_warm_up():
+    ctl = Controller(TriAccelConfig(t_ctrl=10, t_curv=20, warmup_steps=30), ["a", "b"])
+    assert [s for s in range(0, 101) if ctl.is_curvature_step(s)] == [40, 60, 80, 100]
+    off = Controller(TriAccelConfig(curvature="off", warmup_steps=0), ["a"])
+    assert not any(off.is_curvature_step(s) for s in range(0, 1000, 100))

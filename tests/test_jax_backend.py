@@ -306,8 +306,9 @@ def test_wrap_one_liner_and_bad_input():
     assert tx.host.layers.names == ("l1", "l2")
     state = tx.control(1, state)  # off a boundary: unchanged object
     assert tx.control(1, state) is state
-    with pytest.raises(ValueError, match="batch=None at curvature step 0"):
-        tx.control(0, state)
+    tx.control(0, state)  # step 0 is in warm-up: no curvature yet, no batch needed
+    with pytest.raises(ValueError, match="batch=None at curvature step 8"):
+        tx.control(8, state)
     with pytest.raises(ValueError, match="config"):
         TriAccel({"beta": 0.9})
 

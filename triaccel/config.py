@@ -93,7 +93,7 @@ class TriAccelConfig:
         batch_init; B is the micro-batch and gradients accumulate over ceil(batch_init/B) of them).
     Loop:
       t_ctrl: steps between control decisions (precision, batch); warmup_steps: steps before the
-        first precision decision (thresholds are calibrated then).
+        first precision decision (thresholds are calibrated then) and the first curvature step.
       t_precision: steps between precision decisions, a multiple of t_ctrl (None: every t_ctrl).
         Each new per-layer dtype assignment costs a compilation under jit / torch.compile, so
         deciding rarely bounds them; curvature promotions still act at curvature steps.

@@ -81,7 +81,8 @@ class Controller:
 
     Boundaries: batch every `t_ctrl` steps (step % t_ctrl == 0), precision every `t_precision`
     (default t_ctrl); LR scales and
-    curvature promotions at curvature steps (step % t_curv == 0) once eigenvalues were observed.
+    curvature promotions at curvature steps (step % t_curv == 0, from warmup_steps on) once
+    eigenvalues were observed.
     An OOM shrinks the batch immediately (`observe_oom`).
     """
 
@@ -163,7 +164,11 @@ class Controller:
         return step % self.config.t_ctrl == 0
 
     def is_curvature_step(self, step: int) -> bool:
-        return self.config.curvature_enabled and step % self.config.t_curv == 0
+        """step % t_curv == 0 once warm-up is over: curvature is measured in eval mode, and before
+        warm-up BatchNorm running statistics are still near their initial values (on a ResNet-18
+        they inflated lambda_max about 100x at step 0), so the eigenvalues would mislead."""
+        c = self.config
+        return c.curvature_enabled and step >= c.warmup_steps and step % c.t_curv == 0
 
     @property
     def decision(self) -> Decision:

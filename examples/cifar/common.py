@@ -62,7 +62,8 @@ class RunOptions:
         on = set(self.levers) if self.method == "triaccel" else set()
         # Few precision decisions and few batch sizes (under JAX each new dtype assignment and
         # each new batch shape is a compilation).
-        extra = {"t_precision": 10 * self.t_ctrl, **self.extra}
+        # Curvature on the same boundaries as precision: its promotions change the policy too.
+        extra = {"t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl, **self.extra}
         if "batch_buckets" not in extra:
             extra["batch_buckets"] = bucket_ladder(self.batch, 8, max(self.batch_max, self.batch))
         return TriAccelConfig(
