@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,8 @@ METHODS: dict[str, list[str]] = {
 }
 
 
-def run_one(model: str, method: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def run_one(model: str, method: str, seed: int, args: argparse.Namespace, out: Path,
+            gpu: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "examples.cifar.train", "--backend", args.backend, "--model", model,
            "--dataset", args.dataset, "--epochs", str(args.epochs), "--data", args.data, "--seed", str(seed),
            "--out", str(out), "--no-progress", *METHODS[method], *args.demo_args]
@@ -46,7 +49,8 @@ def run_one(model: str, method: str, seed: int, args: argparse.Namespace, out: P
         cmd += ["--budget", args.budget]
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=args.workdir, text=True, capture_output=True)
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
+    proc = subprocess.run(cmd, cwd=args.workdir, text=True, capture_output=True, env=env)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", flush=True)
         return {"model": model, "method": method, "seed": seed, "failed": proc.returncode}
@@ -90,15 +94,30 @@ def main() -> None:
     ap.add_argument("--workdir", default=str(ROOT), help="folder holding examples/ (cwd of each run)")
     ap.add_argument("--runs", default=str(ROOT / "runs" / "table1"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--parallel", type=int, default=1,
+                    help="runs at once, one GPU each (CUDA_VISIBLE_DEVICES=0..N-1); s/epoch is then measured "
+                         "with N processes sharing the host's CPUs")
     ap.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: extra demo options for every run")
     args = ap.parse_args()
     args.demo_args = [a for a in args.demo_args if a != "--"]
-    rows = []
-    for model in args.models:
-        for method in args.methods:
-            for seed in args.seeds:
-                tag = f"{model}-{method.split()[0].strip('+()')}-s{seed}"
-                rows.append(run_one(model, method, seed, args, Path(args.runs) / tag))
+    if args.parallel < 1:
+        raise ValueError(f"--parallel={args.parallel}: must be >= 1")
+    jobs = [(model, method, seed) for model in args.models for method in args.methods for seed in args.seeds]
+    gpus: queue.Queue[str | None] = queue.Queue()
+    for i in range(args.parallel):
+        gpus.put(str(i) if args.parallel > 1 else None)
+
+    def job(spec: tuple[str, str, int]) -> dict[str, Any]:
+        model, method, seed = spec
+        gpu = gpus.get()
+        try:
+            tag = f"{model}-{method.split()[0].strip('+()')}-s{seed}"
+            return run_one(model, method, seed, args, Path(args.runs) / tag, gpu)
+        finally:
+            gpus.put(gpu)
+
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        rows = list(pool.map(job, jobs))
     cells = table(rows)
     device = next((r.get("device_name") for r in rows if r.get("device_name")), "unknown")
     meta = {"device": device, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

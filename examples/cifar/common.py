@@ -46,7 +46,7 @@ class RunOptions:
     train_subset: int | None = None   # first N train images (CPU runs)
     test_subset: int | None = None
     budget: str | None = None         # memory budget, e.g. "4GiB"
-    batch_max: int = 1024
+    batch_max: int = 512             # see train.py --batch-max
     lr_rule: str = "sqrt"
     curvature: str = "fisher"
     levers: tuple[str, ...] = LEVERS  # triaccel ablations: which levers are on
