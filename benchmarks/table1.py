@@ -23,6 +23,7 @@ import queue
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -107,14 +108,24 @@ def main() -> None:
     for i in range(args.parallel):
         gpus.put(str(i) if args.parallel > 1 else None)
 
+    done: list[dict[str, Any]] = []
+    partial = Path(args.runs) / "table1-partial.jsonl"  # each finished run, in case the whole is cut off
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    lock = threading.Lock()
+
     def job(spec: tuple[str, str, int]) -> dict[str, Any]:
         model, method, seed = spec
         gpu = gpus.get()
         try:
             tag = f"{model}-{method.split()[0].strip('+()')}-s{seed}"
-            return run_one(model, method, seed, args, Path(args.runs) / tag, gpu)
+            row = run_one(model, method, seed, args, Path(args.runs) / tag, gpu)
         finally:
             gpus.put(gpu)
+        with lock:
+            done.append(row)
+            with partial.open("a") as f:
+                f.write(json.dumps(row, default=str) + "\n")
+        return row
 
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         rows = list(pool.map(job, jobs))
