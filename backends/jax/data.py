@@ -5,9 +5,13 @@ or JAX arrays (device-resident: gathering and `transform` run on the device). So
 of compiled shapes stays bounded, every micro-batch is padded up to the smallest of a small set of
 `buckets` (by default the controller's `batch_buckets`) and comes with a 0/1 float32 `mask` of
 the bucket's length: 1 for real samples, 0 for padding. **The loss must be mask-weighted**, e.g.
-`jnp.sum(per_sample_loss * mask) / jnp.sum(mask)`; padded rows (copies of the micro-batch's first
-sample) then contribute nothing, so no sample is dropped or counted twice. (Layers that pool over
-the batch, such as BatchNorm in training mode, do see the padded rows.)
+`jnp.sum(per_sample_loss * mask) / jnp.sum(mask)`; padded rows then contribute nothing to the loss,
+so no sample is dropped or counted twice. Layers that pool over the batch (BatchNorm in training
+mode) do see the padded rows, so these repeat the micro-batch's own samples cyclically
+(`np.resize`): the batch statistics stay those of the real samples (exactly when the bucket is a
+multiple of the count, else within one extra copy of some). Padding with copies of one sample
+instead made an epoch's short last step (e.g. 80 real + 304 copies at bucket 384) normalise its
+real samples with the statistics of a single image, a large spurious gradient step.
 
 `elastic_step(loader, controller, grad_fn, step)` runs one optimizer step with out-of-memory
 survival (`XlaRuntimeError`/`JaxRuntimeError` whose message contains RESOURCE_EXHAUSTED): the failed
@@ -134,7 +138,7 @@ class ElasticLoader(ElasticIndexLoader):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = int(idx.size)
         size = self.bucket_for(n)
-        padded = np.concatenate([idx, np.full(size - n, idx[0], dtype=np.int64)])
+        padded = np.resize(idx, size)  # cyclic repeat: BatchNorm sees the real samples' statistics
         mask = np.zeros(size, dtype=np.float32)
         mask[:n] = 1.0
 
