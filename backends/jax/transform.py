@@ -352,6 +352,7 @@ class TriAccel:
         ts = find_state(opt_state)
         if control:
             self._feed(ts)
+        if control and step > 0:  # before any step, memory holds no step's peak (as torch: no reading)
             b = ctl.decision.batch_size
             sample = self.probe.read(batch=b, footprint=self.footprint(b))
             if sample is not None:
