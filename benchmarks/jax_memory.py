@@ -40,6 +40,7 @@ from flax import nnx  # noqa: E402
 
 from triaccel import TriAccelConfig  # noqa: E402
 from triaccel.backends.jax import CountingJit, FisherTopK, TriAccel, loss_scale, nnx_loss  # noqa: E402
+from triaccel.backends.jax.policy import compiled_footprint  # noqa: E402
 from triaccel.backends.jax.models import create_model  # noqa: E402
 
 
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     before = stats().get("peak_bytes_in_use")
     jax.block_until_ready(fisher(pure.params, batch, pure.aux))
     curv = {"b_curv": bc, "peak_before": before, "peak_after": stats().get("peak_bytes_in_use"),
-            "in_use": stats().get("bytes_in_use"), "footprint": fisher_footprint(fisher, pure, batch)}
+            "in_use": stats().get("bytes_in_use"),
+            "footprint": compiled_footprint(fisher._grams, pure.params, batch, pure.aux)}  # its jitted Gram pass
 
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "device": str(dev),
@@ -126,15 +128,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{gb(curv['peak_before'])} / {gb(curv['peak_after'])} GB")
     print(f"# est/step: estimate over the allocator peak the steps set (only where they set a new record); written {out}")
     return 0
-
-
-def fisher_footprint(fisher: FisherTopK, pure: Any, batch: Any) -> int | None:
-    """Compiled temporaries + outputs of the Fisher pass's jitted Gram computation, when exposed."""
-    fn = getattr(fisher, "_grams", None)
-    if fn is None or not hasattr(fn, "lower"):
-        return None
-    m = fn.lower(pure.params, batch, pure.aux).compile().memory_analysis()
-    return None if m is None else int(m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes)
 
 
 if __name__ == "__main__":

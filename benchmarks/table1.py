@@ -108,7 +108,6 @@ def main() -> None:
     for i in range(args.parallel):
         gpus.put(str(i) if args.parallel > 1 else None)
 
-    done: list[dict[str, Any]] = []
     partial = Path(args.runs) / "table1-partial.jsonl"  # each finished run, in case the whole is cut off
     partial.parent.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
@@ -122,7 +121,6 @@ def main() -> None:
         finally:
             gpus.put(gpu)
         with lock:
-            done.append(row)
             with partial.open("a") as f:
                 f.write(json.dumps(row, default=str) + "\n")
         return row

@@ -19,7 +19,7 @@ from triaccel.precision import Precision
 
 from .layers import LayerMap, layer_map_from_model
 
-__all__ = ["DTYPES", "precision_policy", "current_policy", "CountingJit", "counting_jit"]
+__all__ = ["DTYPES", "precision_policy", "current_policy", "CountingJit", "compiled_footprint", "counting_jit"]
 
 DTYPES = {Precision.FP16: jnp.float16, Precision.BF16: jnp.bfloat16, Precision.FP32: jnp.float32}
 
@@ -74,6 +74,20 @@ def current_policy(model: Any, layers: LayerMap | None = None) -> tuple[str, ...
     return tuple(out)
 
 
+def compiled_footprint(jitted: Any, *args: Any, **kwargs: Any) -> int | None:
+    """Bytes a call of `jitted` (a `jax.jit` / `nnx.jit` function) with these arguments needs beyond
+    them, from XLA's compiled memory analysis: temporaries + outputs - outputs aliased to donated
+    inputs. Lowering and compiling are cache hits after a call with the same shapes. None where
+    the platform or version offers no analysis (callers then fall back to allocator counters)."""
+    try:
+        stats = jitted.lower(*args, **kwargs).compile().memory_analysis()
+    except Exception:  # no analysis on this platform/version
+        return None
+    if stats is None:
+        return None
+    return int(stats.temp_size_in_bytes) + max(int(stats.output_size_in_bytes) - int(stats.alias_size_in_bytes), 0)
+
+
 class CountingJit:
     """`nnx.jit` (or `jax.jit`) of `fn` that counts its traces (= compilations of new variants)
     and records each variant's device-memory footprint.
@@ -120,14 +134,11 @@ class CountingJit:
     def _record_footprint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._analysing = True
         try:
-            stats = self._jitted.lower(*args, **kwargs).compile().memory_analysis()
-        except Exception:  # no analysis on this platform/version: the probe falls back to allocator counters
-            return
+            fp = compiled_footprint(self._jitted, *args, **kwargs)
         finally:
             self._analysing = False
-        if stats is None:
+        if fp is None:
             return
-        fp = int(stats.temp_size_in_bytes) + max(int(stats.output_size_in_bytes) - int(stats.alias_size_in_bytes), 0)
         key = next((int(a.shape[0]) for a in args if hasattr(a, "shape") and hasattr(a, "dtype")
                     and len(a.shape) > 0), None)
         self.footprints[key] = max(fp, self.footprints.get(key, 0))
