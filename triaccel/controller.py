@@ -165,8 +165,10 @@ class Controller:
 
     def is_curvature_step(self, step: int) -> bool:
         """step % t_curv == 0 once warm-up is over: curvature is measured in eval mode, and before
-        warm-up BatchNorm running statistics are still near their initial values (on a ResNet-18
-        they inflated lambda_max about 100x at step 0), so the eigenvalues would mislead."""
+        warm-up BatchNorm running statistics are still near their initial values, so the
+        eigenvalues are not those of the trained-for model (in a JAX ResNet-18 run most layers'
+        lambda_max read 0.03-0.09 at step 0 and 0.15-40 at step 200), and the calibrated alpha
+        and tau_curv would be set from them."""
         c = self.config
         return c.curvature_enabled and step >= c.warmup_steps and step % c.t_curv == 0
 

@@ -19,8 +19,8 @@ LEVERS = ("precision", "curvature", "batch")
 def bucket_ladder(batch: int, lo: int, hi: int) -> tuple[int, ...]:
     """Batch sizes batch * 2^i within [lo, hi]: the elastic batch moves one rung per decision.
 
-    Doubling keeps the rungs few: under JAX every rung is one compilation of the step (about 7 s
-    for ResNet-18 on an H200), and both backends use the same ladder so their runs compare."""
+    Doubling keeps the rungs few: under JAX every rung is one compilation of the step (seconds for
+    ResNet-18 on an H200), and both backends use the same ladder so their runs compare."""
     down = [batch >> i for i in range(1, batch.bit_length()) if batch % (1 << i) == 0 and batch >> i >= lo]
     up = [batch << i for i in range(0, 32) if batch << i <= hi]
     return tuple(sorted({*down, *up}))

@@ -67,9 +67,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--test-subset", type=int, default=None, help="evaluate on N images (default: all; 512 on CPU)")
     p.add_argument("--budget", default=None, help="memory budget, e.g. 4GiB (triaccel)")
     p.add_argument("--batch-max", type=int, default=512,
-                   help="upper bound of the elastic batch (samples). Default 512: on an H200, 10-epoch ResNet-18 runs "
-                        "that stayed at batch 768 (4 GiB budget) ended 2.8-20 points below one that settled at 384 "
-                        "(85.2%%): too few steps")
+                   help="upper bound of the elastic batch (samples). Default 512 (ladder 96/192/384): ResNet-18 runs "
+                        "that stayed at 768 lost accuracy at 10 epochs (docs/results.md)")
     p.add_argument("--lr-rule", choices=["linear", "sqrt", "none", "accumulate"], default="sqrt")
     p.add_argument("--curvature", choices=["fisher", "hessian", "off"], default="fisher")
     p.add_argument("--levers", default=",".join(LEVERS),
