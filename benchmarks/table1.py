@@ -3,12 +3,16 @@
 Each cell is one run of the CIFAR demo (`python -m examples.cifar.train`) in its own process, so
 that peak-memory counters and caches start clean. Columns: final test accuracy (mean +- std over
 seeds), s/epoch (median of the last 5 epochs), peak allocated device memory, and an efficiency
-score. The score used here is accuracy(%) / (s/epoch x peak GB), reported relative to FP32 of the
+score, and the training wall time each run took to first reach AMP's mean final accuracy (its
+ratio to AMP's mean wall: the issue's "AMP's accuracy in at most half its time"). The score used here is accuracy(%) / (s/epoch x peak GB), reported relative to FP32 of the
 same model (FP32 = 1.00); the paper's exact formula was not available to us, so compare its shape,
 not its value, with the paper's column.
 
     python3 benchmarks/table1.py --models resnet18 efficientnet_b0 --seeds 0 1 2 --epochs 10 \
         --data ../shared/data/cifar10-jpeg
+
+`--long-epochs N` adds a row "triaccel (full), N ep": the full method trained for N epochs (its
+cosine schedule spans N epochs), for the time to AMP's accuracy when 10 epochs do not reach it.
 
 Writes benchmarks/results/table1-<device>.json (every run's summary) and prints the table with the
 machine, the date and the command.
@@ -31,22 +35,36 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
+AMP = "AMP (bf16)"
+FULL = "triaccel (full)"
 # name -> demo options (ablations stack on AMP's static bf16 baseline: the levers not listed are off)
 METHODS: dict[str, list[str]] = {
     "FP32": ["--method", "fp32"],
-    "AMP (bf16)": ["--method", "amp"],
+    AMP: ["--method", "amp"],
     "+batch elasticity": ["--method", "triaccel", "--levers", "batch"],
     "+precision": ["--method", "triaccel", "--levers", "precision,batch"],
-    "triaccel (full)": ["--method", "triaccel", "--levers", "precision,curvature,batch"],
+    FULL: ["--method", "triaccel", "--levers", "precision,curvature,batch"],
 }
+
+
+def long_row(epochs: int) -> str:
+    return f"{FULL}, {epochs} ep"
+
+
+def row_options(method: str, args: argparse.Namespace) -> tuple[list[str], int]:
+    """(demo options, epochs) of a table row."""
+    if args.long_epochs is not None and method == long_row(args.long_epochs):
+        return METHODS[FULL], args.long_epochs
+    return METHODS[method], args.epochs
 
 
 def run_one(model: str, method: str, seed: int, args: argparse.Namespace, out: Path,
             gpu: str | None = None) -> dict[str, Any]:
+    options, epochs = row_options(method, args)
     cmd = [sys.executable, "-m", "examples.cifar.train", "--backend", args.backend, "--model", model,
-           "--dataset", args.dataset, "--epochs", str(args.epochs), "--data", args.data, "--seed", str(seed),
-           "--out", str(out), "--no-progress", *METHODS[method], *args.demo_args]
-    if args.budget and method not in ("FP32", "AMP (bf16)"):
+           "--dataset", args.dataset, "--epochs", str(epochs), "--data", args.data, "--seed", str(seed),
+           "--out", str(out), "--no-progress", *options, *args.demo_args]
+    if args.budget and method not in ("FP32", AMP):
         cmd += ["--budget", args.budget]
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.perf_counter()
@@ -61,15 +79,34 @@ def run_one(model: str, method: str, seed: int, args: argparse.Namespace, out: P
     return summary
 
 
+def seconds_to_accuracy(run: dict[str, Any], target: float) -> float | None:
+    """Training seconds (sum of epoch_seconds) until the first epoch with test accuracy >= target
+    (a fraction); None if no epoch reached it."""
+    total = 0.0
+    for acc, sec in zip(run["accs"], run["epoch_seconds"]):
+        total += sec
+        if acc >= target:
+            return total
+    return None
+
+
 def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One cell per (model, row) with runs: accuracy, s/epoch, wall, peak, efficiency, and the time
+    to AMP's mean final accuracy (median over seeds, None unless every seed reached it)."""
     cells = []
     for model in dict.fromkeys(r["model"] for r in rows):
+        ok = [r for r in rows if r["model"] == model and "failed" not in r]
+        amp = [r for r in ok if r["method"] == AMP]
+        target = statistics.mean(r["final_acc"] for r in amp) if amp else None
+        amp_wall = statistics.mean(sum(r["epoch_seconds"]) for r in amp) if amp else None
         base = None
-        for method in METHODS:
-            runs = [r for r in rows if r["model"] == model and r["method"] == method and "failed" not in r]
+        for method in dict.fromkeys([*METHODS, *(r["method"] for r in ok)]):
+            runs = [r for r in ok if r["method"] == method]
             if not runs:
                 continue
             accs = [100 * r["final_acc"] for r in runs]
+            reach = [seconds_to_accuracy(r, target) for r in runs] if target is not None else [None]
+            t_amp = statistics.median(reach) if None not in reach else None
             spe = statistics.median(r["s_per_epoch_median_last5"] for r in runs)
             peaks = [r["peak_alloc_bytes"] for r in runs if r.get("peak_alloc_bytes")]
             peak_gb = max(peaks) / 1e9 if peaks else float("nan")
@@ -78,6 +115,10 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             cells.append({"model": model, "method": method, "seeds": len(runs), "acc_mean": statistics.mean(accs),
                           "acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "s_per_epoch": spe,
                           "peak_gb": peak_gb, "efficiency_vs_fp32": raw / base if base else float("nan"),
+                          "epochs": [len(r["accs"]) for r in runs],
+                          "wall_s": statistics.mean(sum(r["epoch_seconds"]) for r in runs),
+                          "seconds_to_amp_acc": t_amp,
+                          "to_amp_acc_vs_amp_wall": t_amp / amp_wall if t_amp is not None and amp_wall else None,
                           "final_batch": [r.get("final_batch") for r in runs]})
     return cells
 
@@ -98,12 +139,17 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=1,
                     help="runs at once, one GPU each (CUDA_VISIBLE_DEVICES=0..N-1); s/epoch is then measured "
                          "with N processes sharing the host's CPUs")
+    ap.add_argument("--long-epochs", type=int, default=None,
+                    help="also run the full method for this many epochs (row 'triaccel (full), N ep')")
     ap.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: extra demo options for every run")
     args = ap.parse_args()
     args.demo_args = [a for a in args.demo_args if a != "--"]
     if args.parallel < 1:
         raise ValueError(f"--parallel={args.parallel}: must be >= 1")
-    jobs = [(model, method, seed) for model in args.models for method in args.methods for seed in args.seeds]
+    if args.long_epochs is not None and args.long_epochs < 1:
+        raise ValueError(f"--long-epochs={args.long_epochs}: must be >= 1")
+    methods = [*args.methods, *([long_row(args.long_epochs)] if args.long_epochs is not None else [])]
+    jobs = [(model, method, seed) for model in args.models for method in methods for seed in args.seeds]
     gpus: queue.Queue[str | None] = queue.Queue()
     for i in range(args.parallel):
         gpus.put(str(i) if args.parallel > 1 else None)
@@ -116,7 +162,7 @@ def main() -> None:
         model, method, seed = spec
         gpu = gpus.get()
         try:
-            tag = f"{model}-{method.split()[0].strip('+()')}-s{seed}"
+            tag = f"{model}-{method.split()[0].strip('+()')}{'-long' if method.endswith(' ep') else ''}-s{seed}"
             row = run_one(model, method, seed, args, Path(args.runs) / tag, gpu)
         finally:
             gpus.put(gpu)
@@ -137,11 +183,14 @@ def main() -> None:
     out.write_text(json.dumps({"meta": meta, "cells": cells, "runs": rows}, indent=2, default=str))
     print(f"# table1  device={device}  date={meta['date']}  epochs={args.epochs}  seeds={args.seeds}")
     print(f"# command: {meta['command']}")
-    print(f"{'model':<16}{'method':<20}{'acc %':>14}{'s/epoch':>9}{'peak GB':>9}{'eff/FP32':>9}")
+    print(f"{'model':<16}{'method':<26}{'acc %':>14}{'s/epoch':>9}{'wall s':>8}{'peak GB':>9}{'eff/FP32':>9}"
+          f"{'to AMP acc s':>13}{'/AMP wall':>10}")
     for c in cells:
         acc = f"{c['acc_mean']:.2f}+-{c['acc_std']:.2f}"
-        print(f"{c['model']:<16}{c['method']:<20}{acc:>14}{c['s_per_epoch']:>9.2f}{c['peak_gb']:>9.2f}"
-              f"{c['efficiency_vs_fp32']:>9.2f}")
+        t, r = c["seconds_to_amp_acc"], c["to_amp_acc_vs_amp_wall"]
+        print(f"{c['model']:<16}{c['method']:<26}{acc:>14}{c['s_per_epoch']:>9.2f}{c['wall_s']:>8.1f}"
+              f"{c['peak_gb']:>9.2f}{c['efficiency_vs_fp32']:>9.2f}{'-' if t is None else f'{t:.1f}':>13}"
+              f"{'-' if r is None else f'{r:.2f}':>10}")
     print(f"# JSON: {out}")
 
 

@@ -194,14 +194,30 @@ def test_lr_rules_and_accumulation():
     for rule, expected in [("linear", 128 / 96), ("sqrt", math.sqrt(128 / 96)), ("none", 1.0)]:
         b = BatchLaw(CFG.replace(lr_rule=rule))
         b.update(0, 100, 0)
-        assert b.lr_scale() == pytest.approx(expected) and b.accumulation() == 1 and b.logical_batch() == 128
+        assert b.lr_scale(0) == pytest.approx(expected) and b.accumulation() == 1 and b.logical_batch() == 128
     acc = BatchLaw(CFG.replace(lr_rule="accumulate"))
     acc.update(0, 100, 0)
     assert acc.batch == 96                            # micro-batch capped at the logical batch
     acc.oom(0)
-    assert (acc.batch, acc.accumulation(), acc.logical_batch(), acc.lr_scale()) == (48, 2, 96, 1.0)
+    assert (acc.batch, acc.accumulation(), acc.logical_batch(), acc.lr_scale(0)) == (48, 2, 96, 1.0)
     acc.batch = 40
     assert acc.accumulation() == 3                    # 40 + 40 + 16 = 96
+
+
+def test_lr_ramp_up_in_steps_down_at_once():
+    b = BatchLaw(CFG.replace(lr_rule="linear", lr_ramp_steps=100))
+    b.update(0, 100, step=50)                         # 96 -> 128: ramp 1 -> 4/3 over steps 50..150
+    assert [b.lr_scale(s) for s in (50, 100, 150, 400)] == pytest.approx([1.0, 7 / 6, 4 / 3, 4 / 3])
+    b.update(0, 100, step=100)                        # 128 -> 160 mid-ramp: starts from 7/6
+    assert b.lr_scale(100) == pytest.approx(7 / 6)
+    assert b.lr_scale(150) == pytest.approx(7 / 6 + (160 / 96 - 7 / 6) / 2)
+    b.oom(step=160)                                   # 160 -> 80: lower at once
+    assert b.lr_scale(160) == pytest.approx(80 / 96)
+    restored = BatchLaw(b.cfg)
+    restored.load_state_dict(b.state_dict())
+    assert restored.lr_scale(170) == b.lr_scale(170)
+    with pytest.raises(ValueError, match="lr_ramp_steps"):
+        CFG.replace(lr_ramp_steps=-1)
 
 
 def test_buckets_move_one_bucket():

@@ -53,6 +53,9 @@ class BatchLaw:
         self.ceiling = upper
         self.ooms = 0
         self.last_oom_step: int | None = None
+        # LR ramp: multiplier at the last batch change and that change's step.
+        self.ramp_from = self._target_scale()
+        self.ramp_start = 0
 
     # -- grid -------------------------------------------------------------------------------
     def _grid(self) -> list[int]:
@@ -68,6 +71,13 @@ class BatchLaw:
         return below[-1] if below else grid[0]
 
     # -- law --------------------------------------------------------------------------------
+    def _set_batch(self, b: int, step: int) -> None:
+        """Move to batch `b` at `step`; an LR ramp starts from the multiplier in force then."""
+        if b != self.batch:
+            self.ramp_from = self.lr_scale(step)
+            self.ramp_start = step
+            self.batch = b
+
     def update(self, used: int, mem_max: int, step: int) -> int:
         """One control decision at `step` from memory use `used` (bytes) against MemMax (bytes)."""
         c = self.cfg
@@ -89,7 +99,7 @@ class BatchLaw:
                 b = max(b - c.delta_down, c.batch_min)
         if b > self.batch and used * b / self.batch > c.rho_high * mem_max:
             b = self.batch  # the grown batch would likely land above rho_high: hold
-        self.batch = self._clip(b)
+        self._set_batch(self._clip(b), step)
         return self.batch
 
     def oom(self, step: int) -> int:
@@ -103,7 +113,7 @@ class BatchLaw:
                 "input size; no smaller batch is allowed")
         failed = self.batch
         self.ceiling = max(c.batch_min, self._clip(failed - 1))
-        self.batch = self._clip(min(math.floor(failed * c.oom_shrink), self.ceiling))
+        self._set_batch(self._clip(min(math.floor(failed * c.oom_shrink), self.ceiling)), step)
         return self.batch
 
     # -- consistency ------------------------------------------------------------------------
@@ -117,8 +127,17 @@ class BatchLaw:
         """Samples per optimizer step."""
         return self.cfg.batch_init if self.cfg.lr_rule == "accumulate" else self.batch
 
-    def lr_scale(self) -> float:
-        """LR multiplier that keeps optimisation consistent with the current batch."""
+    def lr_scale(self, step: int) -> float:
+        """LR multiplier at `step` for the current batch: the lr_rule's value, reached after
+        `lr_ramp_steps` steps of a linear ramp when the batch grew; at once when it shrank."""
+        target = self._target_scale()
+        ramp = self.cfg.lr_ramp_steps
+        if target <= self.ramp_from or ramp == 0 or step - self.ramp_start >= ramp:
+            return target
+        return self.ramp_from + (target - self.ramp_from) * max(step - self.ramp_start, 0) / ramp
+
+    def _target_scale(self) -> float:
+        """The lr_rule's multiplier for the current batch."""
         ratio = self.batch / self.cfg.batch_init
         rule = self.cfg.lr_rule
         if rule == "linear":
@@ -128,8 +147,10 @@ class BatchLaw:
         return 1.0  # "none", and "accumulate" (the logical batch does not change)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "ceiling": self.ceiling, "ooms": self.ooms, "last_oom_step": self.last_oom_step}
+        return {"batch": self.batch, "ceiling": self.ceiling, "ooms": self.ooms, "last_oom_step": self.last_oom_step,
+                "ramp_from": self.ramp_from, "ramp_start": self.ramp_start}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.batch, self.ceiling, self.ooms = int(sd["batch"]), int(sd["ceiling"]), int(sd["ooms"])
         self.last_oom_step = sd["last_oom_step"]
+        self.ramp_from, self.ramp_start = float(sd["ramp_from"]), int(sd["ramp_start"])

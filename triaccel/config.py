@@ -91,6 +91,10 @@ class TriAccelConfig:
       lr_rule: how optimisation stays consistent when B changes: "linear" (lr * B/batch_init),
         "sqrt" (lr * sqrt(B/batch_init)), "none", or "accumulate" (the logical batch stays
         batch_init; B is the micro-batch and gradients accumulate over ceil(batch_init/B) of them).
+      lr_ramp_steps: optimizer steps over which the batch rule's LR multiplier moves linearly to
+        its new value after B grows (0: at once). Applied at control boundaries, so the ramp moves
+        in t_ctrl-step stairs. A shrinking B lowers the multiplier at once (a smaller batch at the
+        larger LR is the unstable direction).
     Loop:
       t_ctrl: steps between control decisions (precision, batch); warmup_steps: steps before the
         first precision decision (thresholds are calibrated then) and the first curvature step.
@@ -128,6 +132,7 @@ class TriAccelConfig:
     oom_shrink: float = 0.5
     oom_cooldown: int | None = None
     lr_rule: str = "linear"
+    lr_ramp_steps: int = 0
     t_ctrl: int = 50
     t_precision: int | None = None
     warmup_steps: int = 100
@@ -211,6 +216,7 @@ class TriAccelConfig:
         if self.oom_cooldown is not None:
             integer("oom_cooldown", 1)
         choice("lr_rule", LR_RULES)
+        integer("lr_ramp_steps", 0)
         integer("t_ctrl", 1)
         integer("warmup_steps", 0)
         if self.t_precision is not None:

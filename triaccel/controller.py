@@ -207,7 +207,7 @@ class Controller:
     def _make(self, step: int, changed: frozenset[str]) -> Decision:
         b = self._batch
         return Decision(step=step, precisions=self._precision.effective(step),
-                        lr_scales=_frozen(self._curvature.scales), lr_batch_scale=b.lr_scale(),
+                        lr_scales=_frozen(self._curvature.scales), lr_batch_scale=b.lr_scale(step),
                         batch_size=b.batch, accumulation=b.accumulation(), logical_batch=b.logical_batch(),
                         changed=changed)
 

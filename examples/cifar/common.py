@@ -47,7 +47,7 @@ class RunOptions:
     test_subset: int | None = None
     budget: str | None = None         # memory budget, e.g. "4GiB"
     batch_max: int = 512             # see train.py --batch-max
-    lr_rule: str = "sqrt"
+    lr_rule: str = "linear"
     curvature: str = "fisher"
     levers: tuple[str, ...] = LEVERS  # triaccel ablations: which levers are on
     t_ctrl: int = 50

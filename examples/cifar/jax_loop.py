@@ -113,6 +113,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     total_samples = opts.epochs * len(data.train_x)
     seen = 0
     rng = np.random.default_rng(opts.seed + 1)
+    curv_key = jax.random.key(opts.seed + 1)
     epoch_times: list[float] = []
     accs: list[float] = []
     step = 0
@@ -124,8 +125,11 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         while True:
             hyper(opt).set_value(jnp.asarray(opts.lr * cosine_lr_factor(seen / total_samples), jnp.float32))
             if ta is not None:
-                idx = rng.choice(len(data.train_x), cfg.b_curv, replace=False)
-                curv = (prep(xtr[idx], None), ytr[idx]) if controller.is_curvature_step(step) else None
+                curv = None
+                if controller.is_curvature_step(step):  # augmented, as the training batches (and torch's)
+                    idx = rng.choice(len(data.train_x), cfg.b_curv, replace=False)
+                    curv_key, k = jax.random.split(curv_key)
+                    curv = (prep(xtr[idx], k), ytr[idx])
                 ta.control(step, opt, model, batch=curv)
             res = elastic_step(loader, controller, lambda b, m: micro(b[0], b[1], m), step,
                                update_fn=lambda g, d: update(params, opt, g))
