@@ -15,6 +15,12 @@ in rounds (A, B, A, B, ...):
 - plain_policy: the plain optimizer with the per-layer policy triaccel chose: the cost (or gain)
   of the decision alone.
 
+The first four run as `nnx.jit` steps over the model and `nnx.Optimizer` objects, whose Python graph
+traversal per call bounds small-batch steps; `plain_fn` and `triaccel_fn` are the same two steps as
+`jax.jit` over the `nnx.split` state (graph definition static; split again only after
+`ta.control` changed something, at boundaries): Flax's functional form, where per-call host work is
+one pytree flatten and the device cost of the wrapper shows.
+
 Reports samples/s of each and the ratios to plain (target for triaccel >= 0.95; median over rounds;
 a round during which a step retraced for a new precision policy is timed again, since compilations
 are reported on their own), the number of traces of each jitted step (compilations), each step's
@@ -67,32 +73,71 @@ def _inner() -> optax.GradientTransformation:
     return optax.sgd(0.05, momentum=0.9, nesterov=True)
 
 
-def _plain(width: float, seed: int) -> tuple[Any, Any, CountingJit]:
+def _plain_step(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+    loss, g = nnx.value_and_grad(lambda m: ce_loss(m, (x, y)))(model)
+    opt.update(model, g)
+    return loss
+
+
+def _wrapped_step(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+    scale = loss_scale(opt.opt_state)
+    loss, g = nnx.value_and_grad(lambda m: ce_loss(m, (x, y)) * scale)(model)
+    opt.update(model, g)
+    return loss / scale
+
+
+def _functional(step: Callable[..., jax.Array]) -> Callable[..., Any]:
+    """`step` as a pure function of (graph definition, state, x, y) -> (loss, new state)."""
+    def pure(graphdef: Any, state: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, Any]:
+        model, opt = nnx.merge(graphdef, state)
+        loss = step(model, opt, x, y)
+        return loss, nnx.state((model, opt))
+    return pure
+
+
+def _plain(width: float, seed: int, functional: bool = False) -> tuple[Any, Any, CountingJit]:
     model = create_model("resnet18", width=width, seed=seed)
     lm = layer_map(model)
     precision_policy(model, ["fp32" if s.kind == "norm" else "bf16" for s in lm.specs], lm)
     opt = nnx.Optimizer(model, _inner(), wrt=nnx.Param)
-
-    def step(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array:
-        loss, g = nnx.value_and_grad(lambda m: ce_loss(m, (x, y)))(model)
-        opt.update(model, g)
-        return loss
-
-    return model, opt, CountingJit(step, donate_argnums=(0, 1))
+    if functional:
+        return model, opt, CountingJit(_functional(_plain_step), use_nnx=False, static_argnums=0,
+                                       donate_argnums=1)
+    return model, opt, CountingJit(_plain_step, donate_argnums=(0, 1))
 
 
-def _wrapped(width: float, seed: int, cfg: TriAccelConfig) -> tuple[Any, Any, TriAccel, CountingJit]:
+def _wrapped(width: float, seed: int, cfg: TriAccelConfig,
+             functional: bool = False) -> tuple[Any, Any, TriAccel, CountingJit]:
     model = create_model("resnet18", width=width, seed=seed)
     ta = TriAccel(cfg, model, loss_fn=ce_loss)
     opt = nnx.Optimizer(model, ta.wrap(_inner()), wrt=nnx.Param)
+    if functional:
+        return model, opt, ta, ta.jit(_functional(_wrapped_step), use_nnx=False, static_argnums=0,
+                                      donate_argnums=1)
+    return model, opt, ta, ta.jit(_wrapped_step, donate_argnums=(0, 1))
 
-    def step(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array:
-        scale = loss_scale(opt.opt_state)
-        loss, g = nnx.value_and_grad(lambda m: ce_loss(m, (x, y)) * scale)(model)
-        opt.update(model, g)
-        return loss / scale
 
-    return model, opt, ta, ta.jit(step, donate_argnums=(0, 1))
+class _SplitRunner:
+    """Calls a functional step on the split state of (model, opt); at a control boundary writes the
+    state back into the objects, lets `ta.control` act on them, and splits again."""
+
+    def __init__(self, model: Any, opt: Any, step: CountingJit, x: jax.Array, y: jax.Array,
+                 ta: TriAccel | None = None) -> None:
+        self.model, self.opt, self.step, self.x, self.y, self.ta = model, opt, step, x, y, ta
+        self.graphdef, self.state = nnx.split((model, opt))
+        self.n = 0
+
+    def __call__(self) -> jax.Array:
+        ta = self.ta
+        if ta is not None:
+            ctl = ta.controller
+            if ctl is not None and (ctl.is_control_step(self.n) or ctl.is_curvature_step(self.n)):
+                nnx.update((self.model, self.opt), self.state)
+                ta.control(self.n, self.opt, self.model)
+                self.graphdef, self.state = nnx.split((self.model, self.opt))
+            self.n += 1
+        loss, self.state = self.step(self.graphdef, self.state, self.x, self.y)
+        return loss
 
 
 def _time_chunk(fn: Callable[[], Any], n: int) -> float:
@@ -124,10 +169,15 @@ def bench_batch(bs: int, args: argparse.Namespace) -> dict[str, Any]:
             return step(m, opt, x, y)
         return run
 
+    # The functional forms (jax.jit over nnx.split state) of plain and of triaccel.
+    pfm, pfopt, pfstep = _plain(args.width, 0, functional=True)
+    wfm, wfopt, tfa, wfstep = _wrapped(args.width, 0, cfg, functional=True)
     runs: dict[str, tuple[Callable[[], Any], CountingJit]] = {
         "plain": (lambda: pstep(pm, popt, x, y), pstep),
         "triaccel": (wrapped_runner("triaccel", wm, wopt, ta, wstep), wstep),
         "triaccel_bf16": (wrapped_runner("triaccel_bf16", fm, fopt, fta, fstep), fstep),
+        "plain_fn": (_SplitRunner(pfm, pfopt, pfstep, x, y), pfstep),
+        "triaccel_fn": (_SplitRunner(wfm, wfopt, wfstep, x, y, tfa), wfstep),
     }
     for _ in range(args.warmup):  # compile, pass the first control boundaries
         for fn, _j in runs.values():
@@ -159,6 +209,7 @@ def bench_batch(bs: int, args: argparse.Namespace) -> dict[str, Any]:
         "plain_step_s": tp, "triaccel_step_s": tw,
         "plain_samples_per_s": bs / tp, "triaccel_samples_per_s": bs / tw, "throughput_ratio": tp / tw,
         "ratio_vs_plain": {k: tp / v for k, v in med.items()},
+        "functional_ratio": med["plain_fn"] / med["triaccel_fn"],
         "compilations": {k: j.traces for k, (_f, j) in runs.items()}, "retimed_rounds": retimed,
         "triaccel_steps": counters["triaccel"], "policy": list(p.short for p in ta.decision.precisions),
         "footprint_bytes": {"plain": pstep.footprint(bs), "triaccel": wstep.footprint(bs)},
@@ -234,16 +285,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# jax_overhead  {meta['date']}  {meta['device']} ({kind})  jax {jax.__version__}")
     print(f"# {meta['command']}")
     print(f"{'bs':>5} {'plain samp/s':>13} {'triaccel samp/s':>16} {'ratio':>6} {'ratio bf16-only':>16} "
-          f"{'policy-only':>12} {'compiles p/t':>13} {'fisher %':>9} {'hessian %':>10}")
+          f"{'policy-only':>12} {'fn: plain ms':>13} {'triaccel ms':>12} {'ratio':>6} {'compiles p/t':>13} "
+          f"{'fisher %':>9} {'hessian %':>10}")
     for r in results:
         c, q = r["curvature"], r["ratio_vs_plain"]
         f = f"{100 * c['fisher']['amortised_fraction_at_t_curv']:.2f}" if "fisher" in c else "-"
         h = f"{100 * c['hessian']['amortised_fraction_at_t_curv']:.2f}" if "hessian" in c else "-"
         print(f"{r['batch_size']:>5} {r['plain_samples_per_s']:>13.1f} {r['triaccel_samples_per_s']:>16.1f} "
               f"{r['throughput_ratio']:>6.3f} {q['triaccel_bf16']:>16.3f} {q['plain_policy']:>12.3f} "
+              f"{1e3 * r['step_s']['plain_fn']:>13.2f} {1e3 * r['step_s']['triaccel_fn']:>12.2f} "
+              f"{r['functional_ratio']:>6.3f} "
               f"{r['compilations']['plain']:>6}/{r['compilations']['triaccel']:<6} {f:>9} {h:>10}")
     print("# ratio = plain step time / variant step time (>1: faster than plain bf16); bf16-only: the wrapper with "
-          "its precision lever off; policy-only: plain optimizer with triaccel's final per-layer policy")
+          "its precision lever off; policy-only: plain optimizer with triaccel's final per-layer policy; "
+          "fn: both steps as jax.jit over nnx.split state (no nnx.jit graph traversal per call)")
     print(f"# written {out}")
     return 0
 
