@@ -16,10 +16,9 @@ in rounds (A, B, A, B, ...):
   of the decision alone.
 
 The first four run as `nnx.jit` steps over the model and `nnx.Optimizer` objects, whose Python graph
-traversal per call bounds small-batch steps; `plain_fn` and `triaccel_fn` are the same two steps as
-`jax.jit` over the `nnx.split` state (graph definition static; split again only after
-`ta.control` changed something, at boundaries): Flax's functional form, where per-call host work is
-one pytree flatten and the device cost of the wrapper shows.
+traversal per call bounds small-batch steps; `plain_fn`, `triaccel_fn` and `triaccel_bf16_fn` are the same steps as
+`jax.jit` over the `nnx.split` state (`SplitStep`: one jitted step per graph definition, split again
+only around `ta.control` at boundaries), where per-call host work is one pytree flatten.
 
 Reports samples/s of each and the ratios to plain (target for triaccel >= 0.95; median over rounds;
 a round during which a step retraced for a new precision policy is timed again, since compilations
@@ -59,8 +58,8 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from triaccel import TriAccelConfig  # noqa: E402
-from triaccel.backends.jax import (CountingJit, FisherTopK, HessianTopK, TriAccel, layer_map,  # noqa: E402
-                                   loss_scale, nnx_loss, precision_policy)
+from triaccel.backends.jax import (CountingJit, FisherTopK, HessianTopK, SplitStep, TriAccel,  # noqa: E402
+                                   layer_map, loss_scale, nnx_loss, precision_policy)
 from triaccel.backends.jax.models import create_model  # noqa: E402
 
 
@@ -86,58 +85,35 @@ def _wrapped_step(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array
     return loss / scale
 
 
-def _functional(step: Callable[..., jax.Array]) -> Callable[..., Any]:
-    """`step` as a pure function of (graph definition, state, x, y) -> (loss, new state)."""
-    def pure(graphdef: Any, state: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, Any]:
-        model, opt = nnx.merge(graphdef, state)
-        loss = step(model, opt, x, y)
-        return loss, nnx.state((model, opt))
-    return pure
-
-
-def _plain(width: float, seed: int, functional: bool = False) -> tuple[Any, Any, CountingJit]:
+def _plain(width: float, seed: int, functional: bool = False) -> tuple[Any, Any, Any]:
     model = create_model("resnet18", width=width, seed=seed)
     lm = layer_map(model)
     precision_policy(model, ["fp32" if s.kind == "norm" else "bf16" for s in lm.specs], lm)
     opt = nnx.Optimizer(model, _inner(), wrt=nnx.Param)
     if functional:
-        return model, opt, CountingJit(_functional(_plain_step), use_nnx=False, static_argnums=0,
-                                       donate_argnums=1)
+        return model, opt, SplitStep(_plain_step, model, opt)
     return model, opt, CountingJit(_plain_step, donate_argnums=(0, 1))
 
 
 def _wrapped(width: float, seed: int, cfg: TriAccelConfig,
-             functional: bool = False) -> tuple[Any, Any, TriAccel, CountingJit]:
+             functional: bool = False) -> tuple[Any, Any, TriAccel, Any]:
     model = create_model("resnet18", width=width, seed=seed)
     ta = TriAccel(cfg, model, loss_fn=ce_loss)
     opt = nnx.Optimizer(model, ta.wrap(_inner()), wrt=nnx.Param)
     if functional:
-        return model, opt, ta, ta.jit(_functional(_wrapped_step), use_nnx=False, static_argnums=0,
-                                      donate_argnums=1)
+        return model, opt, ta, SplitStep(_wrapped_step, model, opt, ta=ta)
     return model, opt, ta, ta.jit(_wrapped_step, donate_argnums=(0, 1))
 
 
-class _SplitRunner:
-    """Calls a functional step on the split state of (model, opt); at a control boundary writes the
-    state back into the objects, lets `ta.control` act on them, and splits again."""
+def _split_runner(step: SplitStep, x: jax.Array, y: jax.Array, control: bool) -> Callable[[], Any]:
+    n = [0]
 
-    def __init__(self, model: Any, opt: Any, step: CountingJit, x: jax.Array, y: jax.Array,
-                 ta: TriAccel | None = None) -> None:
-        self.model, self.opt, self.step, self.x, self.y, self.ta = model, opt, step, x, y, ta
-        self.graphdef, self.state = nnx.split((model, opt))
-        self.n = 0
-
-    def __call__(self) -> jax.Array:
-        ta = self.ta
-        if ta is not None:
-            ctl = ta.controller
-            if ctl is not None and (ctl.is_control_step(self.n) or ctl.is_curvature_step(self.n)):
-                nnx.update((self.model, self.opt), self.state)
-                ta.control(self.n, self.opt, self.model)
-                self.graphdef, self.state = nnx.split((self.model, self.opt))
-            self.n += 1
-        loss, self.state = self.step(self.graphdef, self.state, self.x, self.y)
-        return loss
+    def run() -> Any:
+        if control:
+            step.control(n[0])
+            n[0] += 1
+        return step(x, y)
+    return run
 
 
 def _time_chunk(fn: Callable[[], Any], n: int) -> float:
@@ -170,14 +146,16 @@ def bench_batch(bs: int, args: argparse.Namespace) -> dict[str, Any]:
         return run
 
     # The functional forms (jax.jit over nnx.split state) of plain and of triaccel.
-    pfm, pfopt, pfstep = _plain(args.width, 0, functional=True)
-    wfm, wfopt, tfa, wfstep = _wrapped(args.width, 0, cfg, functional=True)
-    runs: dict[str, tuple[Callable[[], Any], CountingJit]] = {
+    _pfm, _pfopt, pfstep = _plain(args.width, 0, functional=True)
+    _wfm, _wfopt, _tfa, wfstep = _wrapped(args.width, 0, cfg, functional=True)
+    _bfm, _bfopt, _bta, bfstep = _wrapped(args.width, 0, cfg.replace(adaptive_precision=False), functional=True)
+    runs: dict[str, tuple[Callable[[], Any], CountingJit | SplitStep]] = {
         "plain": (lambda: pstep(pm, popt, x, y), pstep),
         "triaccel": (wrapped_runner("triaccel", wm, wopt, ta, wstep), wstep),
         "triaccel_bf16": (wrapped_runner("triaccel_bf16", fm, fopt, fta, fstep), fstep),
-        "plain_fn": (_SplitRunner(pfm, pfopt, pfstep, x, y), pfstep),
-        "triaccel_fn": (_SplitRunner(wfm, wfopt, wfstep, x, y, tfa), wfstep),
+        "plain_fn": (_split_runner(pfstep, x, y, control=False), pfstep),
+        "triaccel_fn": (_split_runner(wfstep, x, y, control=True), wfstep),
+        "triaccel_bf16_fn": (_split_runner(bfstep, x, y, control=True), bfstep),
     }
     for _ in range(args.warmup):  # compile, pass the first control boundaries
         for fn, _j in runs.values():
@@ -285,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# jax_overhead  {meta['date']}  {meta['device']} ({kind})  jax {jax.__version__}")
     print(f"# {meta['command']}")
     print(f"{'bs':>5} {'plain samp/s':>13} {'triaccel samp/s':>16} {'ratio':>6} {'ratio bf16-only':>16} "
-          f"{'policy-only':>12} {'fn: plain ms':>13} {'triaccel ms':>12} {'ratio':>6} {'compiles p/t':>13} "
+          f"{'policy-only':>12} {'fn: plain ms':>13} {'triaccel ms':>12} {'ratio':>6} {'bf16-only':>10} {'compiles p/t':>13} "
           f"{'fisher %':>9} {'hessian %':>10}")
     for r in results:
         c, q = r["curvature"], r["ratio_vs_plain"]
@@ -294,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['batch_size']:>5} {r['plain_samples_per_s']:>13.1f} {r['triaccel_samples_per_s']:>16.1f} "
               f"{r['throughput_ratio']:>6.3f} {q['triaccel_bf16']:>16.3f} {q['plain_policy']:>12.3f} "
               f"{1e3 * r['step_s']['plain_fn']:>13.2f} {1e3 * r['step_s']['triaccel_fn']:>12.2f} "
-              f"{r['functional_ratio']:>6.3f} "
+              f"{r['functional_ratio']:>6.3f} {r['step_s']['plain_fn'] / r['step_s']['triaccel_bf16_fn']:>10.3f} "
               f"{r['compilations']['plain']:>6}/{r['compilations']['triaccel']:<6} {f:>9} {h:>10}")
     print("# ratio = plain step time / variant step time (>1: faster than plain bf16); bf16-only: the wrapper with "
           "its precision lever off; policy-only: plain optimizer with triaccel's final per-layer policy; "

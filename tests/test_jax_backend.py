@@ -80,7 +80,7 @@ import flax.serialization  # noqa: E402
 import pytest  # noqa: E402
 
 from triaccel import Precision, TriAccelConfig  # noqa: E402
-from triaccel.backends.jax import (MemoryProbe, TriAccel, current_policy, find_state, layer_map,  # noqa: E402
+from triaccel.backends.jax import (MemoryProbe, SplitStep, TriAccel, current_policy, find_state, layer_map,  # noqa: E402
                                    loss_scale, precision_policy, wrap)
 
 pytestmark = pytest.mark.filterwarnings("ignore:triaccel. device:RuntimeWarning")
@@ -320,3 +320,51 @@ def test_observe_oom_shrinks_batch_and_writes_state():
     state = ta.observe_oom(1, state)
     assert ta.decision.batch_size < b0
     np.testing.assert_allclose(find_state(state).lr_mult, ta.decision.lr_multipliers, rtol=1e-7)
+
+
+def _split_setup(policy_every: int | None = None):
+    x, y = image_data()
+    model = SmallCNN(nnx.Rngs(0))
+    cfg = TriAccelConfig(curvature="off", **{**FAST, "t_ctrl": 4, "warmup_steps": 4})
+    ta = TriAccel(cfg, model, loss_fn=cnn_loss)
+    opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1, momentum=0.9)), wrt=nnx.Param)
+
+    def step(model, opt, x, y):
+        scale = loss_scale(opt.opt_state)
+        l, g = nnx.value_and_grad(lambda m: cnn_loss(m, (x, y)) * scale)(model)
+        opt.update(model, g)
+        return l / scale
+
+    return x, y, model, opt, ta, step
+
+
+def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
+    """SplitStep: the same losses and parameters as the nnx.jit step; one compilation per policy
+    (a policy seen before reuses its variant); objects hold the current values after sync()."""
+    x, y, model_a, opt_a, ta_a, step = _split_setup()
+    jitted = ta_a.jit(step)
+    x, y, model_b, opt_b, ta_b, step_b = _split_setup()
+    split = SplitStep(step_b, model_b, opt_b, ta=ta_b)
+    la, lb = [], []
+    for s in range(16):
+        ta_a.control(s, opt_a, model_a)
+        la.append(float(jitted(model_a, opt_a, x[:16], y[:16])))
+        split.control(s)
+        lb.append(float(split(x[:16], y[:16])))
+    np.testing.assert_allclose(lb, la, rtol=1e-6)
+    split.sync()
+    for a, b in zip(jax.tree_util.tree_leaves(nnx.state(model_a, nnx.Param)),
+                    jax.tree_util.tree_leaves(nnx.state(model_b, nnx.Param))):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)
+    assert current_policy(model_b, ta_b.layers) == current_policy(model_a, ta_a.layers)
+    policies = {tuple(r["precisions"]) for r in ta_b.controller.telemetry.records}
+    assert split.traces == len(split._steps) == len(policies) == ta_b.report()["compilations"]
+    # Back to the first policy: its compiled step is found again, no new trace.
+    first = ta_b.controller.telemetry.records[0]["precisions"]
+    precision_policy(model_b, first, ta_b.layers)
+    before = split.traces
+    split.resplit()
+    split(x[:16], y[:16])
+    assert split.traces == before
+    with pytest.raises(ValueError, match="without ta="):
+        SplitStep(step_b, model_b, opt_b).control(0)

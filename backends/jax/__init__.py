@@ -15,12 +15,13 @@ from .curvature import FisherTopK, HessianTopK, NNXLoss, fisher_topk, nnx_loss, 
 from .layers import LayerMap, layer_map, layer_map_from_model, layer_map_from_params
 from .memory import MemoryProbe, MemorySample
 from .policy import CountingJit, counting_jit, current_policy, precision_policy
+from .split_step import SplitStep
 from .transform import (LossScaleConfig, TriAccel, TriAccelState, TriAccelTransformation, find_state,
                         loss_scale, wrap)
 
 __all__ = [
     "CountingJit", "FisherTopK", "HessianTopK", "LayerMap", "LossScaleConfig", "MemoryProbe", "MemorySample",
-    "NNXLoss", "TriAccel", "TriAccelState", "TriAccelTransformation", "counting_jit", "current_policy",
+    "NNXLoss", "SplitStep", "TriAccel", "TriAccelState", "TriAccelTransformation", "counting_jit", "current_policy",
     "find_state", "fisher_topk", "layer_map", "layer_map_from_model", "layer_map_from_params", "loss_scale",
     "nnx_loss", "per_sample_grads", "precision_policy", "wrap",
 ]

@@ -1,0 +1,95 @@
+"""`SplitStep`: an NNX train step run as `jax.jit` over the split state of its objects.
+
+`nnx.jit` walks the model's and the optimizer's object graph on every call; for a ResNet-18 that
+host work was ~5.5 ms per step on an H200 host (docs/benchmarks.md), more than the device's step at
+batch 96. `SplitStep` splits (model, optimizer) once into a static graph definition and a state
+pytree, and calls one `jax.jit` per graph definition with the state only: per call the host
+flattens the state and nothing else. The graph definition changes only when a static attribute
+does (a new precision policy at a control boundary); each one seen keeps its compiled step, found
+by identity, so a policy seen before is not recompiled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .policy import CountingJit
+
+__all__ = ["SplitStep"]
+
+
+class SplitStep:
+    """`fn(model, optimizer, *args) -> out` as a pure jitted function of the objects' state.
+
+    Between `sync()` calls the objects hold stale (donated) arrays: the current values live in
+    ``state``. Call `sync()` before reading or changing the objects outside the step (evaluation,
+    checkpoints), and `resplit()` after changing them (`control` does both around
+    `TriAccel.control`).
+
+    fn: the train step; it may update the objects in place, as under `nnx.jit`. ta: the `TriAccel`
+    whose `control` runs at boundaries; its `jit` counts each variant's compilation and memory
+    footprint (the micro-batch is the leading axis of the first array in ``args``). jit_kwargs:
+    passed to `jax.jit` (the state, argument 0, is donated unless ``donate_argnums`` is given).
+    """
+
+    def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
+                 **jit_kwargs: Any) -> None:
+        from flax import nnx
+
+        self._nnx = nnx
+        self.fn, self.objects, self.ta = fn, (model, optimizer), ta
+        self._jit_kwargs = {"donate_argnums": 0, **jit_kwargs}
+        self._steps: dict[Any, CountingJit] = {}   # graph definition -> its jitted step
+        self.resplit()
+
+    def _jit_for(self, graphdef: Any) -> CountingJit:
+        nnx, fn = self._nnx, self.fn
+
+        def pure(state: Any, *args: Any) -> tuple[Any, Any]:
+            objects = nnx.merge(graphdef, state)
+            out = fn(*objects, *args)
+            return out, nnx.state(objects)
+
+        if self.ta is not None:
+            return self.ta.jit(pure, use_nnx=False, **self._jit_kwargs)
+        return CountingJit(pure, use_nnx=False, **self._jit_kwargs)
+
+    def resplit(self) -> None:
+        """Split the objects again (after a change to them); the graph definition is hashed and
+        compared here, once, instead of on every call."""
+        self._graphdef, self.state = self._nnx.split(self.objects)
+        self._step: CountingJit | None = None  # looked up at the next call
+
+    def sync(self) -> None:
+        """Write the current state into the objects."""
+        self._nnx.update(self.objects, self.state)
+
+    def __call__(self, *args: Any) -> Any:
+        if self._step is None:
+            step = self._steps.get(self._graphdef)
+            if step is None:
+                step = self._steps[self._graphdef] = self._jit_for(self._graphdef)
+            self._step = step
+        out, self.state = self._step(self.state, *args)
+        return out
+
+    def control(self, step: int, batch: Any = None) -> None:
+        """`TriAccel.control` for `step` on the objects (synced before, re-split after), at control
+        and curvature steps only; elsewhere nothing happens (as in `TriAccel.control`)."""
+        ta = self.ta
+        if ta is None:
+            raise ValueError("control: SplitStep was built without ta=TriAccel(...)")
+        ctl = ta.controller
+        if ctl is None:
+            raise ValueError("control: no layers yet; build the optimizer (tx.init) first")
+        if not (ctl.is_control_step(step) or ctl.is_curvature_step(step)):
+            return
+        self.sync()
+        model, optimizer = self.objects
+        ta.control(step, optimizer, model, batch=batch)
+        self.resplit()
+
+    @property
+    def traces(self) -> int:
+        """Compilations of the step over all graph definitions seen."""
+        return sum(j.traces for j in self._steps.values())
