@@ -95,3 +95,18 @@ def test_control_feeds_the_controller_in_use_plus_the_compiled_footprint():
     fp = ta.footprint(8)
     assert fp is not None and fp > 0
     assert seen == [(2, 1000 + fp, 10_000)]   # no reading at step 0: no step's peak in memory yet
+
+    # Resume in a "new process": the first boundary (step 4) comes before any step of it ran.
+    step(jnp.ones((8, 4)), model, opt)        # step 3
+    resumed = TriAccel(cfg, model)
+    opt2 = nnx.Optimizer(model, resumed.wrap(optax.sgd(0.1)), wrt=nnx.Param)
+    nnx.update(opt2, nnx.state(opt))          # the checkpointed optimizer state
+    resumed.load_state_dict(ta.state_dict())
+    resumed.probe = MemoryProbe(dev)
+    resumed.controller.observe_memory = lambda s, used, limit: seen.append((s, used, limit))
+    rstep = resumed.jit(step.fn)
+    seen.clear()
+    for s in range(4, 7):
+        resumed.control(s, opt2, model)
+        rstep(jnp.ones((8, 4)), model, opt2)
+    assert [s for s, _u, _l in seen] == [6]

@@ -162,6 +162,9 @@ class TriAccel:
         self._tensor_layer: np.ndarray | None = None  # of the tree the wrapped tx sees
         self._tensor_counts: np.ndarray | None = None
         self.last_fed = -1          # last device step whose moments went to the controller
+        # Optimizer steps counted on the device at this process's last control boundary (None before
+        # one): memory is read only when a step ran in this process since then.
+        self._count_at_boundary: int | None = None
         self.rows_lost = 0          # steps overwritten in the ring before a boundary read them
         self.rows_skipped = 0       # non-finite steps (not observed, by the core's contract)
         self._curv: Any = None
@@ -283,8 +286,9 @@ class TriAccel:
         known = [fp for j in self._jits if (fp := j.footprint(batch)) is not None]
         return max(known) if known else None
 
-    def _feed(self, ts: TriAccelState) -> None:
-        moments, row_step = jax.device_get((_value(ts.moments), _value(ts.row_step)))
+    def _feed(self, ts: TriAccelState) -> int:
+        """Give the controller the ring's rows not fed yet; returns the device's step count."""
+        moments, row_step, count = jax.device_get((_value(ts.moments), _value(ts.row_step), _value(ts.count)))
         order = np.argsort(row_step)
         rows = [(int(row_step[i]), moments[i]) for i in order if row_step[i] > self.last_fed]
         if rows and rows[0][0] != self.last_fed + 1:
@@ -304,6 +308,7 @@ class TriAccel:
                 continue
             self.controller.observe_grad_moments(s, group_by_layer(row[:, 0], self._tensor_layer, L),
                                                  group_by_layer(row[:, 1], self._tensor_layer, L), counts)
+        return int(count)
 
     def _curvature(self, step: int, params: Any, model: Any, batch: Any) -> None:
         cfg = self.config
@@ -351,12 +356,15 @@ class TriAccel:
             return opt_state
         ts = find_state(opt_state)
         if control:
-            self._feed(ts)
-        if control and step > 0:  # before any step, memory holds no step's peak (as torch: no reading)
-            b = ctl.decision.batch_size
-            sample = self.probe.read(batch=b, footprint=self.footprint(b))
-            if sample is not None:
-                ctl.observe_memory(step, sample.used, sample.limit)
+            count = self._feed(ts)
+            # Before a step of this process ran (step 0, or the first boundary after a resume),
+            # memory holds no step's peak: no reading (as torch, whose peak counter is per process).
+            if self._count_at_boundary is not None and count > self._count_at_boundary:
+                b = ctl.decision.batch_size
+                sample = self.probe.read(batch=b, footprint=self.footprint(b))
+                if sample is not None:
+                    ctl.observe_memory(step, sample.used, sample.limit)
+            self._count_at_boundary = count
         if curv:
             self._curvature(step, params, model, batch)
         d = ctl.decide(step)
