@@ -40,7 +40,6 @@ from flax import nnx  # noqa: E402
 
 from triaccel import TriAccelConfig  # noqa: E402
 from triaccel.backends.jax import CountingJit, FisherTopK, TriAccel, loss_scale, nnx_loss  # noqa: E402
-from triaccel.backends.jax.policy import compiled_footprint  # noqa: E402
 from triaccel.backends.jax.models import create_model  # noqa: E402
 
 
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     jax.block_until_ready(fisher(pure.params, batch, pure.aux))
     curv = {"b_curv": bc, "peak_before": before, "peak_after": stats().get("peak_bytes_in_use"),
             "in_use": stats().get("bytes_in_use"),
-            "footprint": compiled_footprint(fisher._grams, pure.params, batch, pure.aux)}  # its jitted Gram pass
+            "footprint": fisher.footprint(pure.params, batch, pure.aux)}
 
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "device": str(dev),

@@ -110,3 +110,49 @@ def test_control_feeds_the_controller_in_use_plus_the_compiled_footprint():
         resumed.control(s, opt2, model)
         rstep(jnp.ones((8, 4)), model, opt2)
     assert [s for s, _u, _l in seen] == [6]
+
+
+def test_reading_after_a_fisher_pass_covers_its_footprint_once():
+    """As torch's peak counter: the reading after a curvature pass sees max(step, Fisher pass)
+    footprints; the one after that the step's alone."""
+    import optax
+    from flax import nnx
+
+    from triaccel import TriAccelConfig
+    from triaccel.backends.jax import TriAccel
+
+    class Net(nnx.Module):
+        def __init__(self):
+            self.fc = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.fc(x)
+
+    def loss_fn(m, batch):
+        return (m(batch[0]) ** 2).mean()
+
+    model = Net()
+    cfg = TriAccelConfig(curvature="fisher", t_ctrl=2, t_curv=4, warmup_steps=2, top_k=1, b_curv=64,
+                         batch_init=8, batch_min=8, batch_max=64)
+    ta = TriAccel(cfg, model, loss_fn=loss_fn)
+    opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
+    dev = FakeDevice()
+    dev.stats.update(bytes_in_use=1000, peak_bytes_in_use=1000)
+    ta.probe = MemoryProbe(dev)
+
+    @ta.jit
+    def step(x, model, opt):
+        g = nnx.grad(lambda m: (m(x) ** 2).mean())(model)
+        opt.update(model, g)
+
+    seen = []
+    ta.controller.observe_memory = lambda s, used, limit: seen.append((s, used))
+    curv_batch = (jnp.ones((64, 4)), jnp.zeros((64,), jnp.int32))
+    for s in range(9):
+        ta.control(s, opt, model, batch=curv_batch)
+        step(jnp.ones((8, 4)), model, opt)
+    fisher_fp, step_fp = ta._curv_footprint, ta.footprint(8)
+    assert fisher_fp is not None and fisher_fp > step_fp   # 64 per-sample gradients vs one of 8
+    # Curvature at steps 4 and 8 (after the reading of the same boundary): only the reading at 6
+    # follows a pass.
+    assert seen == [(2, 1000 + step_fp), (4, 1000 + step_fp), (6, 1000 + fisher_fp), (8, 1000 + step_fp)]

@@ -29,6 +29,7 @@ import numpy as np
 from triaccel.curvature import fisher_topk_from_gram, ritz
 
 from .layers import LayerMap
+from .policy import compiled_footprint
 
 __all__ = ["NNXLoss", "nnx_loss", "FisherTopK", "per_sample_grads", "layer_grams", "fisher_topk", "HessianTopK"]
 
@@ -112,6 +113,11 @@ class FisherTopK:
         """float64 (L, k): top-k eigenvalues of each layer's empirical Fisher on `batch`."""
         grams = np.asarray(jax.device_get(self._grams(params, batch, aux)), dtype=np.float64)
         return np.stack([fisher_topk_from_gram(g, self.k) for g in grams])
+
+    def footprint(self, params: Any, batch: Any, aux: Any = None) -> int | None:
+        """Bytes the jitted Gram pass needs on `batch` beyond its arguments (per-sample gradients
+        and Grams), from XLA's compiled memory analysis; None where there is none."""
+        return compiled_footprint(self._grams, params, batch, aux)
 
 
 def fisher_topk(loss_fn: LossFn, params: Any, batch: Any, layers: LayerMap, k: int, aux: Any = None) -> np.ndarray:

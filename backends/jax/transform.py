@@ -165,6 +165,10 @@ class TriAccel:
         # Optimizer steps counted on the device at this process's last control boundary (None before
         # one): memory is read only when a step ran in this process since then.
         self._count_at_boundary: int | None = None
+        # Bytes the Fisher pass needs beyond its arguments (once known), and whether a pass ran since
+        # the last memory reading: that reading then covers its peak too, as torch's peak counter does.
+        self._curv_footprint: int | None = None
+        self._curv_ran = False
         self.rows_lost = 0          # steps overwritten in the ring before a boundary read them
         self.rows_skipped = 0       # non-finite steps (not observed, by the core's contract)
         self._curv: Any = None
@@ -335,7 +339,12 @@ class TriAccel:
                 old = self._curv[1]
                 est.vectors, est.eigvals, est._cursor = old.vectors, old.eigvals, old._cursor
             self._curv = (key, est)
-        self.controller.observe_curvature(step, self._curv[1](params, batch, aux))
+            self._curv_footprint = None
+        est = self._curv[1]
+        self.controller.observe_curvature(step, est(params, batch, aux))
+        if isinstance(est, FisherTopK) and self._curv_footprint is None:
+            self._curv_footprint = est.footprint(params, batch, aux)  # compiled by the call above
+        self._curv_ran = True
 
     def control(self, step: int, opt_state: Any, model: Any = None, batch: Any = None,
                 params: Any = None) -> Any:
@@ -361,7 +370,11 @@ class TriAccel:
             # memory holds no step's peak: no reading (as torch, whose peak counter is per process).
             if self._count_at_boundary is not None and count > self._count_at_boundary:
                 b = ctl.decision.batch_size
-                sample = self.probe.read(batch=b, footprint=self.footprint(b))
+                footprint = self.footprint(b)
+                if footprint is not None and self._curv_ran and self._curv_footprint is not None:
+                    footprint = max(footprint, self._curv_footprint)  # (else the probe's fallback)
+                self._curv_ran = False
+                sample = self.probe.read(batch=b, footprint=footprint)
                 if sample is not None:
                     ctl.observe_memory(step, sample.used, sample.limit)
             self._count_at_boundary = count
