@@ -77,8 +77,11 @@ def current_policy(model: Any, layers: LayerMap | None = None) -> tuple[str, ...
 def compiled_footprint(jitted: Any, *args: Any, **kwargs: Any) -> int | None:
     """Bytes a call of `jitted` (a `jax.jit` / `nnx.jit` function) with these arguments needs beyond
     them, from XLA's compiled memory analysis: temporaries + outputs - outputs aliased to donated
-    inputs. Lowering and compiling are cache hits after a call with the same shapes. None where
-    the platform or version offers no analysis (callers then fall back to allocator counters)."""
+    inputs. Lowering and compiling are cache hits after a call with the same shapes and the same
+    input placements; where an input's placement differs (an uncommitted array where the call had
+    a committed one, as after an `nnx.jit` call that replaced the objects' arrays with its outputs)
+    the step is lowered and compiled once more. None where the platform or version offers no
+    analysis (callers then fall back to allocator counters)."""
     try:
         stats = jitted.lower(*args, **kwargs).compile().memory_analysis()
     except Exception:  # no analysis on this platform/version
@@ -99,8 +102,10 @@ class CountingJit:
     from XLA's compiled memory analysis: temporaries + outputs - outputs aliased to donated inputs
     (the largest over the variants compiled at that size). The micro-batch is the leading axis of
     the first positional array argument (None when there is none: such a footprint holds for every
-    batch). Read once per new variant, where the lowering and compilation are cache hits; XLA has
-    no resettable peak, so this is how the memory probe sees a step's peak before it happens.
+    batch). Read once per new variant, where the lowering and compilation are cache hits if the
+    inputs keep their placement across calls (commit the initial model and optimizer state to the
+    device, as the CIFAR demo does; see `compiled_footprint`); XLA has no resettable peak, so this
+    is how the memory probe sees a step's peak before it happens.
     """
 
     def __init__(self, fn: Callable[..., Any], *, use_nnx: bool = True, **jit_kwargs: Any) -> None:

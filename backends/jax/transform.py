@@ -93,6 +93,13 @@ def _grad_moments_fn() -> Callable[..., Any]:
     return f
 
 
+def _placed_like(value: Any, old: Any) -> jax.Array:
+    """`value` with `old`'s dtype, on `old`'s devices and committed only if `old` is: a jitted
+    step whose inputs change placement between calls is compiled again for the new placement."""
+    v = jnp.asarray(value, dtype=jnp.asarray(old).dtype)
+    return jax.device_put(v, old.sharding) if getattr(old, "committed", False) else v
+
+
 def _is_state(x: Any) -> bool:
     return isinstance(x, TriAccelState)
 
@@ -408,9 +415,9 @@ class TriAccel:
         if hasattr(opt_state, "opt_state") and hasattr(ts.count, "get_value"):
             # nnx.Optimizer: its opt_state leaves are OptArray Variables; update them in place.
             for k, v in new.items():
-                getattr(ts, k).set_value(v.astype(_value(getattr(ts, k)).dtype))
+                getattr(ts, k).set_value(_placed_like(v, _value(getattr(ts, k))))
             return opt_state
-        replaced = ts._replace(**{k: v.astype(jnp.asarray(_value(getattr(ts, k))).dtype) for k, v in new.items()})
+        replaced = ts._replace(**{k: _placed_like(v, _value(getattr(ts, k))) for k, v in new.items()})
         if _is_state(opt_state):
             return replaced
         if hasattr(opt_state, "opt_state") and hasattr(opt_state, "replace"):  # flax TrainState

@@ -71,6 +71,10 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             lm = layer_map_from_model(model)
             precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
     opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    # Commit the initial state to the device, as the data and every step's outputs are: otherwise
+    # the second call of each jitted function sees other input placements than the first and
+    # compiles again (and so does the footprint analysis of each new variant).
+    nnx.update((model, opt), jax.device_put(nnx.state((model, opt)), dev))
     log.write("layers", names=list(controller.layer_names))
     key = jax.random.key(opts.seed)
 
@@ -123,7 +127,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         records: list[dict[str, Any]] = []
         bar = progress(total=len(data.train_x), desc=f"epoch {epoch + 1}/{opts.epochs}")
         while True:
-            hyper(opt).set_value(jnp.asarray(opts.lr * cosine_lr_factor(seen / total_samples), jnp.float32))
+            hyper(opt).set_value(jax.device_put(np.float32(opts.lr * cosine_lr_factor(seen / total_samples)), dev))
             if ta is not None:
                 curv = None
                 if controller.is_curvature_step(step):  # augmented, as the training batches (and torch's)
