@@ -368,3 +368,21 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
     assert split.traces == before
     with pytest.raises(ValueError, match="without ta="):
         SplitStep(step_b, model_b, opt_b).control(0)
+
+
+def test_decisions_written_at_boundaries_keep_input_placement():
+    """A committed state stays committed through control(): the jitted update does not compile
+    again after each boundary for a new input placement."""
+    cfg = TriAccelConfig(curvature="off", **{**FAST, "base_precision": "fp16"})  # boundaries write scaling too
+    ta, tx, params, state = _pure_setup(cfg)
+    dev = jax.devices()[0]
+    params, state = jax.device_put(params, dev), jax.device_put(state, dev)
+    upd = jax.jit(tx.update)
+    x, y = mlp_data(64)
+    for s in range(12):                           # boundaries at 0, 4, 8
+        state = ta.control(s, state)
+        assert all(a.committed for a in jax.tree_util.tree_leaves(state))
+        g = jax.grad(lambda p: mlp_loss(p, (x[:16], y[:16])))(params)
+        u, state = upd(g, state, params)
+        params = optax.apply_updates(params, u)
+    assert upd._cache_size() == 1
