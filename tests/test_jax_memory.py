@@ -60,11 +60,12 @@ def test_batch_free_footprint_applies_to_every_batch():
     assert set(j.footprints) == {None} and j.footprint(123) == j.footprints[None]
 
 
-def test_control_feeds_the_controller_in_use_plus_the_compiled_footprint():
+def _probed_net(cfg, loss_fn=None):
+    """A one-layer NNX net wrapped by TriAccel(cfg) with a fake device (1000 bytes in use), its
+    `ta.jit` step, and a list collecting the controller's memory observations (step, used)."""
     import optax
     from flax import nnx
 
-    from triaccel import TriAccelConfig
     from triaccel.backends.jax import TriAccel
 
     class Net(nnx.Module):
@@ -75,65 +76,6 @@ def test_control_feeds_the_controller_in_use_plus_the_compiled_footprint():
             return self.fc(x)
 
     model = Net()
-    cfg = TriAccelConfig(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=8, batch_max=64)
-    ta = TriAccel(cfg, model)
-    opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
-    dev = FakeDevice()
-    dev.stats.update(bytes_in_use=1000, peak_bytes_in_use=1000)
-    ta.probe = MemoryProbe(dev)
-
-    @ta.jit
-    def step(x, model, opt):
-        g = nnx.grad(lambda m: (m(x) ** 2).mean())(model)
-        opt.update(model, g)
-
-    seen = []
-    ta.controller.observe_memory = lambda s, used, limit: seen.append((s, used, limit))
-    for s in range(3):
-        ta.control(s, opt, model)
-        step(jnp.ones((8, 4)), model, opt)
-    fp = ta.footprint(8)
-    assert fp is not None and fp > 0
-    assert seen == [(2, 1000 + fp, 10_000)]   # no reading at step 0: no step's peak in memory yet
-
-    # Resume in a "new process": the first boundary (step 4) comes before any step of it ran.
-    step(jnp.ones((8, 4)), model, opt)        # step 3
-    resumed = TriAccel(cfg, model)
-    opt2 = nnx.Optimizer(model, resumed.wrap(optax.sgd(0.1)), wrt=nnx.Param)
-    nnx.update(opt2, nnx.state(opt))          # the checkpointed optimizer state
-    resumed.load_state_dict(ta.state_dict())
-    resumed.probe = MemoryProbe(dev)
-    resumed.controller.observe_memory = lambda s, used, limit: seen.append((s, used, limit))
-    rstep = resumed.jit(step.fn)
-    seen.clear()
-    for s in range(4, 7):
-        resumed.control(s, opt2, model)
-        rstep(jnp.ones((8, 4)), model, opt2)
-    assert [s for s, _u, _l in seen] == [6]
-
-
-def test_reading_after_a_fisher_pass_covers_its_footprint_once():
-    """As torch's peak counter: the reading after a curvature pass sees max(step, Fisher pass)
-    footprints; the one after that the step's alone."""
-    import optax
-    from flax import nnx
-
-    from triaccel import TriAccelConfig
-    from triaccel.backends.jax import TriAccel
-
-    class Net(nnx.Module):
-        def __init__(self):
-            self.fc = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
-
-        def __call__(self, x):
-            return self.fc(x)
-
-    def loss_fn(m, batch):
-        return (m(batch[0]) ** 2).mean()
-
-    model = Net()
-    cfg = TriAccelConfig(curvature="fisher", t_ctrl=2, t_curv=4, warmup_steps=2, top_k=1, b_curv=64,
-                         batch_init=8, batch_min=8, batch_max=64)
     ta = TriAccel(cfg, model, loss_fn=loss_fn)
     opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
     dev = FakeDevice()
@@ -147,6 +89,53 @@ def test_reading_after_a_fisher_pass_covers_its_footprint_once():
 
     seen = []
     ta.controller.observe_memory = lambda s, used, limit: seen.append((s, used))
+    return model, ta, opt, dev, step, seen
+
+
+def test_control_feeds_the_controller_in_use_plus_the_compiled_footprint():
+    import optax
+    from flax import nnx
+
+    from triaccel import TriAccelConfig
+    from triaccel.backends.jax import TriAccel
+
+    cfg = TriAccelConfig(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=8, batch_max=64)
+    model, ta, opt, dev, step, seen = _probed_net(cfg)
+    for s in range(3):
+        ta.control(s, opt, model)
+        step(jnp.ones((8, 4)), model, opt)
+    fp = ta.footprint(8)
+    assert fp is not None and fp > 0
+    assert seen == [(2, 1000 + fp)]   # no reading at step 0: no step's peak in memory yet
+    assert ta.probe.read(batch=8, footprint=fp).limit == 10_000
+
+    # Resume in a "new process": the first boundary (step 4) comes before any step of it ran.
+    step(jnp.ones((8, 4)), model, opt)        # step 3
+    resumed = TriAccel(cfg, model)
+    opt2 = nnx.Optimizer(model, resumed.wrap(optax.sgd(0.1)), wrt=nnx.Param)
+    nnx.update(opt2, nnx.state(opt))          # the checkpointed optimizer state
+    resumed.load_state_dict(ta.state_dict())
+    resumed.probe = MemoryProbe(dev)
+    resumed.controller.observe_memory = lambda s, used, limit: seen.append((s, used))
+    rstep = resumed.jit(step.fn)
+    seen.clear()
+    for s in range(4, 7):
+        resumed.control(s, opt2, model)
+        rstep(jnp.ones((8, 4)), model, opt2)
+    assert [s for s, _u in seen] == [6]
+
+
+def test_reading_after_a_fisher_pass_covers_its_footprint_once():
+    """As torch's peak counter: the reading after a curvature pass sees max(step, Fisher pass)
+    footprints; the one after that the step's alone."""
+    from triaccel import TriAccelConfig
+
+    def loss_fn(m, batch):
+        return (m(batch[0]) ** 2).mean()
+
+    cfg = TriAccelConfig(curvature="fisher", t_ctrl=2, t_curv=4, warmup_steps=2, top_k=1, b_curv=64,
+                         batch_init=8, batch_min=8, batch_max=64)
+    model, ta, opt, _dev, step, seen = _probed_net(cfg, loss_fn)
     curv_batch = (jnp.ones((64, 4)), jnp.zeros((64,), jnp.int32))
     for s in range(9):
         ta.control(s, opt, model, batch=curv_batch)
