@@ -1,6 +1,7 @@
 """Compare two CIFAR demo runs (issue 7: torch vs JAX with triaccel): accuracy and decision trajectories.
 
     python3 benchmarks/parity_plot.py RUN_A RUN_B [--out-json PATH] [--out-png PATH]
+    python3 benchmarks/parity_plot.py --summary PARITY_JSON [PARITY_JSON ...] [--out-json PATH]
 
 RUN_A and RUN_B are --out directories of `python -m examples.cifar.train` (log.jsonl + summary.json),
 for instance a torch and a JAX run of the same options:
@@ -15,6 +16,9 @@ benchmarks/results/parity-<a>-vs-<b>.json, <a>/<b> = the directories' names) and
 docs/img/parity-<a>-vs-<b>.png): accuracy per epoch, batch size vs samples seen, lambda_max per
 layer over steps (when the runs estimated curvature), per-layer precision of A and of B, and the
 precision level A - B at the steps where both decided.
+
+`--summary` reads comparisons written before (one per seed, say) and prints one row each plus each
+side's mean +- std of final accuracy and the difference of the means (`summarize`).
 
 What `compare` measures:
 - accuracy, in percent: final (summary.json) and per epoch (the log's "epoch" records).
@@ -263,19 +267,69 @@ def table(a: Run, b: Run, result: dict[str, Any]) -> str:
     ])
 
 
+def summarize(comparisons: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Over several `compare` results (JSON as written by this script): per comparison its seeds,
+    finals (%) and A - B; over all, mean and sample std of each side's final (%), the difference of
+    the means (points), and how many comparisons are within 0.5 points on their own."""
+    if not comparisons:
+        raise ValueError("comparisons: need at least one parity JSON")
+    rows = []
+    for c in comparisons:
+        acc, runs = c["accuracy"], c["runs"]
+        rows.append({"seed_a": runs["a"]["options"]["seed"], "seed_b": runs["b"]["options"]["seed"],
+                     "final_a": acc["final_a"], "final_b": acc["final_b"], "diff_points": acc["diff_points"],
+                     "precision_agreement": c["decisions"]["precision_agreement"]})
+    fa = np.array([r["final_a"] for r in rows], dtype=np.float64)
+    fb = np.array([r["final_b"] for r in rows], dtype=np.float64)
+    std = (lambda x: float(x.std(ddof=1)) if x.size > 1 else 0.0)
+    return {"rows": rows, "mean_a": float(fa.mean()), "std_a": std(fa), "mean_b": float(fb.mean()),
+            "std_b": std(fb), "diff_of_means": float(fa.mean() - fb.mean()),
+            "within_half_point": int(sum(abs(r["diff_points"]) <= 0.5 for r in rows)), "count": len(rows)}
+
+
+def _summary_main(paths: Sequence[str], out_json: str | None, command: list[str]) -> dict[str, Any]:
+    comparisons = [json.loads(Path(p).read_text()) for p in paths]
+    res = summarize(comparisons)
+    names = comparisons[0]["runs"]["a"]["name"], comparisons[0]["runs"]["b"]["name"]
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(command), "inputs": list(paths)}
+    print(f"# parity summary  date={meta['date']}")
+    print(f"# command: {meta['command']}")
+    print(f"| seed | {names[0]} % | {names[1]} % | A - B | precision agreement |")
+    print("|---|---|---|---|---|")
+    for r in res["rows"]:
+        seed = r["seed_a"] if r["seed_a"] == r["seed_b"] else f"{r['seed_a']}/{r['seed_b']}"
+        print(f"| {seed} | {r['final_a']:.2f} | {r['final_b']:.2f} | {r['diff_points']:+.2f} | "
+              f"{_pct(r['precision_agreement'])} |")
+    print(f"| mean | {res['mean_a']:.2f} +- {res['std_a']:.2f} | {res['mean_b']:.2f} +- {res['std_b']:.2f} | "
+          f"{res['diff_of_means']:+.2f} | {res['within_half_point']} of {res['count']} within 0.5 |")
+    if out_json:
+        Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_json).write_text(json.dumps({**meta, **res}, indent=1))
+        print(f"# json: {out_json}")
+    return res
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_a", help="run directory A (log.jsonl, summary.json)")
-    p.add_argument("run_b", help="run directory B")
+    p.add_argument("run_a", nargs="?", help="run directory A (log.jsonl, summary.json)")
+    p.add_argument("run_b", nargs="?", help="run directory B")
+    p.add_argument("--summary", nargs="+", metavar="PARITY_JSON", default=None,
+                   help="summarise comparisons written before instead of comparing two runs")
     p.add_argument("--out-json", default=None, help="default benchmarks/results/parity-<a>-vs-<b>.json")
     p.add_argument("--out-png", default=None, help="default docs/img/parity-<a>-vs-<b>.png")
     args = p.parse_args(argv)
+    command = [os.path.basename(sys.executable), "benchmarks/parity_plot.py", *(sys.argv[1:] if argv is None else argv)]
+    if args.summary is not None:
+        if args.run_a or args.run_b:
+            p.error("--summary takes parity JSON files, not run directories")
+        return _summary_main(args.summary, args.out_json, command)
+    if not (args.run_a and args.run_b):
+        p.error("two run directories are needed (or --summary PARITY_JSON ...)")
     a, b = load_run(args.run_a), load_run(args.run_b)
     result = compare(a, b)
     stem = f"parity-{a.name}-vs-{b.name}"
     out_json = Path(args.out_json or ROOT / "benchmarks" / "results" / f"{stem}.json")
     out_png = Path(args.out_png or ROOT / "docs" / "img" / f"{stem}.png")
-    command = [os.path.basename(sys.executable), "benchmarks/parity_plot.py", *(sys.argv[1:] if argv is None else argv)]
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(command)}
     plot(a, b, result, out_png)
     out_json.parent.mkdir(parents=True, exist_ok=True)

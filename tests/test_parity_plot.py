@@ -137,3 +137,29 @@ def test_layer_mismatch_raises(tmp_path: Path, names_b: list[str], message: str)
     _write_run(tmp_path / "b", names_b, BATCH_B, dec_b, [0.5, 0.5], "jax")
     with pytest.raises(ValueError, match=message):
         pp.compare(pp.load_run(tmp_path / "a"), pp.load_run(tmp_path / "b"))
+
+
+def test_summary_over_seed_pairs(tmp_path, capsys):
+    def comparison(seed: int, fa: float, fb: float, agree: float) -> dict[str, Any]:
+        runs = {k: {"name": n, "options": {"seed": seed}} for k, n in (("a", "torch"), ("b", "jax"))}
+        return {"runs": runs, "accuracy": {"final_a": fa, "final_b": fb, "diff_points": fa - fb},
+                "decisions": {"precision_agreement": agree}}
+
+    comps = [comparison(0, 84.0, 83.0, 0.9), comparison(1, 85.0, 84.8, 0.95), comparison(2, 86.0, 85.6, 1.0)]
+    res = pp.summarize(comps)
+    assert res["mean_a"] == pytest.approx(85.0) and res["std_a"] == pytest.approx(1.0)
+    assert res["mean_b"] == pytest.approx(84.4667, abs=1e-4)
+    assert res["diff_of_means"] == pytest.approx(85.0 - 84.4667, abs=1e-4)
+    assert res["within_half_point"] == 2 and res["count"] == 3
+    paths = []
+    for i, c in enumerate(comps):
+        paths.append(tmp_path / f"c{i}.json")
+        paths[-1].write_text(json.dumps(c))
+    out = tmp_path / "summary.json"
+    pp.main(["--summary", *map(str, paths), "--out-json", str(out)])
+    assert json.loads(out.read_text())["within_half_point"] == 2
+    assert "| mean | 85.00 +- 1.00 | 84.47 +- 1.33 | +0.53 | 2 of 3 within 0.5 |" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="at least one"):
+        pp.summarize([])
+    with pytest.raises(SystemExit):
+        pp.main([str(paths[0])])             # one run directory alone
