@@ -125,23 +125,24 @@ def test_control_feeds_the_controller_in_use_plus_the_compiled_footprint():
     assert [s for s, _u in seen] == [6]
 
 
-def test_reading_after_a_fisher_pass_covers_its_footprint_once():
-    """As torch's peak counter: the reading after a curvature pass sees max(step, Fisher pass)
+@pytest.mark.parametrize("curvature", ["fisher", "hessian"])
+def test_reading_after_a_curvature_pass_covers_its_footprint_once(curvature):
+    """As torch's peak counter: the reading after a curvature pass sees max(step, curvature pass)
     footprints; the one after that the step's alone."""
     from triaccel import TriAccelConfig
 
     def loss_fn(m, batch):
         return (m(batch[0]) ** 2).mean()
 
-    cfg = TriAccelConfig(curvature="fisher", t_ctrl=2, t_curv=4, warmup_steps=2, top_k=1, b_curv=64,
+    cfg = TriAccelConfig(curvature=curvature, t_ctrl=2, t_curv=4, warmup_steps=2, top_k=1, b_curv=64,
                          batch_init=8, batch_min=8, batch_max=64)
     model, ta, opt, _dev, step, seen = _probed_net(cfg, loss_fn)
     curv_batch = (jnp.ones((64, 4)), jnp.zeros((64,), jnp.int32))
     for s in range(9):
         ta.control(s, opt, model, batch=curv_batch)
         step(jnp.ones((8, 4)), model, opt)
-    fisher_fp, step_fp = ta._curv_footprint, ta.footprint(8)
-    assert fisher_fp is not None and fisher_fp > step_fp   # 64 per-sample gradients vs one of 8
+    curv_fp, step_fp = ta._curv_footprint, ta.footprint(8)
+    assert curv_fp is not None and curv_fp > step_fp       # 64 samples vs 8
     # Curvature at steps 4 and 8 (after the reading of the same boundary): only the reading at 6
     # follows a pass.
-    assert seen == [(2, 1000 + step_fp), (4, 1000 + step_fp), (6, 1000 + fisher_fp), (8, 1000 + step_fp)]
+    assert seen == [(2, 1000 + step_fp), (4, 1000 + step_fp), (6, 1000 + curv_fp), (8, 1000 + step_fp)]

@@ -213,6 +213,15 @@ class HessianTopK:
         self._cursor = (self._cursor + per) % L
         return sorted(chosen.union(missing))
 
+    def footprint(self, params: Any, batch: Any, aux: Any = None) -> int | None:
+        """Bytes one jitted subspace-iteration step (the vmapped HVP of k vectors) needs on `batch`
+        beyond its arguments, from XLA's compiled memory analysis; None before the first call
+        (no warm-start vectors yet) or where there is no analysis. The k warm-start vectors are
+        resident between calls: they count as memory in use, not here."""
+        if self.vectors is None:
+            return None
+        return compiled_footprint(self._run_layer, params, batch, aux, self.vectors, jnp.int32(0))
+
     def __call__(self, params: Any, batch: Any, aux: Any = None) -> np.ndarray:
         """float64 (L, k): top-k Ritz values (descending) of each layer's Hessian block on `batch`.
 

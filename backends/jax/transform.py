@@ -172,8 +172,9 @@ class TriAccel:
         # Optimizer steps counted on the device at this process's last control boundary (None before
         # one): memory is read only when a step ran in this process since then.
         self._count_at_boundary: int | None = None
-        # Bytes the Fisher pass needs beyond its arguments (once known), and whether a pass ran since
-        # the last memory reading: that reading then covers its peak too, as torch's peak counter does.
+        # Bytes the curvature pass needs beyond its arguments (once known), and whether a pass ran
+        # since the last memory reading: that reading then covers its peak too, as torch's peak
+        # counter does.
         self._curv_footprint: int | None = None
         self._curv_ran = False
         self.rows_lost = 0          # steps overwritten in the ring before a boundary read them
@@ -349,7 +350,7 @@ class TriAccel:
             self._curv_footprint = None
         est = self._curv[1]
         self.controller.observe_curvature(step, est(params, batch, aux))
-        if isinstance(est, FisherTopK) and self._curv_footprint is None:
+        if self._curv_footprint is None:
             self._curv_footprint = est.footprint(params, batch, aux)  # compiled by the call above
         self._curv_ran = True
 
