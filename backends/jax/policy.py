@@ -6,12 +6,18 @@ weights the optimizer updates). In NNX ``dtype`` is a static attribute, so each 
 is a distinct graph: `nnx.jit` traces once per policy and reuses the compiled step when a policy
 comes back. Decisions change only at control boundaries, so the number of traces is bounded by the
 number of distinct policies (and batch sizes) seen — `CountingJit` counts them.
+
+Linen modules are immutable, so `linen_precision(policy, layers)` applies a policy for the calls
+made inside it (a `flax.linen.intercept_methods` interceptor that gives each layer's ``__call__``
+its compute dtype): use it inside the jitted step with the policy as a static argument, so the step
+is traced once per policy, as under NNX.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax.numpy as jnp
 
@@ -19,7 +25,8 @@ from triaccel.precision import Precision
 
 from .layers import LayerMap, layer_map_from_model
 
-__all__ = ["DTYPES", "precision_policy", "current_policy", "CountingJit", "compiled_footprint", "counting_jit"]
+__all__ = ["DTYPES", "precision_policy", "current_policy", "linen_precision", "policy_names", "CountingJit",
+           "compiled_footprint", "counting_jit"]
 
 DTYPES = {Precision.FP16: jnp.float16, Precision.BF16: jnp.bfloat16, Precision.FP32: jnp.float32}
 
@@ -59,6 +66,50 @@ def precision_policy(model: Any, decision: Any, layers: LayerMap | None = None) 
             mod.dtype = want
         applied.append(prec.short)
     return tuple(applied)
+
+
+def policy_names(decision: Any) -> tuple[str, ...]:
+    """The per-layer precisions of a Decision (or a sequence of Precision / names) as short names:
+    hashable, for a static jit argument."""
+    return tuple(Precision.parse(p).short for p in getattr(decision, "precisions", decision))
+
+
+@contextlib.contextmanager
+def linen_precision(policy: Any, layers: LayerMap) -> Iterator[tuple[str, ...]]:
+    """Within the block, each linen layer module of `layers` computes in its policy's dtype.
+
+    policy: a Decision or a sequence of precisions in `layers.specs` order (`policy_names`).
+    layers: the layer map of the linen parameters (`layer_map_from_params`); a layer is the module
+    at that path (``"block.Dense_0"`` = path ("block", "Dense_0")). Parameters stay FP32. A layer
+    module without a ``dtype`` attribute raises ValueError when it is called. Yields the policy's
+    short names.
+    """
+    import flax.linen as nn
+
+    names = policy_names(policy)
+    if len(names) != layers.num_layers:
+        raise ValueError(f"policy: {len(names)} precisions for {layers.num_layers} layers")
+    want = {spec.name: DTYPES[Precision.parse(n)] for spec, n in zip(layers.specs, names)}
+
+    def interceptor(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
+        mod = context.module
+        name = ".".join(str(p) for p in getattr(mod, "path", ()))
+        if context.method_name != "__call__" or name not in want:
+            return next_fun(*args, **kwargs)
+        if not hasattr(mod, "dtype"):
+            raise ValueError(f"layer {name!r} ({type(mod).__name__}) has no `dtype` attribute; its compute "
+                             "precision cannot be set")
+        # The bound module is this apply's own clone: setting its dtype for the call changes no
+        # other call (linen dataclasses are frozen, hence object.__setattr__).
+        old = mod.dtype
+        object.__setattr__(mod, "dtype", want[name])
+        try:
+            return next_fun(*args, **kwargs)
+        finally:
+            object.__setattr__(mod, "dtype", old)
+
+    with nn.intercept_methods(interceptor):
+        yield names
 
 
 def current_policy(model: Any, layers: LayerMap | None = None) -> tuple[str, ...]:
