@@ -57,7 +57,13 @@ class SplitStep:
     def resplit(self) -> None:
         """Split the objects again (after a change to them); the graph definition is hashed and
         compared here, once, instead of on every call."""
-        self._graphdef, self.state = self._nnx.split(self.objects)
+        import jax
+
+        self._graphdef, state = self._nnx.split(self.objects)
+        # Committed from the first call on, as the step's outputs are when any input (the data) is:
+        # a state whose placement changed between calls would be compiled for again.
+        self.state = jax.tree_util.tree_map(
+            lambda a: jax.device_put(a, a.sharding) if isinstance(a, jax.Array) and not a.committed else a, state)
         self._step: CountingJit | None = None  # looked up at the next call
 
     def sync(self) -> None:
