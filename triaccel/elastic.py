@@ -227,8 +227,8 @@ class ElasticStepReport(Generic[T]):
         return sum(w * o for w, o in zip(self.weights, self.outputs))
 
     def mean_loss(self) -> float:
-        """Sample-weighted mean of float(outputs) over the step (a host sync per micro-batch)."""
-        return float(sum(w * float(o) for w, o in zip(self.weights, self.outputs)))
+        """Sample-weighted mean of the outputs over the step, on the host (one sync)."""
+        return float(self.weighted_sum())
 
 
 @dataclass

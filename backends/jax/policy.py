@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
 import jax.numpy as jnp
 
@@ -47,31 +47,34 @@ def precision_policy(model: Any, decision: Any, layers: LayerMap | None = None) 
     precision cannot be applied), as does a length mismatch.
     """
     lm = layers if layers is not None else layer_map_from_model(model)
-    precs: Sequence[Any] = getattr(decision, "precisions", decision)
-    if len(precs) != lm.num_layers:
-        raise ValueError(f"decision: {len(precs)} precisions for {lm.num_layers} layers of the model")
+    names = _names_for(decision, lm, "decision")
     mods = _modules_by_name(model)
-    applied = []
-    for spec, p in zip(lm.specs, precs):
-        prec = Precision.parse(p)
+    for spec, name in zip(lm.specs, names):
         mod = mods.get(spec.name)
         if mod is None:
             raise ValueError(f"layers: {spec.name!r} is not a module path of the model")
         if not hasattr(mod, "dtype"):
             raise ValueError(f"layer {spec.name!r} ({type(mod).__name__}) has no `dtype` attribute; "
                              "its compute precision cannot be set")
-        want = DTYPES[prec]
+        want = DTYPES[Precision.parse(name)]
         # Assign only on change: an identical assignment keeps the graph (and the jit cache key).
         if mod.dtype is None or jnp.dtype(mod.dtype) != jnp.dtype(want):
             mod.dtype = want
-        applied.append(prec.short)
-    return tuple(applied)
+    return names
 
 
 def policy_names(decision: Any) -> tuple[str, ...]:
     """The per-layer precisions of a Decision (or a sequence of Precision / names) as short names:
     hashable, for a static jit argument."""
     return tuple(Precision.parse(p).short for p in getattr(decision, "precisions", decision))
+
+
+def _names_for(policy: Any, layers: LayerMap, param: str) -> tuple[str, ...]:
+    """`policy_names(policy)`, checked to hold one precision per layer of `layers`."""
+    names = policy_names(policy)
+    if len(names) != layers.num_layers:
+        raise ValueError(f"{param}: {len(names)} precisions for {layers.num_layers} layers of the model")
+    return names
 
 
 @contextlib.contextmanager
@@ -86,9 +89,7 @@ def linen_precision(policy: Any, layers: LayerMap) -> Iterator[tuple[str, ...]]:
     """
     import flax.linen as nn
 
-    names = policy_names(policy)
-    if len(names) != layers.num_layers:
-        raise ValueError(f"policy: {len(names)} precisions for {layers.num_layers} layers")
+    names = _names_for(policy, layers, "policy")
     want = {spec.name: DTYPES[Precision.parse(n)] for spec, n in zip(layers.specs, names)}
 
     def interceptor(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
