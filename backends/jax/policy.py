@@ -26,7 +26,7 @@ from triaccel.precision import Precision
 from .layers import LayerMap, layer_map_from_model
 
 __all__ = ["DTYPES", "precision_policy", "current_policy", "linen_precision", "policy_names", "CountingJit",
-           "compiled_footprint", "counting_jit"]
+           "commit", "compiled_footprint", "counting_jit"]
 
 DTYPES = {Precision.FP16: jnp.float16, Precision.BF16: jnp.bfloat16, Precision.FP32: jnp.float32}
 
@@ -126,6 +126,17 @@ def current_policy(model: Any, layers: LayerMap | None = None) -> tuple[str, ...
     return tuple(out)
 
 
+def commit(tree: Any) -> Any:
+    """`tree` with every uncommitted JAX array committed to the device it is on. A jitted step's
+    outputs are committed as soon as one input is (data placed with `jax.device_put(x, device)`),
+    and an input whose placement changes between calls makes the step compile again: commit a
+    state before its first call."""
+    import jax
+
+    return jax.tree_util.tree_map(
+        lambda a: jax.device_put(a, a.sharding) if isinstance(a, jax.Array) and not a.committed else a, tree)
+
+
 def compiled_footprint(jitted: Any, *args: Any, **kwargs: Any) -> int | None:
     """Bytes a call of `jitted` (a `jax.jit` / `nnx.jit` function) with these arguments needs beyond
     them, from XLA's compiled memory analysis: temporaries + outputs - outputs aliased to donated
@@ -155,8 +166,8 @@ class CountingJit:
     (the largest over the variants compiled at that size). The micro-batch is the leading axis of
     the first positional array argument (None when there is none: such a footprint holds for every
     batch). Read once per new variant, where the lowering and compilation are cache hits if the
-    inputs keep their placement across calls (commit the initial model and optimizer state to the
-    device, as the CIFAR demo does; see `compiled_footprint`); XLA has no resettable peak, so this
+    inputs keep their placement across calls (`commit` the initial model and optimizer state, as
+    the CIFAR demo does; see `compiled_footprint`); XLA has no resettable peak, so this
     is how the memory probe sees a step's peak before it happens.
     """
 

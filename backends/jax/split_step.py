@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .policy import CountingJit
+from .policy import CountingJit, commit
 
 __all__ = ["SplitStep"]
 
@@ -57,13 +57,8 @@ class SplitStep:
     def resplit(self) -> None:
         """Split the objects again (after a change to them); the graph definition is hashed and
         compared here, once, instead of on every call."""
-        import jax
-
         self._graphdef, state = self._nnx.split(self.objects)
-        # Committed from the first call on, as the step's outputs are when any input (the data) is:
-        # a state whose placement changed between calls would be compiled for again.
-        self.state = jax.tree_util.tree_map(
-            lambda a: jax.device_put(a, a.sharding) if isinstance(a, jax.Array) and not a.committed else a, state)
+        self.state = commit(state)  # the placement the step's outputs will have (see `commit`)
         self._step: CountingJit | None = None  # looked up at the next call
 
     def sync(self) -> None:

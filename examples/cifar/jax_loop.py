@@ -12,7 +12,7 @@ import optax
 from flax import nnx
 
 from triaccel import Controller, Precision
-from triaccel.backends.jax import (TriAccel, augment, find_state, layer_map_from_model, loss_scale,
+from triaccel.backends.jax import (TriAccel, augment, commit, find_state, layer_map_from_model, loss_scale,
                                    precision_policy)
 from triaccel.backends.jax.data import ElasticLoader, elastic_step
 from triaccel.backends.jax.models import create_model
@@ -71,10 +71,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             lm = layer_map_from_model(model)
             precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
     opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    # Commit the initial state to the device, as the data and every step's outputs are: otherwise
-    # the second call of each jitted function sees other input placements than the first and
-    # compiles again (and so does the footprint analysis of each new variant).
-    nnx.update((model, opt), jax.device_put(nnx.state((model, opt)), dev))
+    # Committed as the data and every step's outputs are, or each jitted function compiles again
+    # on its second call (and so does the footprint analysis of each new variant).
+    nnx.update((model, opt), commit(nnx.state((model, opt))))
     log.write("layers", names=list(controller.layer_names))
     key = jax.random.key(opts.seed)
 
