@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -371,6 +373,17 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
     assert split.traces == before
     with pytest.raises(ValueError, match="without ta="):
         SplitStep(step_b, model_b, opt_b).control(0)
+
+
+def test_split_step_rejects_a_step_that_changes_the_state_structure():
+    x, y, model, opt, ta, step = _split_setup()
+
+    def grows(model: Any, opt: Any, x: jax.Array) -> jax.Array:
+        model.extra = nnx.BatchStat(jnp.zeros(()))   # a new Variable: the flat leaves no longer line up
+        return x.sum()
+
+    with pytest.raises(ValueError, match="changed the structure"):
+        SplitStep(grows, model, opt)(x[:4])
 
 
 def test_decisions_written_at_boundaries_keep_input_placement():

@@ -3,8 +3,9 @@
 `nnx.jit` walks the model's and the optimizer's object graph on every call; for a ResNet-18 that
 host work was ~5.5 ms per step on an H200 host (docs/benchmarks.md), more than the device's step at
 batch 96. `SplitStep` splits (model, optimizer) once into a static graph definition and a state
-pytree, and calls one `jax.jit` per graph definition with the state only: per call the host
-flattens the state and nothing else. The graph definition changes only when a static attribute
+pytree, and calls one `jax.jit` per graph definition with the state's leaves as a flat list: per
+call the host hands jit a list of arrays (flattened in C++) and rebuilds no `nnx.Variable`; the
+state's tree is rebuilt inside the trace only. The graph definition changes only when a static attribute
 does (a new precision policy at a control boundary); each one seen keeps its compiled step, found
 by identity, so a policy seen before is not recompiled.
 """
@@ -22,7 +23,7 @@ class SplitStep:
     """`fn(model, optimizer, *args) -> out` as a pure jitted function of the objects' state.
 
     Between `sync()` calls the objects hold stale (donated) arrays: the current values live in
-    ``state``. Call `sync()` before reading or changing the objects outside the step (evaluation,
+    ``state`` (an `nnx.State`, rebuilt on each read from the flat leaves the step carries). Call `sync()` before reading or changing the objects outside the step (evaluation,
     checkpoints), and `resplit()` after changing them (`control` does both around
     `TriAccel.control`).
 
@@ -34,31 +35,43 @@ class SplitStep:
 
     def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
                  **jit_kwargs: Any) -> None:
+        import jax
         from flax import nnx
 
-        self._nnx = nnx
+        self._nnx, self._tree_util = nnx, jax.tree_util
         self.fn, self.objects, self.ta = fn, (model, optimizer), ta
         self._jit_kwargs = {"donate_argnums": 0, **jit_kwargs}
-        self._steps: dict[Any, CountingJit] = {}   # graph definition -> its jitted step
+        self._steps: dict[Any, CountingJit] = {}   # (graph definition, state treedef) -> its jitted step
         self.resplit()
 
-    def _jit_for(self, graphdef: Any) -> CountingJit:
+    def _jit_for(self, graphdef: Any, treedef: Any) -> CountingJit:
         nnx, fn = self._nnx, self.fn
+        tree_util = self._tree_util
 
-        def pure(state: Any, *args: Any) -> tuple[Any, Any]:
-            objects = nnx.merge(graphdef, state)
+        def pure(leaves: list[Any], *args: Any) -> tuple[Any, list[Any]]:
+            objects = nnx.merge(graphdef, tree_util.tree_unflatten(treedef, leaves))
             out = fn(*objects, *args)
-            return out, nnx.state(objects)
+            new, new_def = tree_util.tree_flatten(nnx.state(objects))
+            if new_def != treedef:
+                raise ValueError("fn: the step changed the structure of the objects' state (added or "
+                                 "removed a Variable); SplitStep needs the same structure after each call")
+            return out, new
 
         if self.ta is not None:
             return self.ta.jit(pure, use_nnx=False, **self._jit_kwargs)
         return CountingJit(pure, use_nnx=False, **self._jit_kwargs)
 
+    @property
+    def state(self) -> Any:
+        """The objects' current state (`nnx.State`), as the step last left it."""
+        return self._tree_util.tree_unflatten(self._treedef, self._leaves)
+
     def resplit(self) -> None:
         """Split the objects again (after a change to them); the graph definition is hashed and
         compared here, once, instead of on every call."""
         self._graphdef, state = self._nnx.split(self.objects)
-        self.state = commit(state)  # the placement the step's outputs will have (see `commit`)
+        # committed: the placement the step's outputs will have (see `commit`)
+        self._leaves, self._treedef = self._tree_util.tree_flatten(commit(state))
         self._step: CountingJit | None = None  # looked up at the next call
 
     def sync(self) -> None:
@@ -67,11 +80,12 @@ class SplitStep:
 
     def __call__(self, *args: Any) -> Any:
         if self._step is None:
-            step = self._steps.get(self._graphdef)
+            key = (self._graphdef, self._treedef)
+            step = self._steps.get(key)
             if step is None:
-                step = self._steps[self._graphdef] = self._jit_for(self._graphdef)
+                step = self._steps[key] = self._jit_for(*key)
             self._step = step
-        out, self.state = self._step(self.state, *args)
+        out, self._leaves = self._step(self._leaves, *args)
         return out
 
     def control(self, step: int, batch: Any = None) -> None:
