@@ -116,14 +116,17 @@ def _split_runner(step: SplitStep, x: jax.Array, y: jax.Array, control: bool) ->
     return run
 
 
-def _time_chunk(fn: Callable[[], Any], n: int) -> float:
-    """Seconds per step over n steps, one device sync at the end (the steps pipeline as in training)."""
+def _time_chunk(fn: Callable[[], Any], n: int) -> tuple[float, float]:
+    """(seconds per step, host seconds per call) over n steps, one device sync at the end (the steps
+    pipeline as in training). The host time is the loop's time before that sync: when it is close
+    to the step time, the host, not the device, bounds the step."""
     t = time.perf_counter()
     out = None
     for _ in range(n):
         out = fn()
+    host = time.perf_counter() - t
     jax.block_until_ready(out)
-    return (time.perf_counter() - t) / n
+    return (time.perf_counter() - t) / n, host / n
 
 
 def bench_batch(bs: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -167,6 +170,7 @@ def bench_batch(bs: int, args: argparse.Namespace) -> dict[str, Any]:
     jax.block_until_ready(runs["plain_policy"][0]())
     per = max(1, args.steps // args.rounds)
     times: dict[str, list[float]] = {k: [] for k in runs}
+    host: dict[str, list[float]] = {k: [] for k in runs}
     retimed = 0
     for _ in range(args.rounds):
         for name, (fn, j) in runs.items():
@@ -174,16 +178,18 @@ def bench_batch(bs: int, args: argparse.Namespace) -> dict[str, Any]:
             # compilation, which is counted separately: time the chunk again (bounded).
             for attempt in range(4):
                 before = j.traces
-                t_chunk = _time_chunk(fn, per)
+                t_chunk, t_host = _time_chunk(fn, per)
                 if j.traces == before or attempt == 3:
                     break
                 retimed += 1
             times[name].append(t_chunk)
+            host[name].append(t_host)
     med = {k: statistics.median(v) for k, v in times.items()}
     tp, tw = med["plain"], med["triaccel"]
     res: dict[str, Any] = {
         "batch_size": bs, "steps_per_round": per, "rounds": args.rounds,
-        "step_s": med, "samples_per_s": {k: bs / v for k, v in med.items()},
+        "step_s": med, "host_s_per_call": {k: statistics.median(v) for k, v in host.items()},
+        "samples_per_s": {k: bs / v for k, v in med.items()},
         "plain_step_s": tp, "triaccel_step_s": tw,
         "plain_samples_per_s": bs / tp, "triaccel_samples_per_s": bs / tw, "throughput_ratio": tp / tw,
         "ratio_vs_plain": {k: tp / v for k, v in med.items()},
@@ -274,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{1e3 * r['step_s']['plain_fn']:>13.2f} {1e3 * r['step_s']['triaccel_fn']:>12.2f} "
               f"{r['functional_ratio']:>6.3f} {r['step_s']['plain_fn'] / r['step_s']['triaccel_bf16_fn']:>10.3f} "
               f"{r['compilations']['plain']:>6}/{r['compilations']['triaccel']:<6} {f:>9} {h:>10}")
+    for r in results:
+        print(f"# bs {r['batch_size']} host ms per call (loop time before the sync; close to the step time = "
+              "host-bound): " + ", ".join(f"{k} {1e3 * v:.2f}/{1e3 * r['step_s'][k]:.2f}"
+                                          for k, v in r["host_s_per_call"].items()))
     print("# ratio = plain step time / variant step time (>1: faster than plain bf16); bf16-only: the wrapper with "
           "its precision lever off; policy-only: plain optimizer with triaccel's final per-layer policy; "
           "fn: both steps as jax.jit over nnx.split state (no nnx.jit graph traversal per call)")

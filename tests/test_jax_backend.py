@@ -324,10 +324,10 @@ def test_observe_oom_shrinks_batch_and_writes_state():
     np.testing.assert_allclose(find_state(state).lr_mult, ta.decision.lr_multipliers, rtol=1e-7)
 
 
-def _split_setup(policy_every: int | None = None):
+def _split_setup(curvature: str = "off"):
     x, y = image_data()
     model = SmallCNN(nnx.Rngs(0))
-    cfg = TriAccelConfig(curvature="off", **{**FAST, "t_ctrl": 4, "warmup_steps": 4})
+    cfg = TriAccelConfig(curvature=curvature, **{**FAST, "t_ctrl": 4, "warmup_steps": 4})
     ta = TriAccel(cfg, model, loss_fn=cnn_loss)
     opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1, momentum=0.9)), wrt=nnx.Param)
 
@@ -341,23 +341,32 @@ def _split_setup(policy_every: int | None = None):
 
 
 def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
-    """SplitStep: the same losses and parameters as the nnx.jit step; one compilation per policy
-    (a policy seen before reuses its variant); objects hold the current values after sync()."""
-    x, y, model_a, opt_a, ta_a, step = _split_setup()
+    """SplitStep: the same losses and parameters as the nnx.jit step, through boundaries that change
+    the policy (re-split) and boundaries that change only values (curvature's LR multipliers: moved
+    without a re-split); one compilation per policy (a policy seen before reuses its variant);
+    objects hold the current values after sync()."""
+    x, y, model_a, opt_a, ta_a, step = _split_setup("fisher")
     jitted = ta_a.jit(step)
-    x, y, model_b, opt_b, ta_b, step_b = _split_setup()
+    x, y, model_b, opt_b, ta_b, step_b = _split_setup("fisher")
     split = SplitStep(step_b, model_b, opt_b, ta=ta_b)
     la, lb = [], []
     xc, yc = jax.device_put((x[:16], y[:16]), jax.devices()[0])   # committed data: committed outputs
-    for s in range(16):
-        ta_a.control(s, opt_a, model_a)
+    curv = (x[16:24], y[16:24])
+    boundaries = 0
+    for s in range(24):
+        ta_a.control(s, opt_a, model_a, batch=curv)
         la.append(float(jitted(model_a, opt_a, x[:16], y[:16])))
-        split.control(s)
+        boundaries += ta_b.controller.is_control_step(s)
+        split.control(s, batch=curv)
         lb.append(float(split(xc, yc)))
+    assert 0 < ta_b.policy_version < boundaries   # both kinds of boundary were crossed
+    assert not np.allclose(ta_b.decision.lr_multipliers, 1.0)
     # One executable per policy: the state keeps its placement from the first call on.
     assert all(j._jitted._cache_size() == 1 for j in split._steps.values())
     np.testing.assert_allclose(lb, la, rtol=1e-6)
     split.sync()
+    np.testing.assert_allclose(np.asarray(find_state(opt_b).lr_mult.get_value()), ta_b.decision.lr_multipliers,
+                               rtol=1e-6)
     for a, b in zip(jax.tree_util.tree_leaves(nnx.state(model_a, nnx.Param)),
                     jax.tree_util.tree_leaves(nnx.state(model_b, nnx.Param))):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)

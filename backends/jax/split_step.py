@@ -67,16 +67,52 @@ class SplitStep:
         return self._tree_util.tree_unflatten(self._treedef, self._leaves)
 
     def resplit(self) -> None:
-        """Split the objects again (after a change to them); the graph definition is hashed and
-        compared here, once, instead of on every call."""
-        self._graphdef, state = self._nnx.split(self.objects)
+        """Split the objects again (after a change to their structure or static attributes); the
+        graph definition is hashed and compared once, at the next call, not on every call."""
+        nnx = self._nnx
+        self._graphdef, state = nnx.split(self.objects)
         # committed: the placement the step's outputs will have (see `commit`)
         self._leaves, self._treedef = self._tree_util.tree_flatten(commit(state))
+        variables = self._tree_util.tree_leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        # The objects' Variables in leaf order (one array each): values move between them and the
+        # flat leaves without walking the graph. Otherwise (a Variable holding a tree) the slow path.
+        ok = len(variables) == len(self._leaves) and all(isinstance(v, nnx.Variable) for v in variables)
+        self._variables = variables if ok else None
+        # Positions of the TriAccelState's own Variables (not the inner optimizer's): all a control
+        # boundary without curvature reads and writes, so only these move there.
+        self._ctl_idx: list[int] | None = None
+        if ok and self.ta is not None:
+            from .transform import find_state
+
+            try:
+                ts = find_state(self.objects[1])
+            except ValueError:  # an optimizer without the wrapper: `control` has nothing to read
+                ts = None
+            if ts is not None:
+                pos = {id(v): i for i, v in enumerate(variables)}
+                own = self._tree_util.tree_leaves(ts._replace(inner=()),
+                                                  is_leaf=lambda x: isinstance(x, nnx.Variable))
+                if all(id(v) in pos for v in own):
+                    self._ctl_idx = [pos[id(v)] for v in own]
         self._step: CountingJit | None = None  # looked up at the next call
 
     def sync(self) -> None:
         """Write the current state into the objects."""
-        self._nnx.update(self.objects, self.state)
+        if self._variables is None:
+            self._nnx.update(self.objects, self.state)
+        else:
+            self._sync(range(len(self._leaves)))
+
+    def _sync(self, idx: Any) -> None:
+        for i in idx:
+            self._variables[i].set_value(self._leaves[i])
+
+    def _refresh(self, idx: Any) -> None:
+        """Take the objects' values at positions `idx` back (after a change to values only)."""
+        leaves = list(self._leaves)
+        for i in idx:
+            leaves[i] = commit(self._variables[i].get_value())
+        self._leaves = leaves
 
     def __call__(self, *args: Any) -> Any:
         if self._step is None:
@@ -89,20 +125,38 @@ class SplitStep:
         return out
 
     def control(self, step: int, batch: Any = None) -> None:
-        """`TriAccel.control` for `step` on the objects (synced before, re-split after), at control
-        and curvature steps only; elsewhere nothing happens (as in `TriAccel.control`)."""
+        """`TriAccel.control` for `step` on the objects, at control and curvature steps only; elsewhere
+        nothing happens (as in `TriAccel.control`). Before it, the values it reads are written into
+        the objects (the wrapper's state; everything at a curvature step); after it, the objects are
+        re-split when it applied a new precision policy, else the values it may have written are
+        taken back. The model and the inner optimizer state are not synced by it: call `sync()` to
+        read them."""
         ta = self.ta
         if ta is None:
             raise ValueError("control: SplitStep was built without ta=TriAccel(...)")
         ctl = ta.controller
         if ctl is None:
             raise ValueError("control: no layers yet; build the optimizer (tx.init) first")
-        if not (ctl.is_control_step(step) or ctl.is_curvature_step(step)):
+        curv = ctl.is_curvature_step(step)
+        if not (curv or ctl.is_control_step(step)):
             return
-        self.sync()
+        everything = range(len(self._leaves))
+        # The curvature pass reads the model's parameters: everything moves; else the TriAccelState only.
+        part = everything if curv or self._ctl_idx is None else self._ctl_idx
+        if self._variables is None:
+            self.sync()
+        else:
+            self._sync(part)
         model, optimizer = self.objects
+        version = ta.policy_version
         ta.control(step, optimizer, model, batch=batch)
-        self.resplit()
+        if ta.policy_version != version or self._variables is None:
+            if self._variables is not None and part is not everything:
+                # the values not moved yet; the control's own writes stay
+                self._sync(sorted(set(everything) - set(part)))
+            self.resplit()
+        else:
+            self._refresh(part)
 
     @property
     def traces(self) -> int:

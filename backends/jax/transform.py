@@ -36,7 +36,7 @@ from triaccel import Controller, Decision, Precision, TriAccelConfig
 from .curvature import FisherTopK, HessianTopK, nnx_loss
 from .layers import LayerMap, layer_map
 from .memory import MemoryProbe
-from .policy import CountingJit, precision_policy
+from .policy import CountingJit, policy_names, precision_policy
 
 __all__ = ["TriAccelState", "TriAccel", "TriAccelTransformation", "wrap", "find_state", "loss_scale",
            "LossScaleConfig"]
@@ -181,6 +181,8 @@ class TriAccel:
         self.rows_skipped = 0       # non-finite steps (not observed, by the core's contract)
         self._curv: Any = None
         self._jits: list[CountingJit] = []
+        self._applied: tuple[Any, tuple[str, ...]] | None = None  # (model, policy) last applied
+        self.policy_version = 0     # precision policies applied to a model so far
 
     # -- device side -------------------------------------------------------------------------
     @property
@@ -363,6 +365,8 @@ class TriAccel:
         layer dtypes follow the decision. batch: b_curv samples for the curvature pass (needed only
         at curvature steps). params: the parameters for curvature when there is no NNX model.
         Returns opt_state with the new multipliers / loss-scale mode (same object when off a boundary).
+        The model's layer dtypes are set when the decided precisions change (dtypes set by hand in
+        between stay until then).
         """
         if self.controller is None:
             raise ValueError("control: no layers yet; call tx.init(params) first")
@@ -389,9 +393,21 @@ class TriAccel:
         if curv:
             self._curvature(step, params, model, batch)
         d = ctl.decide(step)
-        if model is not None:  # assigns only changed dtypes: same policy -> same graph -> no retrace
-            precision_policy(model, d, self.layers)
+        self._apply_policy(model, d)
         return self._write(opt_state, ts, d)
+
+    def _apply_policy(self, model: Any, d: Decision) -> None:
+        """Set the model's layer dtypes from `d` when its precisions differ from the last ones applied
+        to this model: walking the module graph costs milliseconds per boundary, and the decision
+        rarely changes. `policy_version` counts the applications (a split state must be re-split)."""
+        if model is None:
+            return
+        names = policy_names(d)
+        if self._applied is not None and self._applied[0] is model and self._applied[1] == names:
+            return
+        precision_policy(model, names, self.layers)  # assigns only changed dtypes: no needless retrace
+        self._applied = (model, names)
+        self.policy_version += 1
 
     def observe_oom(self, step: int, opt_state: Any, model: Any = None) -> Any:
         """Out of memory at `step` (e.g. XLA RESOURCE_EXHAUSTED): the controller shrinks the batch at
@@ -400,9 +416,7 @@ class TriAccel:
         if self.controller is None:
             raise ValueError("observe_oom: no layers yet; call tx.init(params) first")
         d = self.controller.observe_oom(step)
-        model = model if model is not None else self.model
-        if model is not None:
-            precision_policy(model, d, self.layers)
+        self._apply_policy(model if model is not None else self.model, d)
         return self._write(opt_state, find_state(opt_state), d)
 
     def _write(self, opt_state: Any, ts: TriAccelState, d: Decision) -> Any:
