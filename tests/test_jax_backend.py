@@ -384,6 +384,40 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
         SplitStep(step_b, model_b, opt_b).control(0)
 
 
+def test_bound_update_shares_the_state_and_is_not_recompiled_by_a_new_policy():
+    """A gradient step and an update bound over the parameters' state and the optimizer (the CIFAR
+    demo's split, for the elastic batch) give the fused nnx.jit step's losses; the update compiles
+    once although the policy changes."""
+    x, y, model_a, opt_a, ta_a, step = _split_setup()
+    jitted = ta_a.jit(step)
+    x, y, model_b, opt_b, ta_b, _ = _split_setup()
+
+    def grad(model, opt, x, y):
+        scale = loss_scale(opt.opt_state)
+        l, g = nnx.value_and_grad(lambda m: cnn_loss(m, (x, y)) * scale)(model)
+        return l / scale, g
+
+    def update(params, opt, g):
+        opt.update(params, g)
+
+    split = SplitStep(grad, model_b, opt_b, ta=ta_b, donate_argnums=())
+    upd = split.bind(update, nnx.state(model_b, nnx.Param), opt_b)
+    la, lb = [], []
+    for s in range(16):
+        ta_a.control(s, opt_a, model_a)
+        la.append(float(jitted(model_a, opt_a, x[:16], y[:16])))
+        split.control(s)
+        loss, g = split(x[:16], y[:16])
+        upd(g)
+        lb.append(float(loss))
+    np.testing.assert_allclose(lb, la, rtol=1e-6)
+    assert ta_b.policy_version >= 2                       # the model's graph changed at least once...
+    assert len(upd.steps) == 1 and upd.steps[next(iter(upd.steps))].traces == 1   # ...not the update's
+    assert split.traces == len(split._steps) + 1 == ta_b.report()["compilations"]
+    with pytest.raises(ValueError, match="not in the SplitStep"):
+        split.bind(update, nnx.state(SmallCNN(nnx.Rngs(1)), nnx.Param), opt_b)
+
+
 def test_split_step_rejects_a_step_that_changes_the_state_structure():
     x, y, model, opt, ta, step = _split_setup()
 

@@ -7,7 +7,9 @@ pytree, and calls one `jax.jit` per graph definition with the state's leaves as 
 call the host hands jit a list of arrays (flattened in C++) and rebuilds no `nnx.Variable`; the
 state's tree is rebuilt inside the trace only. The graph definition changes only when a static attribute
 does (a new precision policy at a control boundary); each one seen keeps its compiled step, found
-by identity, so a policy seen before is not recompiled.
+by identity, so a policy seen before is not recompiled. `SplitStep.bind` runs further functions
+over part of the same state (e.g. an optimizer update over the parameters' state and the optimizer,
+which a new precision policy then does not recompile).
 """
 
 from __future__ import annotations
@@ -41,25 +43,9 @@ class SplitStep:
         self._nnx, self._tree_util = nnx, jax.tree_util
         self.fn, self.objects, self.ta = fn, (model, optimizer), ta
         self._jit_kwargs = {"donate_argnums": 0, **jit_kwargs}
-        self._steps: dict[Any, CountingJit] = {}   # (graph definition, state treedef) -> its jitted step
+        self._main = _Bound(self, fn, self.objects, self._jit_kwargs, everything=True)
+        self._bound: list[_Bound] = [self._main]
         self.resplit()
-
-    def _jit_for(self, graphdef: Any, treedef: Any) -> CountingJit:
-        nnx, fn = self._nnx, self.fn
-        tree_util = self._tree_util
-
-        def pure(leaves: list[Any], *args: Any) -> tuple[Any, list[Any]]:
-            objects = nnx.merge(graphdef, tree_util.tree_unflatten(treedef, leaves))
-            out = fn(*objects, *args)
-            new, new_def = tree_util.tree_flatten(nnx.state(objects))
-            if new_def != treedef:
-                raise ValueError("fn: the step changed the structure of the objects' state (added or "
-                                 "removed a Variable); SplitStep needs the same structure after each call")
-            return out, new
-
-        if self.ta is not None:
-            return self.ta.jit(pure, use_nnx=False, **self._jit_kwargs)
-        return CountingJit(pure, use_nnx=False, **self._jit_kwargs)
 
     @property
     def state(self) -> Any:
@@ -94,7 +80,8 @@ class SplitStep:
                                                   is_leaf=lambda x: isinstance(x, nnx.Variable))
                 if all(id(v) in pos for v in own):
                     self._ctl_idx = [pos[id(v)] for v in own]
-        self._step: CountingJit | None = None  # looked up at the next call
+        for b in self._bound:
+            b.locate()
 
     def sync(self) -> None:
         """Write the current state into the objects."""
@@ -115,14 +102,22 @@ class SplitStep:
         self._leaves = leaves
 
     def __call__(self, *args: Any) -> Any:
-        if self._step is None:
-            key = (self._graphdef, self._treedef)
-            step = self._steps.get(key)
-            if step is None:
-                step = self._steps[key] = self._jit_for(*key)
-            self._step = step
-        out, self._leaves = self._step(self._leaves, *args)
-        return out
+        return self._main(*args)
+
+    def bind(self, fn: Callable[..., Any], *objects: Any, **jit_kwargs: Any) -> Callable[..., Any]:
+        """`fn(*objects, *args) -> out` jitted over the leaves of `objects` only, sharing this step's
+        state: `objects` are graph nodes or `nnx.State`s whose Variables all belong to this step's
+        objects (e.g. ``nnx.state(model, nnx.Param)`` and the optimizer). Its compiled variants are
+        keyed by the graph definition of `objects` alone: an update bound over the parameters' state
+        does not compile again when a precision policy changes the model's graph. jit_kwargs: passed
+        to `jax.jit` (no donation unless given)."""
+        if self._variables is None:
+            raise ValueError("bind: the objects hold Variables whose values are trees; only the whole "
+                             "step (SplitStep(fn, ...)) can run over them")
+        b = _Bound(self, fn, objects, jit_kwargs)
+        b.locate()
+        self._bound.append(b)
+        return b
 
     def control(self, step: int, batch: Any = None) -> None:
         """`TriAccel.control` for `step` on the objects, at control and curvature steps only; elsewhere
@@ -159,6 +154,76 @@ class SplitStep:
             self._refresh(part)
 
     @property
+    def _steps(self) -> dict[Any, CountingJit]:
+        return self._main.steps
+
+    @property
     def traces(self) -> int:
-        """Compilations of the step over all graph definitions seen."""
-        return sum(j.traces for j in self._steps.values())
+        """Compilations of the step and of the bound functions over all graph definitions seen."""
+        return sum(j.traces for b in self._bound for j in b.steps.values())
+
+
+class _Bound:
+    """One function of a `SplitStep` over the leaves of some of its objects (all of them for the
+    step itself): one jitted variant per (graph definition, treedef) of those objects."""
+
+    def __init__(self, owner: SplitStep, fn: Callable[..., Any], objects: tuple[Any, ...],
+                 jit_kwargs: dict[str, Any], everything: bool = False) -> None:
+        self.owner, self.fn, self.objects, self.jit_kwargs = owner, fn, objects, jit_kwargs
+        self.everything = everything
+        self.steps: dict[Any, CountingJit] = {}   # (graph definition, treedef) -> its jitted function
+        self.pos: list[int] | None = None         # positions of its leaves in the owner's (None: all)
+        self._step: CountingJit | None = None
+
+    def locate(self) -> None:
+        """Find the objects' structure and leaf positions again (after the owner re-split)."""
+        o = self.owner
+        self._step = None  # looked up at the next call
+        if self.everything:
+            self.key = (o._graphdef, o._treedef)
+            return
+        nnx = o._nnx
+        self.graphdef, state = nnx.split(self.objects)
+        variables = o._tree_util.tree_leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        pos = {id(v): i for i, v in enumerate(o._variables)}
+        missing = [v for v in variables if id(v) not in pos]
+        if missing:
+            raise ValueError(f"objects: {len(missing)} of their Variables are not in the SplitStep's "
+                             "objects; bind only parts of the model and optimizer it was built with")
+        self.pos = [pos[id(v)] for v in variables]
+        self.key = (self.graphdef, o._tree_util.tree_structure(state))
+
+    def _jit(self) -> CountingJit:
+        o, fn = self.owner, self.fn
+        nnx, tree_util = o._nnx, o._tree_util
+        graphdef, treedef = self.key
+
+        def pure(leaves: list[Any], *args: Any) -> tuple[Any, list[Any]]:
+            objects = nnx.merge(graphdef, tree_util.tree_unflatten(treedef, leaves))
+            out = fn(*objects, *args)
+            new, new_def = tree_util.tree_flatten(nnx.state(objects))
+            if new_def != treedef:
+                raise ValueError("fn: the step changed the structure of the objects' state (added or "
+                                 "removed a Variable); SplitStep needs the same structure after each call")
+            return out, new
+
+        if o.ta is not None:
+            return o.ta.jit(pure, use_nnx=False, **self.jit_kwargs)
+        return CountingJit(pure, use_nnx=False, **self.jit_kwargs)
+
+    def __call__(self, *args: Any) -> Any:
+        if self._step is None:
+            step = self.steps.get(self.key)
+            if step is None:
+                step = self.steps[self.key] = self._jit()
+            self._step = step
+        o = self.owner
+        if self.pos is None:
+            out, o._leaves = self._step(o._leaves, *args)
+            return out
+        out, new = self._step([o._leaves[i] for i in self.pos], *args)
+        leaves = list(o._leaves)
+        for i, a in zip(self.pos, new):
+            leaves[i] = a
+        o._leaves = leaves
+        return out
