@@ -196,7 +196,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         out, grads = grad_fn(*loader.fetch(chunk))
         loss, aux = out if has_aux else (out, None)
         jax.block_until_ready((loss, grads))
-        scaled = jax.tree_util.tree_map(lambda g: g * weight, grads)
+        # One dispatch per leaf: skipped for a whole batch (weight 1), the common step.
+        scaled = grads if weight == 1.0 else jax.tree_util.tree_map(lambda g: g * weight, grads)
         acc["grads"] = scaled if "grads" not in acc else jax.tree_util.tree_map(jnp.add, acc["grads"], scaled)
         acc["aux"] = aux
         return loss

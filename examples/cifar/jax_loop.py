@@ -12,8 +12,8 @@ import optax
 from flax import nnx
 
 from triaccel import Controller, Precision
-from triaccel.backends.jax import (TriAccel, augment, commit, find_state, layer_map_from_model, loss_scale,
-                                   precision_policy)
+from triaccel.backends.jax import (SplitStep, TriAccel, augment, find_state, layer_map_from_model,
+                                   loss_scale, precision_policy)
 from triaccel.backends.jax.data import ElasticLoader, elastic_step
 from triaccel.backends.jax.models import create_model
 
@@ -61,25 +61,24 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         ta = TriAccel(cfg, model, loss_fn=curv_loss)
         tx: Any = ta.wrap(_sgd(opts.lr, opts))
         controller: Controller = ta.controller
-        jit = ta.jit
     else:
         ta = None
         tx = _sgd(opts.lr, opts)
         controller = Controller(cfg, ["model"])  # all levers off: a static batch, same data order
-        jit = nnx.jit
         if opts.method == "amp":  # static bf16 everywhere but the norm layers, as AMP
             lm = layer_map_from_model(model)
             precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
     opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    # Committed as the data and every step's outputs are, or each jitted function compiles again
-    # on its second call (and so does the footprint analysis of each new variant).
-    nnx.update((model, opt), commit(nnx.state((model, opt))))
     log.write("layers", names=list(controller.layer_names))
     key = jax.random.key(opts.seed)
 
-    @jit
-    def grad_fn(model: Any, x: jax.Array, y: jax.Array, mask: jax.Array, scale: jax.Array, k: jax.Array):
+    def hyper(opt: Any) -> Any:
+        inner = find_state(opt.opt_state).inner if ta is not None else opt.opt_state
+        return inner.hyperparams["learning_rate"]
+
+    def grad_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, mask: jax.Array, k: jax.Array):
         xb = prep(x, k)
+        scale = loss_scale(opt.opt_state) if ta is not None else 1.0
 
         def lf(m: Any) -> tuple[jax.Array, jax.Array]:
             loss = _cross_entropy(m(xb), y, mask)
@@ -88,28 +87,26 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         (_, loss), grads = nnx.value_and_grad(lf, has_aux=True)(model)
         return loss, grads
 
-    # The update sees only the parameters (their Variables, updated in place), not the model's
-    # graph: a new precision policy then does not recompile it.
-    params = nnx.state(model, nnx.Param)
-
-    @jit
-    def update(params: Any, opt: Any, grads: Any) -> None:
+    def update_body(params: Any, opt: Any, grads: Any, lr: jax.Array) -> None:
+        hyper(opt).set_value(lr)
         opt.update(params, grads)
+
+    # jax.jit over the split state (SplitStep): nnx.jit's per-call graph walk costs the host more than
+    # a whole bs-96 step on the GPU (docs/benchmarks.md). No donation: a micro-batch that runs out of
+    # memory must leave the state intact for its retry. The update sees only the parameters' state
+    # and the optimizer, not the model's graph: a new precision policy does not recompile it.
+    split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=())
+    update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
 
     @nnx.jit
     def predict(model: Any, x: jax.Array) -> jax.Array:
         return model(prep(x, None)).argmax(-1)
 
-    def hyper(opt: Any) -> Any:
-        inner = find_state(opt.opt_state).inner if ta is not None else opt.opt_state
-        return inner.hyperparams["learning_rate"]
-
     step_key = [key]
 
     def micro(x: jax.Array, y: jax.Array, mask: jax.Array) -> Any:
         step_key[0], k = jax.random.split(step_key[0])
-        scale = loss_scale(opt.opt_state) if ta is not None else jnp.ones((), jnp.float32)
-        return grad_fn(model, x, y, mask, scale, k)
+        return split(x, y, mask, k)
 
     loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed,
                            buckets=cfg.batch_buckets)
@@ -126,16 +123,16 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         records: list[dict[str, Any]] = []
         bar = progress(total=len(data.train_x), desc=f"epoch {epoch + 1}/{opts.epochs}")
         while True:
-            hyper(opt).set_value(jax.device_put(np.float32(opts.lr * cosine_lr_factor(seen / total_samples)), dev))
+            lr = jax.device_put(np.float32(opts.lr * cosine_lr_factor(seen / total_samples)), dev)
             if ta is not None:
                 curv = None
                 if controller.is_curvature_step(step):  # augmented, as the training batches (and torch's)
                     idx = rng.choice(len(data.train_x), cfg.b_curv, replace=False)
                     curv_key, k = jax.random.split(curv_key)
                     curv = (prep(xtr[idx], k), ytr[idx])
-                ta.control(step, opt, model, batch=curv)
+                split.control(step, batch=curv)
             res = elastic_step(loader, controller, lambda b, m: micro(b[0], b[1], m), step,
-                               update_fn=lambda g, d: update(params, opt, g))
+                               update_fn=lambda g, d: update(g, lr))
             seen += res.samples
             losses.append(res.loss)
             bar.update(res.samples)
@@ -149,6 +146,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         jax.block_until_ready(losses[-1])
         epoch_times.append(time.perf_counter() - t0)
         bar.close()
+        split.sync()
         model.eval()
         correct = sum(int((predict(model, xte[i:i + 1000]) == yte[i:i + 1000]).sum())
                       for i in range(0, len(data.test_x), 1000))
