@@ -25,9 +25,10 @@ class SplitStep:
     """`fn(model, optimizer, *args) -> out` as a pure jitted function of the objects' state.
 
     Between `sync()` calls the objects hold stale (donated) arrays: the current values live in
-    ``state`` (an `nnx.State`, rebuilt on each read from the flat leaves the step carries). Call `sync()` before reading or changing the objects outside the step (evaluation,
-    checkpoints), and `resplit()` after changing them (`control` does both around
-    `TriAccel.control`).
+    ``state`` (an `nnx.State`, rebuilt on each read from the flat leaves the step carries). Call
+    `sync()` before reading or changing the objects outside the step (evaluation, checkpoints), and
+    `resplit()` after changing their structure or static attributes; `control` moves what
+    `TriAccel.control` needs itself.
 
     fn: the train step; it may update the objects in place, as under `nnx.jit`. ta: the `TriAccel`
     whose `control` runs at boundaries; its `jit` counts each variant's compilation and memory
@@ -135,9 +136,9 @@ class SplitStep:
         curv = ctl.is_curvature_step(step)
         if not (curv or ctl.is_control_step(step)):
             return
-        everything = range(len(self._leaves))
         # The curvature pass reads the model's parameters: everything moves; else the TriAccelState only.
-        part = everything if curv or self._ctl_idx is None else self._ctl_idx
+        partial = not curv and self._ctl_idx is not None
+        part = self._ctl_idx if partial else range(len(self._leaves))
         if self._variables is None:
             self.sync()
         else:
@@ -146,9 +147,8 @@ class SplitStep:
         version = ta.policy_version
         ta.control(step, optimizer, model, batch=batch)
         if ta.policy_version != version or self._variables is None:
-            if self._variables is not None and part is not everything:
-                # the values not moved yet; the control's own writes stay
-                self._sync(sorted(set(everything) - set(part)))
+            if partial:  # the values not moved yet (the control's own writes stay), then re-split
+                self._sync(sorted(set(range(len(self._leaves))) - set(part)))
             self.resplit()
         else:
             self._refresh(part)
