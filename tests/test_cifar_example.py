@@ -46,3 +46,6 @@ def test_bad_options_fail_before_loading_data(tmp_path):
         train.parse_args(["--levers", "precision,warp"])
     with pytest.raises(ValueError, match="batch_init"):
         train.parse_args(["--batch", "100", "--data", str(tmp_path)])
+    with pytest.raises(SystemExit):   # the compilation cache is JAX's
+        train.parse_args(["--backend", "torch", "--compile-cache", str(tmp_path)])
+    assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)

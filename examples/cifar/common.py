@@ -55,6 +55,7 @@ class RunOptions:
     device: str = "auto"
     out: str = ""
     progress: bool = True
+    compile_cache: str | None = None  # JAX: persistent compilation cache folder (reruns skip compiling)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def triaccel_config(self) -> TriAccelConfig:

@@ -37,6 +37,8 @@ def _cross_entropy(logits: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Arra
 
 
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
+    if opts.compile_cache:
+        jax.config.update("jax_compilation_cache_dir", opts.compile_cache)
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed)
     cfg = opts.triaccel_config()
     mean = jnp.asarray(data.mean, jnp.float32)
