@@ -17,8 +17,9 @@ in rounds (A, B, A, B, ...):
 
 The first four run as `nnx.jit` steps over the model and `nnx.Optimizer` objects, whose Python graph
 traversal per call bounds small-batch steps; `plain_fn`, `triaccel_fn` and `triaccel_bf16_fn` are the same steps as
-`jax.jit` over the `nnx.split` state (`SplitStep`: one jitted step per graph definition, split again
-only around `ta.control` at boundaries), where per-call host work is one pytree flatten.
+`jax.jit` over the `nnx.split` state (`SplitStep`: one jitted step per graph definition over the
+state's flat leaves; split again only after `ta.control` applied a new policy), where per-call host
+work is handing jit a list of arrays.
 
 Reports samples/s of each and the ratios to plain (target for triaccel >= 0.95; median over rounds;
 a round during which a step retraced for a new precision policy is timed again, since compilations

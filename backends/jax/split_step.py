@@ -42,9 +42,8 @@ class SplitStep:
         from flax import nnx
 
         self._nnx, self._tree_util = nnx, jax.tree_util
-        self.fn, self.objects, self.ta = fn, (model, optimizer), ta
-        self._jit_kwargs = {"donate_argnums": 0, **jit_kwargs}
-        self._main = _Bound(self, fn, self.objects, self._jit_kwargs, everything=True)
+        self.objects, self.ta = (model, optimizer), ta
+        self._main = _Bound(self, fn, self.objects, {"donate_argnums": 0, **jit_kwargs}, everything=True)
         self._bound: list[_Bound] = [self._main]
         self.resplit()
 
