@@ -65,7 +65,8 @@ INVALID = [
     ({"batch_buckets": (4, 96)}, "batch_buckets"),
     ({"memory_budget": "lots"}, "memory_budget"), ({"memory_budget": -1}, "memory_budget"),
     ({"oom_shrink": 1.0}, "oom_shrink"), ({"oom_shrink": 0.0}, "oom_shrink"),
-    ({"oom_cooldown": 0}, "oom_cooldown"), ({"lr_rule": "cubic"}, "lr_rule"), ({"t_ctrl": 0}, "t_ctrl"), ({"warmup_steps": -1}, "warmup_steps"),
+    ({"oom_cooldown": 0}, "oom_cooldown"), ({"batch_hold_steps": -1}, "batch_hold_steps"),
+    ({"lr_rule": "cubic"}, "lr_rule"), ({"t_ctrl": 0}, "t_ctrl"), ({"warmup_steps": -1}, "warmup_steps"),
     ({"adaptive_precision": "yes"}, "adaptive_precision"), ({"elastic_batch": 1}, "elastic_batch"),
 ]
 

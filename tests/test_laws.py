@@ -167,6 +167,13 @@ def test_growth_held_when_predicted_memory_overshoots():
     assert b2.update(used=49, mem_max=100, step=0) == 32     # 49 * 64/32 = 98 > 80: hold
 
 
+def test_growth_held_before_batch_hold_steps_but_shrink_is_not():
+    b = BatchLaw(CFG.replace(batch_hold_steps=100))
+    assert b.update(used=10, mem_max=100, step=50) == 96      # room to grow, but held
+    assert b.update(used=90, mem_max=100, step=60) == 80      # memory pressure: shrinks at once
+    assert b.update(used=10, mem_max=100, step=100) == 112    # hold over: grows
+
+
 def test_oom_shrinks_at_once_and_caps_growth():
     b = BatchLaw(CFG)
     b.update(10, 100, 0)                                 # 128

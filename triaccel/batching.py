@@ -37,7 +37,8 @@ class BatchLaw:
     would exceed rho_high*MemMax, so one step up does not overshoot into the shrink band.
 
     B stays within [batch_min, min(batch_max, ceiling)] and on the grid (multiples of batch_multiple,
-    or `batch_buckets` when given, where a step moves one bucket). An OOM multiplies B by oom_shrink
+    or `batch_buckets` when given, where a step moves one bucket). B does not grow before step
+    `batch_hold_steps`. An OOM multiplies B by oom_shrink
     at once and lowers the ceiling below the size that failed, so growth does not retry it until
     `oom_cooldown` steps pass without another OOM (never, when it is None). Under
     lr_rule="accumulate", B is a micro-batch of the fixed logical batch `batch_init`.
@@ -97,8 +98,8 @@ class BatchLaw:
                 b = min(b + c.delta_up, self.ceiling)
             elif used > c.rho_high * mem_max:
                 b = max(b - c.delta_down, c.batch_min)
-        if b > self.batch and used * b / self.batch > c.rho_high * mem_max:
-            b = self.batch  # the grown batch would likely land above rho_high: hold
+        if b > self.batch and (step < c.batch_hold_steps or used * b / self.batch > c.rho_high * mem_max):
+            b = self.batch  # held at the start, or the grown batch would likely land above rho_high
         self._set_batch(self._clip(b), step)
         return self.batch
 

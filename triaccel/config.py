@@ -86,6 +86,9 @@ class TriAccelConfig:
         controller then moves between buckets instead of by delta_up/delta_down.
       memory_budget: bytes (int) or a string like "4GiB"; MemMax = min(device limit, budget).
       oom_shrink: factor in (0, 1) applied to B at once on out-of-memory.
+      batch_hold_steps: optimizer steps during which B does not grow (it still shrinks under memory
+        pressure or an OOM): the first steps, when the loss is sharpest, run at batch_init and
+        its LR rather than at the larger batch's scaled LR. 0: growth from the first decision.
       oom_cooldown: after an OOM, growth is capped below the size that failed; this many steps
         without another OOM lift the cap (None: the cap is permanent).
       lr_rule: how optimisation stays consistent when B changes: "linear" (lr * B/batch_init),
@@ -131,6 +134,7 @@ class TriAccelConfig:
     memory_budget: int | str | None = None
     oom_shrink: float = 0.5
     oom_cooldown: int | None = None
+    batch_hold_steps: int = 0
     lr_rule: str = "linear"
     lr_ramp_steps: int = 0
     t_ctrl: int = 50
@@ -215,6 +219,7 @@ class TriAccelConfig:
         real("oom_shrink", 0.0, 1.0, lo_open=True, hi_open=True)
         if self.oom_cooldown is not None:
             integer("oom_cooldown", 1)
+        integer("batch_hold_steps", 0)
         choice("lr_rule", LR_RULES)
         integer("lr_ramp_steps", 0)
         integer("t_ctrl", 1)
