@@ -87,8 +87,9 @@ class TriAccelConfig:
       memory_budget: bytes (int) or a string like "4GiB"; MemMax = min(device limit, budget).
       oom_shrink: factor in (0, 1) applied to B at once on out-of-memory.
       batch_hold_steps: optimizer steps during which B does not grow (it still shrinks under memory
-        pressure or an OOM): the first steps, when the loss is sharpest, run at batch_init and
-        its LR rather than at the larger batch's scaled LR. 0: growth from the first decision.
+        pressure or an OOM), so the first steps run at batch_init and its LR (a warm-up before
+        growth; on the CIFAR ResNet-18 recipe it lowered accuracy, docs/results.md). 0: growth
+        from the first decision.
       oom_cooldown: after an OOM, growth is capped below the size that failed; this many steps
         without another OOM lift the cap (None: the cap is permanent).
       lr_rule: how optimisation stays consistent when B changes: "linear" (lr * B/batch_init),
