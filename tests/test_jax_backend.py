@@ -362,7 +362,7 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
     assert 0 < ta_b.policy_version < boundaries   # both kinds of boundary were crossed
     assert not np.allclose(ta_b.decision.lr_multipliers, 1.0)
     # One executable per policy: the state keeps its placement from the first call on.
-    assert all(j._jitted._cache_size() == 1 for j in split._steps.values())
+    assert all(j._jitted._cache_size() == 1 for j in split._main.steps.values())
     np.testing.assert_allclose(lb, la, rtol=1e-6)
     split.sync()
     np.testing.assert_allclose(np.asarray(find_state(opt_b).lr_mult.get_value()), ta_b.decision.lr_multipliers,
@@ -372,7 +372,7 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)
     assert current_policy(model_b, ta_b.layers) == current_policy(model_a, ta_a.layers)
     policies = {tuple(r["precisions"]) for r in ta_b.controller.telemetry.records}
-    assert split.traces == len(split._steps) == len(policies) == ta_b.report()["compilations"]
+    assert split.traces == len(split._main.steps) == len(policies) == ta_b.report()["compilations"]
     # Back to the first policy: its compiled step is found again, no new trace.
     first = ta_b.controller.telemetry.records[0]["precisions"]
     precision_policy(model_b, first, ta_b.layers)
@@ -413,7 +413,7 @@ def test_bound_update_shares_the_state_and_is_not_recompiled_by_a_new_policy():
     np.testing.assert_allclose(lb, la, rtol=1e-6)
     assert ta_b.policy_version >= 2                       # the model's graph changed at least once...
     assert len(upd.steps) == 1 and upd.steps[next(iter(upd.steps))].traces == 1   # ...not the update's
-    assert split.traces == len(split._steps) + 1 == ta_b.report()["compilations"]
+    assert split.traces == len(split._main.steps) + 1 == ta_b.report()["compilations"]
     with pytest.raises(ValueError, match="not in the SplitStep"):
         split.bind(update, nnx.state(SmallCNN(nnx.Rngs(1)), nnx.Param), opt_b)
 

@@ -40,8 +40,8 @@ class BatchLaw:
     or `batch_buckets` when given, where a step moves one bucket). B does not grow before step
     `batch_hold_steps`. An OOM multiplies B by oom_shrink at once and lowers the ceiling below the
     size that failed, so growth does not retry it until `oom_cooldown` steps pass without another
-    OOM (never, when it is None). Under
-    lr_rule="accumulate", B is a micro-batch of the fixed logical batch `batch_init`.
+    OOM (never, when it is None). Under lr_rule="accumulate", B is a micro-batch of the fixed
+    logical batch `batch_init`.
     """
 
     def __init__(self, cfg: TriAccelConfig) -> None:

@@ -59,11 +59,12 @@ class SplitStep:
         self._graphdef, state = nnx.split(self.objects)
         # committed: the placement the step's outputs will have (see `commit`)
         self._leaves, self._treedef = self._tree_util.tree_flatten(commit(state))
-        variables = self._tree_util.tree_leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        variables = self._variable_leaves(state)
         # The objects' Variables in leaf order (one array each): values move between them and the
         # flat leaves without walking the graph. Otherwise (a Variable holding a tree) the slow path.
         ok = len(variables) == len(self._leaves) and all(isinstance(v, nnx.Variable) for v in variables)
         self._variables = variables if ok else None
+        self._pos = {id(v): i for i, v in enumerate(variables)} if ok else {}  # Variable -> leaf index
         # Positions of the TriAccelState's own Variables (not the inner optimizer's): all a control
         # boundary without curvature reads and writes, so only these move there.
         self._ctl_idx: list[int] | None = None
@@ -75,13 +76,16 @@ class SplitStep:
             except ValueError:  # an optimizer without the wrapper: `control` has nothing to read
                 ts = None
             if ts is not None:
-                pos = {id(v): i for i, v in enumerate(variables)}
-                own = self._tree_util.tree_leaves(ts._replace(inner=()),
-                                                  is_leaf=lambda x: isinstance(x, nnx.Variable))
-                if all(id(v) in pos for v in own):
-                    self._ctl_idx = [pos[id(v)] for v in own]
+                own = self._variable_leaves(ts._replace(inner=()))
+                if all(id(v) in self._pos for v in own):
+                    self._ctl_idx = [self._pos[id(v)] for v in own]
         for b in self._bound:
             b.locate()
+
+    def _variable_leaves(self, tree: Any) -> list[Any]:
+        """The `nnx.Variable`s of `tree` (an `nnx.State` or a pytree holding Variables), in leaf order."""
+        nnx = self._nnx
+        return self._tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
     def sync(self) -> None:
         """Write the current state into the objects."""
@@ -153,10 +157,6 @@ class SplitStep:
             self._refresh(part)
 
     @property
-    def _steps(self) -> dict[Any, CountingJit]:
-        return self._main.steps
-
-    @property
     def traces(self) -> int:
         """Compilations of the step and of the bound functions over all graph definitions seen."""
         return sum(j.traces for b in self._bound for j in b.steps.values())
@@ -181,10 +181,9 @@ class _Bound:
         if self.everything:
             self.key = (o._graphdef, o._treedef)
             return
-        nnx = o._nnx
-        self.graphdef, state = nnx.split(self.objects)
-        variables = o._tree_util.tree_leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-        pos = {id(v): i for i, v in enumerate(o._variables)}
+        self.graphdef, state = o._nnx.split(self.objects)
+        variables = o._variable_leaves(state)
+        pos = o._pos
         missing = [v for v in variables if id(v) not in pos]
         if missing:
             raise ValueError(f"objects: {len(missing)} of their Variables are not in the SplitStep's "
