@@ -31,18 +31,31 @@ class Precision(enum.IntEnum):
         return ("float16", "bfloat16", "float32")[self]
 
     @classmethod
-    def parse(cls, value: "Precision | str | int") -> "Precision":
-        """Accept a Precision, its short name ("bf16"), its dtype name ("bfloat16") or its int."""
+    def parse(cls, value: Any, param: str = "precision") -> "Precision":
+        """Accept a Precision, its int, its short name ("bf16"), its dtype name ("bfloat16"), or a
+        framework's dtype of one: torch.bfloat16, np.dtype("float16"), jnp.bfloat16, np.float32, ...
+        Dtypes are read by duck typing (no framework is imported). ValueError naming `param` else."""
         if isinstance(value, Precision):
             return value
-        if isinstance(value, str):
-            key = value.lower()
-            for p in cls:
-                if key in (p.short, p.dtype_name, p.name.lower()):
-                    return p
-        elif isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2:
-            return cls(value)
-        raise ValueError(f"precision={value!r}: allowed 'fp16', 'bf16', 'fp32' (or float16/bfloat16/float32)")
+        if isinstance(value, int) and not isinstance(value, bool):
+            if 0 <= value <= 2:
+                return cls(value)
+        else:
+            key = value
+            if isinstance(key, type):  # scalar types: jnp.bfloat16 (has .dtype), np.float16, ml_dtypes
+                dt = getattr(key, "dtype", None)
+                key = dt if isinstance(dt, np.dtype) else np.dtype(key) if issubclass(key, np.generic) else key
+            if isinstance(key, np.dtype):  # NumPy and JAX dtypes (bfloat16 from ml_dtypes)
+                key = key.name
+            elif type(key).__module__ == "torch":  # torch.dtype: str() is "torch.float16"
+                key = str(key).removeprefix("torch.")
+            if isinstance(key, str):
+                key = key.lower()
+                for p in cls:
+                    if key in (p.short, p.dtype_name, p.name.lower()):
+                        return p
+        raise ValueError(f"{param}={value!r}: allowed 'fp16', 'bf16', 'fp32', 'float16', 'bfloat16', "
+                         "'float32' or a framework dtype of those (torch.float16, jnp.bfloat16, ...)")
 
 
 _NEVER = -(2**62)  # "no change yet": any dwell is satisfied
