@@ -5,10 +5,21 @@ import pytest
 from triaccel import TriAccelConfig, parse_bytes
 
 
-def test_defaults_are_the_papers():
+def test_defaults():
+    """The paper's constants where its levers are used; the defaults that measured best otherwise."""
     c = TriAccelConfig()
     assert (c.top_k, c.t_curv, c.b_curv, c.batch_init, c.batch_multiple) == (5, 200, 32, 96, 8)
-    assert c.curvature == "fisher" and c.tau_low is None and c.tau_high is None
+    assert c.tau_low is None and c.tau_high is None
+    assert (c.precision_law, c.batch_law, c.curvature) == ("evidence", "noise", "off")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("precision_law", "fp32"), ("batch_law", "vram"), ("noise_scale_c", 0.0), ("noise_scale_c", float("inf")),
+    ("noise_beta", 1.0), ("t_noise", 0), ("rounding_noise_ratio", 0.0), ("rounding_noise_ratio", 1.0),
+])
+def test_new_fields_validated(field, value):
+    with pytest.raises(ValueError, match=field):
+        TriAccelConfig(**{field: value})
 
 
 def test_dict_round_trip_is_json_safe():

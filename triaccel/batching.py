@@ -31,7 +31,9 @@ def resolve_memory_limit(budget: int | None, device_total: int | None) -> int | 
 
 
 class BatchLaw:
-    """B + delta_up if mem < rho_low*MemMax; B - delta_down if mem > rho_high*MemMax; else B.
+    """batch_law="memory": B + delta_up if mem < rho_low*MemMax; B - delta_down if mem >
+    rho_high*MemMax; else B. batch_law="noise": B - delta_down if mem > rho_high*MemMax, else B +
+    delta_up while the grown B is at most noise_scale_c * B_noise; else B.
 
     Growth is held when mem * B_new/B (memory assumed proportional to B, which over-estimates)
     would exceed rho_high*MemMax, so one step up does not overshoot into the shrink band.
@@ -79,27 +81,45 @@ class BatchLaw:
             self.ramp_start = step
             self.batch = b
 
-    def update(self, used: int, mem_max: int, step: int) -> int:
-        """One control decision at `step` from memory use `used` (bytes) against MemMax (bytes)."""
+    def can_grow(self) -> bool:
+        """Whether the grid holds a batch larger than the current one (below the ceiling)."""
+        return self._grid()[-1] > self.batch
+
+    def update(self, used: int | None, mem_max: int | None, step: int, b_noise: float | None = None) -> int:
+        """One control decision at `step` from memory use `used` (bytes) against MemMax (bytes),
+        either None when memory is not measured, and the gradient noise scale `b_noise` (samples,
+        None while unknown) under batch_law="noise"."""
         c = self.cfg
         if (c.oom_cooldown is not None and self.last_oom_step is not None
                 and step - self.last_oom_step >= c.oom_cooldown):
             self.ceiling, self.last_oom_step = self.upper, None
         b = self.batch
+        mem = used is not None and mem_max is not None
+        pressure = mem and used > c.rho_high * mem_max
+        if c.batch_law == "noise":
+            want_up = not pressure and b_noise is not None
+        else:
+            want_up = mem and used < c.rho_low * mem_max
         if c.batch_buckets is not None:
             grid = self._grid()
             i = grid.index(self._clip(b))
-            if used < c.rho_low * mem_max:
-                b = grid[min(i + 1, len(grid) - 1)]
-            elif used > c.rho_high * mem_max:
+            if pressure:
                 b = grid[max(i - 1, 0)]
+            elif want_up:
+                b = grid[min(i + 1, len(grid) - 1)]
         else:
-            if used < c.rho_low * mem_max:
-                b = min(b + c.delta_up, self.ceiling)
-            elif used > c.rho_high * mem_max:
+            if pressure:
                 b = max(b - c.delta_down, c.batch_min)
-        if b > self.batch and (step < c.batch_hold_steps or used * b / self.batch > c.rho_high * mem_max):
-            b = self.batch  # held at the start, or the grown batch would likely land above rho_high
+            elif want_up:
+                b = min(b + c.delta_up, self.ceiling)
+        if b > self.batch:
+            held = step < c.batch_hold_steps
+            # the grown batch would likely land above rho_high (memory assumed proportional to B)
+            held = held or (mem and used * b / self.batch > c.rho_high * mem_max)
+            # a larger batch no longer buys progress per sample beyond c x the noise scale
+            held = held or (c.batch_law == "noise" and b > c.noise_scale_c * b_noise)
+            if held:
+                b = self.batch
         self._set_batch(self._clip(b), step)
         return self.batch
 

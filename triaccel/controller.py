@@ -15,7 +15,8 @@ from .batching import BatchLaw, resolve_memory_limit
 from .config import TriAccelConfig
 from .curvature import CurvatureLaw
 from .layers import LayerSpec, as_specs
-from .precision import Precision, PrecisionLaw
+from .noise import GradientNoise, split_measurement
+from .precision import EvidenceLaw, Precision, PrecisionLaw
 from .stats import variance_from_moments
 from .telemetry import Telemetry
 
@@ -95,11 +96,18 @@ class Controller:
             raise ValueError("layers: at least one layer is needed")
         L = len(self.layers)
         pinned = np.array([s.kind == "norm" for s in self.layers])
-        self._precision = PrecisionLaw(
-            L, pinned, beta=config.beta, tau_low=config.tau_low, tau_high=config.tau_high,
-            quantiles=config.calibration_quantiles, hysteresis=config.hysteresis,
-            min_dwell=config.min_dwell, base=Precision.parse(config.base_precision),
-            recalibrate_every=config.recalibrate_every)
+        base = Precision.parse(config.base_precision)
+        self._precision: PrecisionLaw
+        if config.precision_law == "evidence":
+            self._precision = EvidenceLaw(L, pinned, base=base, min_dwell=config.min_dwell,
+                                          hysteresis=config.hysteresis,
+                                          rounding_ratio=config.rounding_noise_ratio, beta=config.beta)
+        else:
+            self._precision = PrecisionLaw(
+                L, pinned, beta=config.beta, tau_low=config.tau_low, tau_high=config.tau_high,
+                quantiles=config.calibration_quantiles, hysteresis=config.hysteresis,
+                min_dwell=config.min_dwell, base=base, recalibrate_every=config.recalibrate_every)
+        self._noise = GradientNoise(L, config.noise_beta)
         self._curvature = CurvatureLaw(L, config.top_k, alpha=config.alpha, tau_curv=config.tau_curv)
         self._batch = BatchLaw(config)
         self._mem_used: int | None = None   # peak bytes in use since the last batch decision
@@ -145,6 +153,49 @@ class Controller:
             window = self.config.promotion_window or self.config.t_curv
             self._precision.promote(step, promote, window)
         self._curv_pending = True
+
+    def observe_nonfinite(self, step: int, counts: Any, loss_scaled: bool = False) -> None:
+        """Non-finite gradient values per layer (L,) at `step` (a step the backend skipped or
+        found non-finite). Evidence for the evidence precision law; no effect under "variance".
+        loss_scaled: the step's gradients were loss-scaled (FP16 overflows then belong to the scaler)."""
+        c = self._vector("counts", counts)
+        if isinstance(self._precision, EvidenceLaw):
+            self._precision.observe_nonfinite(step, c, loss_scaled)
+
+    def observe_loss_scale(self, step: int, scale: float) -> None:
+        """The dynamic loss scale in force (while any layer is FP16); below 1 is a collapse."""
+        if not np.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale={scale!r}: must be finite and > 0")
+        if isinstance(self._precision, EvidenceLaw):
+            self._precision.observe_loss_scale(step, float(scale))
+
+    def is_noise_step(self, step: int) -> bool:
+        """Whether `step` should be split into two micro-batches to measure the gradient noise
+        scale: batch_law="noise", elastic batch on, a single-micro-batch step, every t_noise
+        steps, and only while the batch can still grow or the evidence precision law uses it."""
+        c = self.config
+        if c.batch_law != "noise" or not c.elastic_batch or step % (c.t_noise or c.t_ctrl) != 0:
+            return False
+        d = self._decision
+        if d.accumulation != 1 or d.batch_size < 2:
+            return False
+        rounding = (c.adaptive_precision and isinstance(self._precision, EvidenceLaw)
+                    and self._precision.base != Precision.FP32)
+        return rounding or self._batch.can_grow()
+
+    def observe_gradient_noise(self, step: int, sizes: Any, micro_sqnorms: Any, total_sqnorm: Any) -> None:
+        """One step split into micro-batches: `sizes` (k >= 2,) samples each, `micro_sqnorms` (k, L)
+        squared per-layer norms of each micro-batch's mean gradient and `total_sqnorm` (L,) of the
+        step's mean gradient, all unscaled (see `triaccel.noise.split_measurement`)."""
+        b_small, small, b_big, big = split_measurement(sizes, micro_sqnorms, total_sqnorm, len(self.layers))
+        self._noise.observe(b_small, small, b_big, big)
+        if isinstance(self._precision, EvidenceLaw) and self.config.adaptive_precision:
+            self._precision.observe_noise(self._noise.g2, self._noise.trace, b_big)
+
+    @property
+    def b_noise(self) -> float | None:
+        """Gradient noise scale B_noise in samples (None while unknown)."""
+        return self._noise.b_noise()
 
     def observe_memory(self, step: int, used_bytes: int, limit_bytes: int) -> None:
         """Device bytes in use (peak since the last observation) and the device's capacity."""
@@ -195,8 +246,9 @@ class Controller:
         if control:
             if cfg.adaptive_precision and step % (cfg.t_precision or cfg.t_ctrl) == 0:
                 self._precision.update_levels(step, warm=step >= cfg.warmup_steps)
-            if cfg.elastic_batch and self._mem_used is not None and self._mem_limit is not None:
-                self._batch.update(self._mem_used, self._mem_limit, step)
+            if cfg.elastic_batch and (cfg.batch_law == "noise" or (
+                    self._mem_used is not None and self._mem_limit is not None)):
+                self._batch.update(self._mem_used, self._mem_limit, step, self.b_noise)
         if curvature:
             self._curv_pending = False
         decision = self._commit(step, event="decide")  # its record shows the memory it was taken on
@@ -234,6 +286,7 @@ class Controller:
             "lambda_max": [None if np.isnan(x) else float(x) for x in lam],
             "tau_low": self._precision.tau_low, "tau_high": self._precision.tau_high,
             "mem_used": self._mem_used, "mem_limit": self._mem_limit, "ooms": self._batch.ooms,
+            "b_noise": self.b_noise,
         })
 
     # -- reporting & state ------------------------------------------------------------------
@@ -244,7 +297,7 @@ class Controller:
         return {
             "step": d.step, "batch_size": d.batch_size, "accumulation": d.accumulation,
             "logical_batch": d.logical_batch, "lr_batch_scale": d.lr_batch_scale,
-            "mem_limit": self._mem_limit, "ooms": self._batch.ooms,
+            "mem_limit": self._mem_limit, "ooms": self._batch.ooms, "b_noise": self.b_noise,
             "layers": {
                 s.name: {"precision": d.precisions[i].short, "lr_scale": float(d.lr_scales[i]),
                          "lambda_max": None if np.isnan(lam[i]) else float(lam[i]),
@@ -260,6 +313,7 @@ class Controller:
             "precision": self._precision.state_dict(),
             "curvature": self._curvature.state_dict(),
             "batch": self._batch.state_dict(),
+            "noise": self._noise.state_dict(),
             "mem_used": self._mem_used, "mem_limit": self._mem_limit, "curv_pending": self._curv_pending,
             "decision": self._decision.to_dict(),
             "telemetry": list(self.telemetry.records),
@@ -274,6 +328,7 @@ class Controller:
         self._precision.load_state_dict(sd["precision"])
         self._curvature.load_state_dict(sd["curvature"])
         self._batch.load_state_dict(sd["batch"])
+        self._noise.load_state_dict(sd["noise"])
         self._mem_used, self._mem_limit = sd["mem_used"], sd["mem_limit"]
         self._curv_pending = sd["curv_pending"]
         self._decision = Decision.from_dict(sd["decision"])

@@ -459,6 +459,7 @@ def controlled_step(
     is_oom: Callable[[BaseException], bool],
     free_memory: Callable[[], None],
     read_memory: Callable[[], tuple[int, int] | None] | None = None,
+    split: int = 1,
 ) -> R:
     """One optimizer step under the controller, shared by the torch and JAX `elastic_step`.
 
@@ -467,7 +468,8 @@ def controlled_step(
     (the backend's optimizer update; `decision` is the one in force when the step started, whose
     lr_batch_scale matches the samples actually used) -> indices completed -> memory observed.
     If anything raises, the step's indices are put back (replayed first next time) and the error
-    propagates, so no sample is lost.
+    propagates, so no sample is lost. split: run the step as at least that many micro-batches
+    (the gradient noise measurement's two halves, `Controller.is_noise_step`).
     """
     cfg = getattr(controller, "config", None)
     if cfg is not None and not getattr(loader, "_bounds_checked", False):
@@ -476,10 +478,19 @@ def controlled_step(
     decision = controller.decide(step)
     loader.apply(decision)
     idx = loader.next_indices()
+    micro = decision.batch_size
+    parts = split if split > 1 and len(idx) >= split else 1
+    if parts > 1:
+        micro = min(micro, -(-len(idx) // parts))
+
+    def on_oom() -> int:
+        # A split step keeps its split at the shrunken size, so each retry is strictly smaller.
+        return -(-controller.observe_oom(step).batch_size // parts)
+
     try:
         report = run_elastic_step(
-            idx, micro_batch=decision.batch_size, run_micro=run_micro, is_oom=is_oom,
-            on_oom=lambda: controller.observe_oom(step).batch_size, free_memory=free_memory)
+            idx, micro_batch=micro, run_micro=run_micro, is_oom=is_oom,
+            on_oom=on_oom, free_memory=free_memory)
         result = finish(decision, report)
     except BaseException:
         loader.put_back(idx)

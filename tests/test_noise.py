@@ -1,0 +1,183 @@
+"""Gradient noise scale: the estimator, the noise batch law and the evidence precision law."""
+
+import numpy as np
+import pytest
+
+from triaccel import Controller, Precision, TriAccelConfig
+from triaccel.noise import GradientNoise, split_measurement
+
+
+def _sample_grads(rng, G, sigma, b):
+    """Mean of b per-sample gradients G + sigma * N(0, I): tr(Sigma) = sigma^2 * dim."""
+    return G + sigma * rng.standard_normal((b, G.size)).mean(axis=0)
+
+
+def test_estimator_recovers_the_noise_scale():
+    rng = np.random.default_rng(0)
+    dim, sigma = 400, 0.5
+    G = rng.standard_normal(dim) * 0.05
+    truth = sigma**2 * dim / float(G @ G)          # tr(Sigma) / |G|^2
+    est = GradientNoise(1, beta=0.99)
+    for _ in range(3000):
+        halves = [_sample_grads(rng, G, sigma, 32) for _ in range(2)]
+        big = (halves[0] + halves[1]) / 2
+        b_s, s, b_b, g = split_measurement([32, 32], [[h @ h] for h in halves], [big @ big], 1)
+        est.observe(b_s, s, b_b, g)
+    assert est.b_noise() == pytest.approx(truth, rel=0.1)
+    assert est.trace[0] == pytest.approx(sigma**2 * dim, rel=0.1)
+
+
+def test_split_measurement_uses_the_harmonic_mean_and_checks_shapes():
+    b_s, small, b_b, big = split_measurement([10, 30], [[1.0, 2.0], [3.0, 4.0]], [0.5, 0.5], 2)
+    assert b_s == pytest.approx(15.0) and b_b == 40.0
+    np.testing.assert_allclose(small, [2.0, 3.0])
+    with pytest.raises(ValueError, match="micro_sqnorms"):
+        split_measurement([10, 30], [[1.0], [3.0]], [0.5, 0.5], 2)
+    with pytest.raises(ValueError, match="sizes"):
+        split_measurement([10], [[1.0, 2.0]], [0.5, 0.5], 2)
+
+
+def test_estimator_refuses_non_finite_and_waits_for_a_usable_estimate():
+    est = GradientNoise(2, beta=0.5)
+    assert est.b_noise() is None
+    with pytest.raises(ValueError, match="finite"):
+        est.observe(8, np.array([np.nan, 1.0]), 16, np.array([1.0, 1.0]))
+    est.observe(8, np.array([1.0, 1.0]), 16, np.array([2.0, 2.0]))  # big > small: negative trace
+    assert est.b_noise() is None
+
+
+def _cfg(**kw):
+    base = dict(batch_init=32, batch_min=8, batch_max=256, batch_buckets=(32, 64, 128, 256), t_ctrl=10,
+                warmup_steps=0, noise_scale_c=1.0, noise_beta=0.0)
+    return TriAccelConfig(**{**base, **kw})
+
+
+def _measure(ctl, step, b_noise, batch, g2=1.0):
+    """Feed one exact measurement with the given noise scale (sampling noise tr = b_noise * g2)."""
+    tr = b_noise * g2
+    half = batch / 2
+    L = len(ctl.layers)
+    small = np.full(L, (g2 + tr / half) / L)
+    big = np.full(L, (g2 + tr / batch) / L)
+    ctl.observe_gradient_noise(step, [int(half)] * 2, np.stack([small, small]), big)
+
+
+def test_noise_law_grows_one_bucket_while_below_c_times_b_noise():
+    ctl = Controller(_cfg(), ["a", "b"])
+    assert ctl.is_noise_step(0) and not ctl.is_noise_step(5)
+    ctl.decide(0)
+    _measure(ctl, 0, b_noise=100.0, batch=32)
+    assert ctl.b_noise == pytest.approx(100.0)
+    assert ctl.decide(10).batch_size == 64        # 64 <= 100
+    _measure(ctl, 10, b_noise=100.0, batch=64)
+    assert ctl.decide(20).batch_size == 64        # 128 > 100: held
+    _measure(ctl, 20, b_noise=300.0, batch=64)
+    assert ctl.decide(30).batch_size == 128
+    assert ctl.decide(40).batch_size == 256       # estimate still 300 >= 256
+    assert ctl.is_noise_step(50)                  # at the top, still measured for the precision law
+    top = Controller(_cfg(adaptive_precision=False), ["a"])
+    top.decide(0)
+    _measure(top, 0, b_noise=1e4, batch=32)
+    for s in (10, 20, 30):
+        top.decide(s)
+    assert top.decision.batch_size == 256 and not top.is_noise_step(40)   # nothing left to measure for
+
+
+def test_noise_law_memory_is_the_ceiling():
+    ctl = Controller(_cfg(memory_budget=1000, batch_buckets=(8, 16, 32, 64, 128, 256)), ["a"])
+    ctl.decide(0)
+    _measure(ctl, 0, b_noise=1e6, batch=32)
+    ctl.observe_memory(5, 600, 10_000)           # x2 would reach 1200 > 0.85 * 1000
+    assert ctl.decide(10).batch_size == 32
+    ctl.observe_memory(15, 900, 10_000)          # above rho_high: shrink
+    assert ctl.decide(20).batch_size == 16
+    ctl.observe_memory(25, 100, 10_000)
+    assert ctl.decide(30).batch_size == 32          # room again: grows, the noise still allows it
+
+
+def test_noise_law_without_estimate_does_not_grow_and_c_scales_the_bound():
+    ctl = Controller(_cfg(), ["a"])
+    ctl.observe_memory(5, 1, 10_000)
+    assert ctl.decide(10).batch_size == 32
+    ctl2 = Controller(_cfg(noise_scale_c=4.0), ["a"])
+    ctl2.decide(0)
+    _measure(ctl2, 0, b_noise=40.0, batch=32)
+    assert ctl2.decide(10).batch_size == 64      # 64 <= 4 * 40
+
+
+def test_memory_law_still_available():
+    ctl = Controller(_cfg(batch_law="memory"), ["a"])
+    assert not ctl.is_noise_step(0)
+    ctl.observe_memory(5, 1, 10_000)
+    assert ctl.decide(10).batch_size == 64
+
+
+def _evidence_ctl(**kw):
+    from triaccel.layers import LayerSpec
+
+    layers = [LayerSpec("conv", "other"), LayerSpec("bn", "norm"), LayerSpec("fc", "other")]
+    return Controller(_cfg(t_precision=10, min_dwell=20, elastic_batch=False, **kw), layers)
+
+
+def test_evidence_law_stays_16_bit_whatever_the_variance():
+    ctl = _evidence_ctl()
+    for step in range(0, 200, 10):
+        ctl.observe_grad_variance(step, [1e9 * (step + 1), 1.0, 1e-12])
+        d = ctl.decide(step)
+        assert d.precisions == (Precision.BF16, Precision.FP32, Precision.BF16)
+
+
+def test_evidence_law_nonfinite_promotes_then_returns_after_dwell():
+    ctl = _evidence_ctl()
+    ctl.decide(0)
+    ctl.observe_nonfinite(3, [0, 0, 5])
+    assert ctl.decide(10).precisions[2] == Precision.FP32
+    assert ctl.decide(20).precisions[2] == Precision.FP32     # evidence lasts min_dwell past step 3
+    assert ctl.decide(30).precisions[2] == Precision.BF16     # gone at 23, dwell since 10 done
+    assert ctl.decide(30).precisions[0] == Precision.BF16
+
+
+def test_evidence_law_ignores_loss_scaled_fp16_overflow_until_the_scale_collapses():
+    ctl = _evidence_ctl(base_precision="fp16")
+    ctl.decide(0)
+    ctl.observe_nonfinite(3, [4, 0, 0], loss_scaled=True)
+    assert ctl.decide(10).precisions[0] == Precision.FP16
+    ctl.observe_loss_scale(12, 2.0**10)
+    assert ctl.decide(20).precisions[0] == Precision.FP16
+    ctl.observe_loss_scale(22, 0.5)
+    assert ctl.decide(30).precisions == (Precision.FP32, Precision.FP32, Precision.FP32)
+    with pytest.raises(ValueError, match="scale"):
+        ctl.observe_loss_scale(31, float("nan"))
+
+
+def test_evidence_law_rounding_error_against_sampling_noise():
+    ctl = _evidence_ctl()
+    ctl.decide(0)
+    # Layer 0: almost noise-free gradient at this batch (rounding dominates); layer 2: noisy.
+    u2 = (2.0**-8) ** 2
+    batch, half = 32, 16
+    g2 = np.array([1.0, 1.0, 1.0])
+    tr = np.array([u2 * batch * 0.1, 1.0, 100.0])  # layer 0: u^2 |G|^2 / (tr/B) = 10 >> 0.01
+    small = g2 + tr / half
+    big = g2 + tr / batch
+    ctl.observe_gradient_noise(5, [half, half], np.stack([small, small]), big)
+    d = ctl.decide(10)
+    assert d.precisions == (Precision.FP32, Precision.FP32, Precision.BF16)
+
+
+def test_decisions_are_deterministic_and_resume():
+    def run(ctl, steps):
+        out = []
+        for s in steps:
+            if ctl.is_noise_step(s):
+                _measure(ctl, s, b_noise=50.0 + s, batch=ctl.decision.batch_size)
+            ctl.observe_memory(s, 10, 10_000)
+            out.append(ctl.decide(s).to_dict())
+        return out
+
+    a = Controller(_cfg(), ["x", "y"])
+    b = Controller(_cfg(), ["x", "y"])
+    assert run(a, range(0, 200, 10)) == run(b, range(0, 200, 10))
+    c = Controller(_cfg(), ["x", "y"])
+    c.load_state_dict(a.state_dict())
+    assert run(a, range(200, 400, 10)) == run(c, range(200, 400, 10))

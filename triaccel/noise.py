@@ -1,0 +1,136 @@
+"""Gradient noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training").
+
+For a mean gradient g_b over b samples, E|g_b|^2 = |G|^2 + tr(Sigma)/b, where G is the true gradient
+and Sigma the per-sample gradient covariance. Two batch sizes b_small < b_big give unbiased
+estimates of both terms (the paper's Appendix A):
+
+    |G|^2     ~ (b_big |g_big|^2 - b_small |g_small|^2) / (b_big - b_small)
+    tr(Sigma) ~ (|g_small|^2 - |g_big|^2) / (1/b_small - 1/b_big)
+
+and the "simple" noise scale B_noise = tr(Sigma) / |G|^2 is the ratio of their EMAs (each estimate
+alone is too noisy to divide). The backends get the two sizes for free from a step split into
+micro-batches: each micro-batch's mean gradient is a small-batch sample, their weighted sum the
+step's gradient. Everything here is per layer (L,), so the controller can also compare a layer's
+16-bit rounding error with its sampling noise; the network's B_noise sums over layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["GradientNoise", "observe_split_step", "split_measurement"]
+
+
+def split_measurement(sizes: Sequence[int], micro_sqnorms: Any, total_sqnorm: Any,
+                      num_layers: int) -> tuple[float, np.ndarray, float, np.ndarray]:
+    """(b_small, |g_small|^2, b_big, |g_big|^2) from one step split into micro-batches.
+
+    sizes: samples per micro-batch (k >= 2). micro_sqnorms: (k, L) squared norms per layer of each
+    micro-batch's MEAN gradient (unscaled: no loss scale, no accumulation weight). total_sqnorm:
+    (L,) the step's mean gradient over all sum(sizes) samples. With unequal micro-batches the mean
+    of their squared norms estimates |G|^2 + tr(Sigma) * mean(1/b_i), so b_small is the harmonic
+    mean of the sizes.
+    """
+    n = np.asarray(sizes, dtype=np.float64)
+    if n.ndim != 1 or n.size < 2 or (n <= 0).any():
+        raise ValueError(f"sizes={list(sizes)!r}: need at least two positive micro-batch sizes")
+    micro = np.asarray(micro_sqnorms, dtype=np.float64)
+    total = np.asarray(total_sqnorm, dtype=np.float64)
+    if micro.shape != (n.size, num_layers):
+        raise ValueError(f"micro_sqnorms: expected shape ({n.size}, {num_layers}) (micro-batch x layer), "
+                         f"got {micro.shape}")
+    if total.shape != (num_layers,):
+        raise ValueError(f"total_sqnorm: expected shape ({num_layers},) (one value per layer), got {total.shape}")
+    return float(1.0 / np.mean(1.0 / n)), micro.mean(axis=0), float(n.sum()), total
+
+
+class GradientNoise:
+    """Bias-corrected EMAs of per-layer |G|^2 and tr(Sigma) estimates; B_noise from their ratio.
+
+    beta: EMA factor in [0, 1) per measurement. A measurement with a non-finite value is refused
+    (ValueError): such a step is skipped, not measured.
+    """
+
+    def __init__(self, num_layers: int, beta: float) -> None:
+        self.beta = beta
+        self.count = 0
+        self._g2 = np.zeros(num_layers)      # EMA numerators (bias-corrected on read)
+        self._trace = np.zeros(num_layers)
+        self.last_batch: float | None = None  # b_big of the last measurement (samples)
+
+    def observe(self, b_small: float, sq_small: np.ndarray, b_big: float, sq_big: np.ndarray) -> None:
+        """Fold one measurement: squared gradient norms per layer (L,) at two batch sizes (samples)."""
+        if not 0 < b_small < b_big:
+            raise ValueError(f"b_small={b_small}, b_big={b_big}: need 0 < b_small < b_big")
+        small = np.asarray(sq_small, dtype=np.float64)
+        big = np.asarray(sq_big, dtype=np.float64)
+        if not (np.isfinite(small).all() and np.isfinite(big).all()) or (small < 0).any() or (big < 0).any():
+            raise ValueError("sq_small, sq_big: squared norms must be finite and >= 0 (a step with non-finite "
+                             "gradients is skipped, not measured)")
+        g2 = (b_big * big - b_small * small) / (b_big - b_small)
+        trace = (small - big) / (1.0 / b_small - 1.0 / b_big)
+        self._g2 = self.beta * self._g2 + (1.0 - self.beta) * g2
+        self._trace = self.beta * self._trace + (1.0 - self.beta) * trace
+        self.count += 1
+        self.last_batch = float(b_big)
+
+    def _debias(self) -> float:
+        return 1.0 - self.beta ** self.count if self.count else 1.0
+
+    @property
+    def g2(self) -> np.ndarray:
+        """(L,) EMA estimate of |G_l|^2 (may be <= 0 while the signal is buried in noise)."""
+        return self._g2 / self._debias()
+
+    @property
+    def trace(self) -> np.ndarray:
+        """(L,) EMA estimate of tr(Sigma_l), per-sample gradient variance summed over elements."""
+        return self._trace / self._debias()
+
+    def b_noise(self) -> float | None:
+        """Network B_noise = sum tr(Sigma_l) / sum |G_l|^2 in samples; None before a measurement or
+        while either sum is not positive (no usable estimate yet)."""
+        if self.count == 0:
+            return None
+        g2, tr = float(self.g2.sum()), float(self.trace.sum())
+        if g2 <= 0.0 or tr <= 0.0:
+            return None
+        return tr / g2
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "g2": self._g2.tolist(), "trace": self._trace.tolist(),
+                "last_batch": self.last_batch}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.count = int(sd["count"])
+        self._g2 = np.asarray(sd["g2"], dtype=np.float64)
+        self._trace = np.asarray(sd["trace"], dtype=np.float64)
+        self.last_batch = sd["last_batch"]
+
+
+def observe_split_step(controller: Any, step: int, sizes: Sequence[int], weights: Sequence[float],
+                       sqnorms: Any, tensor_layer: Any, scale: float = 1.0) -> bool:
+    """Feed `controller.observe_gradient_noise` from what an elastic step split into micro-batches
+    measured, per tensor: the part both backends share.
+
+    sqnorms: (k + 1, T) squared norms per gradient tensor; rows 0..k-1 each micro-batch's
+    contribution as accumulated (its mean gradient x its weight len/total x the loss scale), row k
+    the accumulated step gradient (x the loss scale). weights: (k,) the micro-batches' weights.
+    tensor_layer: (T,) layer index per tensor. scale: the loss scale the gradients carry. Returns
+    False (nothing observed) for a step with fewer than two micro-batches or non-finite values.
+    """
+    from .stats import group_by_layer
+
+    sq = np.asarray(sqnorms, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    if len(sizes) < 2 or sq.shape[0] != len(sizes) + 1 or w.shape != (len(sizes),):
+        return False
+    sq = sq / (float(scale) ** 2)
+    unweighted = np.concatenate([sq[:-1] / (w[:, None] ** 2), sq[-1:]], axis=0)
+    per_layer = group_by_layer(unweighted, tensor_layer, len(controller.layers))
+    if not np.isfinite(per_layer).all():
+        return False
+    controller.observe_gradient_noise(step, sizes, per_layer[:-1], per_layer[-1])
+    return True
