@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Precision", "PrecisionLaw"]
+__all__ = ["EvidenceLaw", "Precision", "PrecisionLaw", "UNIT_ROUNDOFF"]
 
 
 class Precision(enum.IntEnum):
@@ -167,3 +167,88 @@ class PrecisionLaw:
         self.level = np.array(sd["level"], dtype=np.int64)
         self.last_change = np.array(sd["last_change"], dtype=np.int64)
         self.promoted_until = np.array(sd["promoted_until"], dtype=np.int64)
+
+
+# Unit roundoff (half the spacing of 1.0 to the next value) of each 16-bit format: the relative
+# error of rounding one value to it.
+UNIT_ROUNDOFF: dict[Precision, float] = {Precision.FP16: 2.0**-11, Precision.BF16: 2.0**-8}
+
+
+class EvidenceLaw(PrecisionLaw):
+    """16-bit by default; a layer goes to FP32 only on evidence that 16-bit hurts it.
+
+    Evidence, per layer: non-finite gradient values seen without loss scaling (`observe_nonfinite`;
+    it lasts `min_dwell` steps past the event), a loss-scale collapse while the layer is FP16
+    (`observe_loss_scale`, same duration), or a 16-bit rounding error that is not small against
+    the gradient's sampling noise (`observe_noise`: the rounding-error energy u^2 (|G|^2 +
+    tr(Sigma)/B) above `rounding_ratio` x the sampling-noise energy tr(Sigma)/B; it enters above
+    rounding_ratio*(1+hysteresis) and leaves below rounding_ratio*(1-hysteresis)). A layer whose
+    gradient variance is high is noisy, not fragile: variance alone never promotes it. FP32 is
+    taken at once; the way back waits `min_dwell` steps since the last change. The variance EMA is
+    still kept (telemetry). Norm layers stay FP32 (`pinned`).
+    """
+
+    def __init__(self, num_layers: int, pinned: np.ndarray, *, base: Precision, min_dwell: int,
+                 hysteresis: float, rounding_ratio: float, beta: float) -> None:
+        super().__init__(num_layers, pinned, beta=beta, tau_low=None, tau_high=None, quantiles=(0.0, 1.0),
+                         hysteresis=hysteresis, min_dwell=min_dwell, base=base)
+        self.rounding_ratio = rounding_ratio
+        self.evidence_until = np.full(num_layers, _NEVER, dtype=np.int64)
+        self.rounding = np.zeros(num_layers, dtype=bool)   # rounding evidence in force
+        self.rounding_level = np.full(num_layers, np.nan)  # last u^2 (|G|^2 + S/B) / (S/B)
+
+    def observe_nonfinite(self, step: int, counts: np.ndarray, loss_scaled: bool) -> None:
+        """Per-layer counts (L,) of non-finite gradient values at `step`. Under loss scaling, FP16
+        layers' overflows are the scaler's business (it backs off), not evidence."""
+        hit = np.asarray(counts) > 0
+        if loss_scaled:
+            hit &= self.level != int(Precision.FP16)
+        self._evidence(step, hit)
+
+    def observe_loss_scale(self, step: int, scale: float) -> None:
+        """Loss scale in force at `step`; below 1 the FP16 range has failed the FP16 layers."""
+        if scale < 1.0:
+            self._evidence(step, self.level == int(Precision.FP16))
+
+    def _evidence(self, step: int, mask: np.ndarray) -> None:
+        self.evidence_until = np.where(mask & ~self.pinned,
+                                       np.maximum(self.evidence_until, step + self.min_dwell),
+                                       self.evidence_until)
+
+    def observe_noise(self, g2: np.ndarray, trace: np.ndarray, batch: float) -> None:
+        """Per-layer |G|^2 and tr(Sigma) estimates (L,) at batch `batch` (samples)."""
+        u = UNIT_ROUNDOFF.get(self.base)
+        if u is None:  # an FP32 base has no 16-bit rounding to weigh
+            return
+        sampling = np.asarray(trace, dtype=np.float64) / batch
+        signal = np.maximum(np.asarray(g2, dtype=np.float64), 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            level = np.where(sampling > 0, u * u * (signal + sampling) / sampling, np.nan)
+        h = self.hysteresis
+        known = np.isfinite(level)  # no positive noise estimate: no evidence either way
+        enter = known & (level > self.rounding_ratio * (1 + h))
+        leave = known & (level < self.rounding_ratio * (1 - h))
+        self.rounding = np.where(enter, True, np.where(leave, False, self.rounding))
+        self.rounding_level = level
+
+    def update_levels(self, step: int, warm: bool) -> None:
+        """Base level unless evidence holds; up at once, down after `min_dwell` steps."""
+        if not warm:
+            return
+        self.adapting = True
+        target = np.where((step < self.evidence_until) | self.rounding, int(Precision.FP32), int(self.base))
+        may_change = (target > self.level) | ((step - self.last_change) >= self.min_dwell)
+        new = np.where(may_change & ~self.pinned, target, self.level)
+        self.last_change = np.where(new != self.level, step, self.last_change)
+        self.level = new
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "evidence_until": self.evidence_until.tolist(),
+                "rounding": self.rounding.tolist(),
+                "rounding_level": [None if np.isnan(x) else float(x) for x in self.rounding_level]}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        super().load_state_dict(sd)
+        self.evidence_until = np.array(sd["evidence_until"], dtype=np.int64)
+        self.rounding = np.array(sd["rounding"], dtype=bool)
+        self.rounding_level = np.array([np.nan if x is None else x for x in sd["rounding_level"]])
