@@ -12,16 +12,18 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from triaccel.precision import Precision
+
 # Input dtype codes used inside the kernels (column "code" of a segment table).
 CODE_FP32 = 0
 CODE_FP16 = 1
 CODE_BF16 = 2
+CODE_FP64 = 3  # never reaches a kernel: float64 values are reduced with the framework's own ops
 
 # Target precision codes for the cast kernel; equal to ``triaccel.Precision`` values.
 PREC_FP16 = 0
 PREC_BF16 = 1
 PREC_FP32 = 2
-_PREC_BY_NAME = {"fp16": PREC_FP16, "bf16": PREC_BF16, "fp32": PREC_FP32}
 
 IMPLS = ("auto", "triton", "reference")
 
@@ -84,19 +86,15 @@ def dtype_code(dtype_name: str, param: str) -> int:
         return CODE_FP16
     if name == "bfloat16":
         return CODE_BF16
-    raise TypeError(f"{param}: dtype {dtype_name} is not supported; allowed: float32, float16, bfloat16")
+    if name == "float64":
+        return CODE_FP64
+    raise TypeError(f"{param}: dtype {dtype_name} is not supported; allowed: float32, float16, bfloat16, float64")
 
 
 def parse_precision(p: Any, param: str) -> int:
-    """Precision code (fp16=0, bf16=1, fp32=2) from a ``triaccel.Precision`` or a string."""
-    short = getattr(p, "short", None)  # triaccel.Precision (IntEnum with .short)
-    if isinstance(short, str):
-        p = short
-    if isinstance(p, str):
-        code = _PREC_BY_NAME.get(p.lower())
-        if code is not None:
-            return code
-    raise ValueError(f"{param}: {p!r} is not a precision; allowed: triaccel.Precision or 'fp16', 'bf16', 'fp32'")
+    """Precision code (fp16=0, bf16=1, fp32=2) of anything ``triaccel.Precision.parse`` takes: a
+    Precision, "bf16", "bfloat16", torch.bfloat16, jnp.bfloat16, ... (ValueError naming ``param`` else)."""
+    return int(Precision.parse(p, param))
 
 
 def parse_offsets(offsets: Any, param: str = "offsets") -> np.ndarray:

@@ -199,7 +199,8 @@ def cast_to(tensors: Any, dtypes: Sequence[Any], *, out: Any = None, impl: str =
     """Cast each FP32 tensor/array to its precision, all in one launch; returns a list.
 
     tensors: list of float32 torch tensors (dense, one device; read in place) or JAX arrays.
-    dtypes: one ``triaccel.Precision`` or "fp16"/"bf16"/"fp32" per tensor.
+    dtypes: one precision per tensor: a ``triaccel.Precision``, "fp16"/"bf16"/"fp32", "float16"/...,
+        or a framework dtype (torch.bfloat16, jnp.float16, np.float32; see ``Precision.parse``).
     out: torch only: a reusable contiguous int16 buffer holding all 16-bit outputs (size = number
         of elements of the FP16/BF16 tensors); allocated when None.
     Returns, per input, a tensor/array of the input's shape (torch: and strides): for FP16/BF16 a
@@ -234,7 +235,8 @@ def cast_flat(flat: Any, offsets: Sequence[int], dtypes: Sequence[Any], *, out: 
               num_warps: int = NUM_WARPS) -> tuple[Any, list]:
     """Segment-level cast of a flat FP32 buffer (1-D torch tensor or JAX array).
 
-    offsets: host (n+1,) segment offsets into ``flat``; dtypes: one precision per segment.
+    offsets: host (n+1,) segment offsets into ``flat``; dtypes: one precision per segment (as in
+    :func:`cast_to`).
     Returns ``(buf16, parts)``: the int16 buffer holding the FP16/BF16 segments back to back in
     segment order (None for JAX on the reference path or when no segment is 16-bit) and the 1-D
     per-segment results (FP32 segments are slices of ``flat``).

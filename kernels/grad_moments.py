@@ -31,7 +31,11 @@ Semantics (shared by the kernel and both references):
 - with ``inv_scale`` the unscaled values are written back in the input dtype (torch: in place, as
   ``GradScaler.unscale_`` does; JAX: returned as new arrays);
 - inside the kernel the non-finite count is accumulated as FP32 (exact up to 2**24 per segment);
-  the public API returns it as int32.
+  the public API returns it as int32;
+- FP64 inputs never reach the kernel: their segments are reduced with the framework's own ops
+  (the references below) in FP64 — unscaled, tested for finiteness and accumulated in FP64 — and
+  the three results rounded to FP32 (a finite FP64 sum beyond FP32's range becomes ±Inf there).
+  Mixed lists launch the kernel for the other segments and fill the FP64 rows after it.
 """
 
 from __future__ import annotations
@@ -176,33 +180,37 @@ if triton is not None:
 
 
 def moments_reference_torch(tensors: Sequence[Any], inv_scale: Any = None) -> Any:
-    """torch reference: (n, 3) float32 [sum, sumsq, nonfinite]; unscales ``tensors`` in place."""
+    """torch reference: (n, 3) float32 [sum, sumsq, nonfinite]; unscales ``tensors`` in place.
+    Computes in FP32 (FP64 for float64 tensors)."""
     import torch
 
     rows = []
     for t in tensors:
-        x = t.float()
+        acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+        x = t.to(acc)
         if inv_scale is not None:
-            x = x * (inv_scale.float() if isinstance(inv_scale, torch.Tensor) else float(inv_scale))
+            x = x * (inv_scale.to(acc) if isinstance(inv_scale, torch.Tensor) else float(inv_scale))
         fin = torch.isfinite(x)
-        xf = torch.where(fin, x, torch.zeros((), dtype=torch.float32, device=x.device))
-        rows.append(torch.stack([xf.sum(), (xf * xf).sum(), (~fin).sum().to(torch.float32)]))
+        xf = torch.where(fin, x, torch.zeros((), dtype=acc, device=x.device))
+        rows.append(torch.stack([xf.sum(), (xf * xf).sum(), (~fin).sum().to(acc)]).float())
         if inv_scale is not None:
             t.copy_(x)
     return torch.stack(rows).reshape(len(rows), 3)
 
 
 def moments_reference_jnp(flat: Any, offsets: Sequence[int], inv_scale: Any = None) -> tuple[Any, Any]:
-    """jnp reference over a flat buffer: ((n, 3) float32 [sum, sumsq, nonfinite], unscaled flat or None)."""
+    """jnp reference over a flat buffer: ((n, 3) float32 [sum, sumsq, nonfinite], unscaled flat or None).
+    Computes in FP32 (FP64 for a float64 buffer)."""
     import jax
     import jax.numpy as jnp
 
     off = D.parse_offsets(offsets)
     sizes = np.diff(off)
     n = sizes.size
-    x = flat.astype(jnp.float32)
+    acc = jnp.float64 if flat.dtype == jnp.float64 else jnp.float32
+    x = flat.astype(acc)
     if inv_scale is not None:
-        x = x * jnp.asarray(inv_scale, dtype=jnp.float32).reshape(())
+        x = x * jnp.asarray(inv_scale, dtype=acc).reshape(())
     fin = jnp.isfinite(x)
     xf = jnp.where(fin, x, 0.0)
     ids = jnp.asarray(np.repeat(np.arange(n, dtype=np.int32), sizes))
@@ -323,7 +331,7 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str,
         addrs = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
         codes = np.array([D.dtype_code(str(t.dtype), "tensors") for t in tensors], dtype=np.int64)
         esize = np.array([t.element_size() for t in tensors], dtype=np.int64)
-        ref_idx = [-1, -1, -1]  # per dtype code: index of its reference tensor (-1: none)
+        ref_idx = [-1, -1, -1]  # per kernel dtype code: index of its reference tensor (-1: none)
         rel = np.zeros_like(addrs)
         for c in range(3):
             idx = np.flatnonzero((codes == c) & (sizes > 0))
@@ -336,19 +344,24 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str,
                 raise ValueError(f"tensors[{int(bad[0])}]: address not a multiple of its element size "
                                  f"away from tensors[{int(idx[0])}] of the same dtype")
             rel[idx] = d // esize[idx]
-        seg, start, stop, full = D.aligned_chunk_rows(sizes, (-rel) % D.ALIGN, chunk)
+        wide = np.flatnonzero(codes == D.CODE_FP64)  # no kernel rows: torch ops after the launch
+        seg, start, stop, full = D.aligned_chunk_rows(np.where(codes == D.CODE_FP64, 0, sizes),
+                                                      (-rel) % D.ALIGN, chunk)
         tab = np.stack([seg, rel[seg], start, stop, codes[seg], full], axis=1)
         # indices, not tensors: the cache must not keep gradients alive
-        hit = (torch.from_numpy(np.ascontiguousarray(tab)).to(dev), tab.shape[0], ref_idx)
+        hit = (torch.from_numpy(np.ascontiguousarray(tab)).to(dev), tab.shape[0], ref_idx,
+               wide.tolist(), torch.from_numpy(wide).to(dev))
         _TABLES.put(key, hit)
     if out is None:
         out = torch.empty((n, 3), dtype=torch.float32, device=dev)
     else:
         _check_out(out, n, dev)
     scale = _torch_scale(inv_scale, dev)
-    table, nch, ref_idx = hit
+    table, nch, ref_idx, wide, wide_idx = hit
     refs = [tensors[i] if i >= 0 else out for i in ref_idx]  # placeholders are never dereferenced
     _launch_torch(refs, table, nch, scale, out, out, 1, inv_scale is not None, block, iters, num_warps)
+    if wide:
+        out.index_copy_(0, wide_idx, moments_reference_torch([tensors[i] for i in wide], inv_scale))
     return out
 
 
@@ -368,7 +381,7 @@ def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, impl: str,
     else:
         _check_out(out, n, dev)
     scale = _torch_scale(inv_scale, dev)
-    if not D.use_triton_torch(triton is not None, dev, impl):
+    if flat.dtype == torch.float64 or not D.use_triton_torch(triton is not None, dev, impl):
         views = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
         out.copy_(moments_reference_torch(views, inv_scale))
         return out
@@ -420,7 +433,7 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str,
     gpu = D.jax_on_gpu([flat])
     if impl == "triton" and not gpu:
         raise RuntimeError("impl='triton': jax-triton needs a GPU; JAX arrays here are not on one")
-    if impl == "reference" or not gpu or triton is None:
+    if impl == "reference" or not gpu or triton is None or flat.dtype == jnp.float64:
         return moments_reference_jnp(flat, off, inv_scale)
     import jax_triton as jt  # lazy: cannot be imported without a GPU
 
@@ -466,7 +479,7 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: 
                  block: int = BLOCK, iters: int = ITERS, num_warps: int = NUM_WARPS) -> Any:
     """Per-tensor (sum, sumsq, nonfinite) of gradients, in one kernel launch.
 
-    tensors: list of torch tensors (any shapes, dense, FP32/FP16/BF16, one device; read in place
+    tensors: list of torch tensors (any shapes, dense, FP32/FP16/BF16/FP64, one device; read in place
         through a pointer table: no copy) or a list/pytree of JAX arrays (concatenated into one flat
         buffer; use :func:`grad_moments_flat` to avoid that copy).
     inv_scale: None, a positive float, or a 1-element float32 tensor/array (e.g. 1/loss_scale):
@@ -494,7 +507,8 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: 
     for i, a in enumerate(leaves):
         D.dtype_code(str(a.dtype), f"tensors[{i}]")
     dtypes = {a.dtype for a in leaves}
-    flat_dtype = dtypes.pop() if len(dtypes) == 1 else jnp.float32  # mixed: exact upcast to FP32
+    # mixed: exact upcast to FP32 (FP64 when any leaf is FP64)
+    flat_dtype = dtypes.pop() if len(dtypes) == 1 else jnp.float64 if np.dtype("float64") in dtypes else jnp.float32
     flat = jnp.concatenate([a.reshape(-1).astype(flat_dtype) for a in leaves])
     off = np.concatenate([[0], np.cumsum([a.size for a in leaves])]).astype(np.int64)
     res, y = _jax_flat(flat, off, inv_scale, impl, block, iters, num_warps)
@@ -511,7 +525,7 @@ def grad_moments_flat(flat: Any, offsets: Sequence[int], *, inv_scale: Any = Non
                       num_warps: int = NUM_WARPS) -> Any:
     """Segment-level entry: moments of ``flat[offsets[i]:offsets[i+1]]`` for each segment i.
 
-    flat: 1-D contiguous torch tensor or JAX array (FP32/FP16/BF16). offsets: host (n+1,) integers,
+    flat: 1-D contiguous torch tensor or JAX array (FP32/FP16/BF16/FP64). offsets: host (n+1,) integers,
     starting at 0, non-decreasing, ending at ``flat`` size (cached per layout). Other arguments and
     the result as in :func:`grad_moments`; for JAX with ``inv_scale`` returns ``(Moments, unscaled_flat)``.
     """

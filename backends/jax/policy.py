@@ -11,13 +11,18 @@ Linen modules are immutable, so `linen_precision(policy, layers)` applies a poli
 made inside it (a `flax.linen.intercept_methods` interceptor that gives each layer's ``__call__``
 its compute dtype): use it inside the jitted step with the policy as a static argument, so the step
 is traced once per policy, as under NNX.
+
+Float64 layers (a layer module owning a float64 parameter, e.g. ``param_dtype=jnp.float64`` under
+``jax.enable_x64``) keep computing in float64 whatever the decision: both forms give them compute
+``dtype`` float64 and `precision_policy` reports them as "fp32" (never lower). To let such a layer
+compute in 16-bit, give it float32 parameters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import jax.numpy as jnp
 
@@ -37,30 +42,41 @@ def _modules_by_name(model: Any) -> dict[str, Any]:
     return {".".join(str(p) for p in path): m for path, m in nnx.iter_modules(model)}
 
 
+def _owns_float64(params: Iterable[Any]) -> bool:
+    """True when any of a module's own parameters (arrays or NNX Params: anything with a dtype) is float64."""
+    return any(jnp.dtype(v.dtype) == jnp.float64 for v in params if hasattr(v, "dtype"))
+
+
 def precision_policy(model: Any, decision: Any, layers: LayerMap | None = None) -> tuple[str, ...]:
     """Set the compute dtype of every layer module of the NNX `model` from `decision`.
 
     decision: a core Decision (or any sequence of Precision/"bf16"-like values), one per layer in
     `layers.specs` order (default: `layer_map_from_model(model)`, the order the Controller uses).
     Returns the applied policy as a tuple of short names, e.g. ("bf16", "fp32", ...) — hashable,
-    usable as a cache key. A layer module without a ``dtype`` attribute raises ValueError (its
-    precision cannot be applied), as does a length mismatch.
+    usable as a cache key; float64 layers compute in float64 and read "fp32". A layer module
+    without a ``dtype`` attribute raises ValueError (its precision cannot be applied), as does a
+    length mismatch.
     """
+    from flax import nnx
+
     lm = layers if layers is not None else layer_map_from_model(model)
-    names = _names_for(decision, lm, "decision")
+    names = list(_names_for(decision, lm, "decision"))
     mods = _modules_by_name(model)
-    for spec, name in zip(lm.specs, names):
+    for i, spec in enumerate(lm.specs):
         mod = mods.get(spec.name)
         if mod is None:
             raise ValueError(f"layers: {spec.name!r} is not a module path of the model")
         if not hasattr(mod, "dtype"):
             raise ValueError(f"layer {spec.name!r} ({type(mod).__name__}) has no `dtype` attribute; "
                              "its compute precision cannot be set")
-        want = DTYPES[Precision.parse(name)]
+        if _owns_float64(v for v in vars(mod).values() if isinstance(v, nnx.Param)):
+            want, names[i] = jnp.float64, Precision.FP32.short
+        else:
+            want = DTYPES[Precision.parse(names[i])]
         # Assign only on change: an identical assignment keeps the graph (and the jit cache key).
         if mod.dtype is None or jnp.dtype(mod.dtype) != jnp.dtype(want):
             mod.dtype = want
-    return names
+    return tuple(names)
 
 
 def policy_names(decision: Any) -> tuple[str, ...]:
@@ -84,8 +100,8 @@ def linen_precision(policy: Any, layers: LayerMap) -> Iterator[tuple[str, ...]]:
     policy: a Decision or a sequence of precisions in `layers.specs` order (`policy_names`).
     layers: the layer map of the linen parameters (`layer_map_from_params`); a layer is the module
     at that path (``"block.Dense_0"`` = path ("block", "Dense_0")). Parameters stay FP32. A layer
-    module without a ``dtype`` attribute raises ValueError when it is called. Yields the policy's
-    short names.
+    module without a ``dtype`` attribute raises ValueError when it is called; a float64 layer computes
+    in float64 (module docstring). Yields the policy's short names.
     """
     import flax.linen as nn
 
@@ -102,8 +118,9 @@ def linen_precision(policy: Any, layers: LayerMap) -> Iterator[tuple[str, ...]]:
                              "precision cannot be set")
         # The bound module is this apply's own clone: setting its dtype for the call changes no
         # other call (linen dataclasses are frozen, hence object.__setattr__).
+        own = mod.variables.get("params", {}).values()  # its own leaves, and submodules' dicts
         old = mod.dtype
-        object.__setattr__(mod, "dtype", want[name])
+        object.__setattr__(mod, "dtype", jnp.float64 if _owns_float64(own) else want[name])
         try:
             return next_fun(*args, **kwargs)
         finally:

@@ -53,6 +53,12 @@ class TorchLayer:
     def numel(self) -> int:
         return sum(p.numel() for _, p in self.params)
 
+    @property
+    def is_float64(self) -> bool:
+        """True when the layer owns a float64 parameter: it keeps computing in float64 whatever
+        precision is decided (`PrecisionPlan`); convert it to float32 to let it go lower."""
+        return any(p.dtype == torch.float64 for _, p in self.params)
+
 
 def discover_layers(model: nn.Module, *, only: Iterable[torch.Tensor] | None = None) -> list[TorchLayer]:
     """Modules of `model` that own parameters directly, in the core's deterministic layer order.

@@ -20,6 +20,12 @@ are FP32 (costs one hook pair per norm layer, see above).
 
 The hooks act only while `PrecisionPlan.region()` is active, so curvature passes and user code
 outside `opt.autocast()` run in plain FP32.
+
+Float64 layers (any float64 parameter) keep float64 whatever the controller decides: torch's autocast
+never casts float64 tensors (its eligibility test excludes them: float64 inputs of a linear or conv
+stay float64 inside a bf16/fp16 region, checked on CPU), and the plan installs no hook on them and
+leaves them out of the majority; their applied precision is recorded as FP32 (never lower). To let
+such a layer compute in 16-bit, convert it to float32 master weights (`model.float()`).
 """
 
 from __future__ import annotations
@@ -42,9 +48,9 @@ TORCH_DTYPES: dict[Precision, torch.dtype] = {
 }
 
 
-def torch_dtype(p: Precision) -> torch.dtype:
-    """torch dtype of a Precision."""
-    return TORCH_DTYPES[Precision(p)]
+def torch_dtype(p: Any) -> torch.dtype:
+    """torch dtype of a precision (anything `Precision.parse` takes)."""
+    return TORCH_DTYPES[Precision.parse(p)]
 
 
 def _cast_floats(obj: Any, dtype: torch.dtype) -> Any:
@@ -78,14 +84,16 @@ class PrecisionPlan:
         self._active = False
 
     # -- applying decisions -------------------------------------------------------------------
-    def apply(self, precisions: Sequence[Precision]) -> bool:
-        """Install `precisions` (L,); returns True when the hooks or the majority changed."""
-        precs = tuple(Precision(p) for p in precisions)
-        if len(precs) != len(self.layers):
-            raise ValueError(f"precisions: expected {len(self.layers)} values (one per layer), got {len(precs)}")
+    def apply(self, precisions: Sequence[Any]) -> bool:
+        """Install `precisions` (L,), anything `Precision.parse` takes; float64 layers are recorded
+        as FP32 and left alone (module docstring). Returns True when the hooks or the majority changed."""
+        if len(precisions) != len(self.layers):
+            raise ValueError(f"precisions: expected {len(self.layers)} values (one per layer), got {len(precisions)}")
+        precs = tuple(Precision.FP32 if layer.is_float64 else Precision.parse(p, f"precisions[{i}]")
+                      for i, (p, layer) in enumerate(zip(precisions, self.layers)))
         if precs == self.precisions:
             return False
-        compute = [p for p, layer in zip(precs, self.layers) if layer.spec.kind != "norm"]
+        compute = [p for p, layer in zip(precs, self.layers) if layer.spec.kind != "norm" and not layer.is_float64]
         if compute:
             counts = Counter(compute)
             # Most layers; ties go to the lower precision (cheaper region, fewer casts).
@@ -97,6 +105,8 @@ class PrecisionPlan:
         self._handles = []
         hooked = []
         for p, layer in zip(precs, self.layers):
+            if layer.is_float64:
+                continue
             is_norm = layer.spec.kind == "norm"
             if is_norm and not (self.strict_norm and majority != Precision.FP32):
                 continue  # norm layers follow autocast's norm policy (see module docstring)
