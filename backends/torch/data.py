@@ -33,6 +33,7 @@ from triaccel.batching import resolve_memory_limit
 from triaccel.config import parse_bytes
 from triaccel.elastic import (ElasticIndexLoader, ElasticStepOutcome, ElasticStepReport, controlled_step,
                               memory_pair)
+from triaccel.noise import observe_split_step
 
 __all__ = ["ElasticLoader", "ElasticStepResult", "elastic_step", "enforce_memory_budget",
            "free_memory", "is_oom"]
@@ -185,9 +186,27 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
       for this `optimizer.step()` only (restored right after, so LR schedulers see their own
       values). Pass False when the triaccel optimizer wrapper applies the decision's multipliers.
     optimizer_step(decision): replaces `optimizer.step()` (e.g. a wrapper's step); grads are ready.
+
+    Gradient noise: when `controller.is_noise_step(step)`, the step runs as two micro-batches and
+    the squared norms of each one's gradient and of their sum go to
+    `controller.observe_gradient_noise` (one host read of 2 x 3 x n_params floats on such steps,
+    every t_noise steps). Tensors map to layers through `optimizer.layer_index(params)` (the
+    triaccel wrapper); with a plain optimizer the controller must have a single layer.
     """
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     done = [0]
+    controller.decide(step)   # idempotent: the decision the step will run under
+    measure = bool(getattr(controller, "is_noise_step", None) and controller.is_noise_step(step))
+    sq: list[torch.Tensor] = []   # per successful micro-batch: (n_params,) squared norms
+
+    def sqnorms(grads: list[torch.Tensor | None]) -> torch.Tensor:
+        gs = [g for g in grads if g is not None]
+        norms = torch.stack(torch._foreach_norm(gs)).float() if gs else torch.zeros(0)
+        if len(gs) != len(grads):   # unused parameters: zero norm, kept in place
+            full = torch.zeros(len(grads), device=norms.device)
+            full[[i for i, g in enumerate(grads) if g is not None]] = norms
+            norms = full
+        return norms.square()
 
     def run_micro(chunk: np.ndarray, weight: float) -> torch.Tensor:
         if done[0] == 0:
@@ -198,8 +217,12 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
             scaled = scaler.scale(scaled)
         if done[0] == 0:
             scaled.backward()
+            if measure:
+                sq.append(sqnorms([p.grad for p in params]))
         else:
             grads = torch.autograd.grad(scaled, params, allow_unused=True)
+            if measure:
+                sq.append(sqnorms(list(grads)))
             for p, g in zip(params, grads):
                 if g is None:
                     continue
@@ -211,6 +234,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
         return loss.detach()
 
     def finish(decision: Any, report: ElasticStepReport[torch.Tensor]) -> ElasticStepResult:
+        if measure and len(report.sizes) >= 2:
+            _observe_noise(controller, optimizer, step, params, report, sq, sqnorms, scaler)
         saved = [g["lr"] for g in optimizer.param_groups]
         if apply_lr_batch_scale:
             for g in optimizer.param_groups:
@@ -236,10 +261,33 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
 
     try:
         result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
-                                 is_oom=is_oom, free_memory=free_memory, read_memory=read_memory)
+                                 is_oom=is_oom, free_memory=free_memory, read_memory=read_memory,
+                                 split=2 if measure else 1)
     except BaseException:
         optimizer.zero_grad(set_to_none=True)
         raise
     result.end_of_epoch = loader.end_of_epoch
     return result
 
+
+
+def _observe_noise(controller: Any, optimizer: Any, step: int, params: list[torch.Tensor],
+                   report: ElasticStepReport[torch.Tensor], sq: list[torch.Tensor], sqnorms: Any,
+                   scaler: Any) -> None:
+    """The noise measurement of a split step: one device->host read, then the shared core."""
+    if hasattr(optimizer, "layer_index"):
+        tensor_layer = optimizer.layer_index(params)
+    elif len(controller.layers) == 1:
+        tensor_layer = np.zeros(len(params), dtype=np.int64)
+    else:
+        raise ValueError(f"optimizer: a {type(optimizer).__name__} cannot map parameters to the "
+                         f"controller's {len(controller.layers)} layers; wrap it with triaccel.backends.torch.wrap")
+    rows = torch.stack([*sq, sqnorms([p.grad for p in params])])
+    scale = 1.0
+    if scaler is not None:
+        one = torch.ones((), device=rows.device)
+        rows = torch.cat([rows.reshape(-1), scaler.scale(one).float().reshape(1)])
+    host = rows.double().cpu().numpy()          # the one sync of a measured step
+    if scaler is not None:
+        host, scale = host[:-1].reshape(len(sq) + 1, len(params)), float(host[-1])
+    observe_split_step(controller, step, report.sizes, report.weights, host, tensor_layer, scale)

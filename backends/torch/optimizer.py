@@ -223,6 +223,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.nonfinite_steps = 0   # unguarded steps found non-finite at a flush (see step())
         self._nonfinite_warned = False
         self._prev: list[torch.Tensor] | None = None
+        self._param_layer: dict[int, int] | None = None
         self._lerp_ok = True
         self.step_count = 0        # optimizer steps taken or skipped (the controller's step)
         self.micro_count = 0       # micro-batches accumulated towards the current step
@@ -251,6 +252,15 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             self._mults_per_tensor = mult[self._tensor_layer].tolist()
         self.decision = d
         self._applied = d
+
+    def layer_index(self, params: Iterable[torch.Tensor]) -> np.ndarray:
+        """(len(params),) the controller's layer index of each parameter (ValueError for a foreign one)."""
+        if self._param_layer is None:
+            self._param_layer = {id(p): int(i) for p, i in zip(self._params, self._tensor_layer)}
+        try:
+            return np.array([self._param_layer[id(p)] for p in params], dtype=np.int64)
+        except KeyError:
+            raise ValueError("params: a tensor is not a parameter of the wrapped model's layers") from None
 
     def autocast(self) -> Any:
         """Context manager for the forward pass: each layer computes in its decided dtype."""
@@ -441,7 +451,10 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         counts = group_by_layer(np.array([p.numel() for p in self._params], dtype=np.float64),
                                 self._tensor_layer, len(self.layers))
         bad = host[:, :, 2].sum(axis=1) > 0                       # (n,) non-finite rows
+        scaled = self.fp16_active  # rows of this window ran under the policy in force (it changes only here)
         for i, (step, code) in enumerate(self._rows):
+            if bad[i]:
+                self.controller.observe_nonfinite(step, per_layer[i, 2], loss_scaled=scaled)
             if code == _ROW_SKIPPED:
                 continue
             if not bad[i]:
@@ -457,6 +470,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
                                   "fused=True to the optimizer (free device-side skip) or host_check=True "
                                   "to wrap() (one sync per step) to skip such steps.", RuntimeWarning,
                                   stacklevel=4)
+        if scaled:
+            self.controller.observe_loss_scale(self._rows[-1][0], self.scaler.scale)
         self._rows = []
 
     # -- curvature ---------------------------------------------------------------------------
@@ -598,7 +613,11 @@ class TriAccelOptimizer(torch.optim.Optimizer):
 
     # -- reporting ---------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
-        """Latest per-layer precision, LR scale, eigenvalues, variance EMA; batch; memory; loss scale."""
+        """Latest per-layer precision, LR scale, eigenvalues, variance EMA; batch; memory; loss scale.
+
+        Current at read time: pending statistics are read first (one host sync), so
+        `skipped_steps` and `nonfinite_steps` count every step taken so far."""
+        self._flush()
         rep = self.controller.report()
         for i, layer in enumerate(self.layers):
             entry = rep["layers"][layer.name]

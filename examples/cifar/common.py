@@ -11,9 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from triaccel import Controller, TriAccelConfig
+from triaccel import Controller, Precision, TriAccelConfig
 
 LEVERS = ("precision", "curvature", "batch")
+# The demo's default levers: the curvature LR scaling lowered accuracy in 3-seed ablations
+# (docs/results.md), so it is opt-in (`--levers precision,curvature,batch`).
+DEFAULT_LEVERS = ("precision", "batch")
 
 
 def bucket_ladder(batch: int, lo: int, hi: int) -> tuple[int, ...]:
@@ -49,7 +52,8 @@ class RunOptions:
     batch_max: int = 512             # see train.py --batch-max
     lr_rule: str = "linear"
     curvature: str = "fisher"
-    levers: tuple[str, ...] = LEVERS  # triaccel ablations: which levers are on
+    levers: tuple[str, ...] = DEFAULT_LEVERS  # triaccel ablations: which levers are on
+    warmup_epochs: float = 1.0        # linear LR warm-up over this many epochs' samples, every method
     t_ctrl: int = 50
     warmup_steps: int = 100
     device: str = "auto"
@@ -76,8 +80,13 @@ class RunOptions:
             t_ctrl=self.t_ctrl, warmup_steps=self.warmup_steps, **extra)
 
 
-def cosine_lr_factor(progress: float) -> float:
-    """Cosine decay over training progress in [0, 1] (samples seen / samples of the run)."""
+def lr_factor(seen: int, total: int, warmup: int) -> float:
+    """LR multiplier after `seen` of `total` samples: linear warm-up over the first `warmup` samples
+    (from 1/warmup-of-a-sample, never 0), then cosine decay to 0 over the rest. Samples, not
+    steps, so it does not depend on the (elastic) batch size."""
+    if seen < warmup:
+        return (seen + 1) / warmup
+    progress = (seen - warmup) / max(total - warmup, 1)
     return 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
 
 
@@ -103,17 +112,20 @@ class RunLog:
         self._f.flush()
 
     def end_epoch(self, ctl: Controller, epoch: int, records: list[dict[str, Any]], step_losses: list[float],
-                  test_acc: float, seconds: float, steps: int) -> None:
-        """Write the epoch's step records (with their losses), its summary and new decisions; print it."""
+                  test_acc: float, seconds: float, steps: int, flop_share: dict[str, float] | None = None) -> None:
+        """Write the epoch's step records (with their losses), its summary and new decisions; print it.
+        flop_share: conv/linear FLOPs per precision so far (`triaccel.flops.FlopShare.shares`)."""
         for r, loss in zip(records, step_losses):
             self.write("step", loss=loss, **r)
         train_loss = sum(step_losses) / len(step_losses)
         batch = ctl.decision.batch_size
         self.write("epoch", epoch=epoch + 1, train_loss=train_loss, test_acc=test_acc, seconds=seconds,
-                   steps=steps, batch_size=batch)
+                   steps=steps, batch_size=batch, b_noise=ctl.b_noise, flop_share=flop_share)
         self.sync_decisions(ctl)
+        noise = f"  B_noise {ctl.b_noise:.0f}" if ctl.b_noise is not None else ""
+        sixteen = f"  16-bit FLOPs {100 * (flop_share['fp16'] + flop_share['bf16']):.1f}%" if flop_share else ""
         print(f"epoch {epoch + 1}: loss {train_loss:.4f}  test acc {100 * test_acc:.2f}%  {seconds:.1f}s  "
-              f"batch {batch}", flush=True)
+              f"batch {batch}{noise}{sixteen}", flush=True)
 
     def close(self) -> None:
         self._f.close()
@@ -125,6 +137,14 @@ def _json_default(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         return x.tolist()
     raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
+
+
+def precision_record(method: str, specs: Any) -> tuple[Precision, ...]:
+    """The fixed per-layer precisions of a plain run (for its FLOP share): FP32 everywhere under
+    "fp32"; under "amp" bf16 for every layer but the norms (autocast runs them in FP32)."""
+    if method == "fp32":
+        return tuple(Precision.FP32 for _ in specs)
+    return tuple(Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in specs)
 
 
 def options_record(opts: RunOptions) -> dict[str, Any]:

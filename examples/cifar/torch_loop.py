@@ -13,9 +13,12 @@ import torch.nn.functional as F
 from triaccel import Controller
 from triaccel.backends.torch import augment, wrap
 from triaccel.backends.torch.data import ElasticLoader, elastic_step
+from triaccel.backends.torch.flops import layer_flops
+from triaccel.backends.torch.layers import discover_layers
 from triaccel.backends.torch.models import create_model
+from triaccel.flops import FlopShare
 
-from .common import RunLog, RunOptions, cosine_lr_factor, median_last
+from .common import RunLog, RunOptions, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
 
 
@@ -53,8 +56,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-        # cuDNN autotuning re-runs for every new batch shape: worth it only for a static batch.
-        torch.backends.cudnn.benchmark = not (opts.method == "triaccel" and "batch" in opts.levers)
+        # cuDNN autotuning runs once per new input shape: the batch moves on a few buckets, and the
+        # epoch's short last step adds one shape per bucket, so it stays on for every method.
+        torch.backends.cudnn.benchmark = True
     inner = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum, nesterov=True,
                             weight_decay=opts.weight_decay)
     cfg = opts.triaccel_config()
@@ -71,6 +75,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
 
     loader = ElasticLoader(xtr, ytr, batch_size=cfg.batch_init, seed=opts.seed, transform=transform)
     total_samples = opts.epochs * len(xtr)
+    warmup_samples = int(opts.warmup_epochs * len(xtr))
     seen = [0]
     if opts.method == "triaccel":
         curv_idx = np.random.default_rng(opts.seed + 1)
@@ -95,7 +100,11 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             cast = contextlib.nullcontext
         step_kwargs = {}
     log.write("layers", names=list(controller.layer_names))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: cosine_lr_factor(seen[0] / total_samples))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: lr_factor(seen[0], total_samples, warmup_samples))
+    # conv/linear FLOPs per precision: the wrapper's layers, or all of AMP's/FP32's at one precision
+    tlayers = opt.layers if opts.method == "triaccel" else discover_layers(model)
+    flops = FlopShare(layer_flops(model, tlayers, transform(xtr[:1])))
+    static_prec = None if opts.method == "triaccel" else precision_record(opts.method, [l.spec for l in tlayers])
 
     def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         xb, yb = batch
@@ -118,6 +127,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             ctl_step = opt.step_count if opts.method == "triaccel" else step
             res = elastic_step(loader, controller, loss_fn, opt, ctl_step, **step_kwargs)
             seen[0] += res.samples
+            flops.add(res.decision.precisions if static_prec is None else static_prec, res.samples)
             sched.step()
             losses.append(res.loss)
             bar.update(res.samples)
@@ -135,7 +145,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         acc = evaluate(model, xte, yte, mean, std, opts.image_size, cast)
         accs.append(acc)
         log.end_epoch(controller, epoch, records, torch.stack(losses).float().cpu().tolist(), acc,
-                      epoch_times[-1], step)
+                      epoch_times[-1], step, flop_share=flops.shares())
     peak = None
     if device.type == "cuda":  # the wrapper's probe resets torch's peak counter at each read
         peak = max(torch.cuda.max_memory_allocated(device),
@@ -143,5 +153,6 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     return {"final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times), "peak_alloc_bytes": peak,
             "steps": step, "final_batch": controller.decision.batch_size, "device": str(device),
+            "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "report": opt.report() if opts.method == "triaccel" else None}

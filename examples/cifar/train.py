@@ -19,10 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .common import LEVERS, RunLog, RunOptions, options_record
+from .common import DEFAULT_LEVERS, LEVERS, RunLog, RunOptions, options_record
 from .plots import plot_run
-
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "cifar10-jpeg"
 
 
 def _has_gpu(backend: str) -> bool:
@@ -55,8 +53,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--epochs", type=int, default=None, help="default: 10 on a GPU, 1 on CPU")
     p.add_argument("--data", default=None,
                    help="CIFAR root: the official python folder (cifar-10-batches-py / cifar-100-python) "
-                        f"or an image-folder tree {{train,test}}/<class>/*.jpg (default: {DEFAULT_DATA} "
-                        "if it exists, else ./data)")
+                        "or an image-folder tree {train,test}/<class>/*.jpg (default: $TRIACCEL_DATA, else "
+                        "~/.cache/triaccel/<dataset> or $TRIACCEL_CACHE/<dataset>, where the official archive "
+                        "is downloaded on first use)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=None, help="initial/static batch (default 96; 32 on CPU)")
     p.add_argument("--lr", type=float, default=None, help="SGD lr at the initial batch (default 0.1 x batch/96)")
@@ -73,8 +72,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="LR multiplier when the batch changes (default linear, SGD's rule: one-seed ResNet-18 "
                         "runs reached 84.5%% with it vs 81.6%% with sqrt, docs/results.md)")
     p.add_argument("--curvature", choices=["fisher", "hessian", "off"], default="fisher")
-    p.add_argument("--levers", default=",".join(LEVERS),
-                   help="triaccel levers on, comma-separated subset of precision,curvature,batch")
+    p.add_argument("--levers", default=",".join(DEFAULT_LEVERS),
+                   help="triaccel levers on, comma-separated subset of precision,curvature,batch (default "
+                        "precision,batch: the curvature LR scaling lowered accuracy in 3-seed ablations, "
+                        "docs/results.md)")
+    p.add_argument("--warmup-epochs", type=float, default=1.0,
+                   help="linear LR warm-up over this many epochs (of samples), then cosine; every method")
     p.add_argument("--t-ctrl", type=int, default=50)
     p.add_argument("--warmup-steps", type=int, default=100)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -92,9 +95,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     bad = sorted(set(levers) - set(LEVERS))
     if bad:
         p.error(f"--levers: unknown {bad}; allowed {list(LEVERS)}")
+    if not a.warmup_epochs >= 0:
+        p.error(f"--warmup-epochs={a.warmup_epochs}: allowed [0, inf)")
     gpu = _has_gpu(a.backend) if a.device in ("auto", "cuda") else False
     batch = a.batch if a.batch is not None else (96 if gpu else 32)
-    data = a.data or (str(DEFAULT_DATA) if DEFAULT_DATA.exists() else "data")
+    data = a.data or ""  # "": resolved when loading (triaccel.data.resolve_data)
     opts = RunOptions(
         backend=a.backend, model=a.model, dataset=a.dataset, method=a.method,
         epochs=a.epochs if a.epochs is not None else (10 if gpu else 1), data=data, seed=a.seed,
@@ -103,7 +108,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         train_subset=a.train_subset if a.train_subset is not None else (None if gpu else 2048),
         test_subset=a.test_subset if a.test_subset is not None else (None if gpu else 512),
         budget=a.budget, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
-        t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, device=a.device, progress=not a.no_progress,
+        t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.triaccel_config()  # validate every knob before any data is loaded
