@@ -1,7 +1,8 @@
 """Shared pieces of the reliability suite (tests/reliability, issue #19 item 4).
 
 * A hypothesis settings profile, "reliability": derandomized (the same examples on every run and
-  machine), no deadline (CI machines are slow and shared). It is registered here and used as the
+  machine), no deadline (CI machines are slow and shared). It is registered (rel_util.py, imported
+  here first) and used as the
   *parent* of each test's own `settings(...)` (`rel_util.rel_settings(max_examples=N)`), so that
   it does not change the settings of the rest of the test suite.
 * `figures`: a session-wide dict the tests put their measured figures in (samples lost, OOMs
@@ -17,15 +18,7 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
-
-settings.register_profile(
-    "reliability",
-    derandomize=True,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-)
+import rel_util  # noqa: F401  (registers the hypothesis profile "reliability")
 
 
 _FIGURES: dict[str, Any] = {}

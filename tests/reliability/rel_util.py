@@ -6,11 +6,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from triaccel import TriAccelConfig
 
 FIELDS = {f.name for f in dataclasses.fields(TriAccelConfig)}
+
+# Derandomized (the same examples on every run and machine) and no deadline (slow shared CI).
+settings.register_profile(
+    "reliability",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 
 
 def rel_settings(max_examples: int, **kw: Any) -> settings:
