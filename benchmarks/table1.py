@@ -37,14 +37,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 AMP = "AMP (bf16)"
 FULL = "triaccel (full)"
+TRIACCEL = "triaccel"
+# The static sweep a user would run instead: AMP-bf16 at fixed batches, the linear LR rule (the
+# demo's default lr is 0.1 x batch/96) and the same warm-up + cosine. AMP (bf16) is its bs-96 row.
+STATIC = {96: AMP, 192: "AMP bs 192", 384: "AMP bs 384", 512: "AMP bs 512"}
 # name -> demo options (ablations stack on AMP's static bf16 baseline: the levers not listed are off)
 METHODS: dict[str, list[str]] = {
     "FP32": ["--method", "fp32"],
-    AMP: ["--method", "amp"],
+    **{name: ["--method", "amp", *([] if b == 96 else ["--batch", str(b)])] for b, name in STATIC.items()},
+    TRIACCEL: ["--method", "triaccel"],                     # the defaults (levers precision,batch)
     "+batch elasticity": ["--method", "triaccel", "--levers", "batch"],
-    "+precision": ["--method", "triaccel", "--levers", "precision,batch"],
     FULL: ["--method", "triaccel", "--levers", "precision,curvature,batch"],
 }
+# Accuracy band of "fastest static": statics within this many points of the best static's mean.
+STATIC_BAND = 0.3
 
 
 def long_row(epochs: int) -> str:
@@ -64,7 +70,7 @@ def run_one(model: str, method: str, seed: int, args: argparse.Namespace, out: P
     cmd = [sys.executable, "-m", "examples.cifar.train", "--backend", args.backend, "--model", model,
            "--dataset", args.dataset, "--epochs", str(epochs), "--data", args.data, "--seed", str(seed),
            "--out", str(out), "--no-progress", *options, *args.demo_args]
-    if args.budget and method not in ("FP32", AMP):
+    if args.budget and "triaccel" in options:
         cmd += ["--budget", args.budget]
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.perf_counter()
@@ -119,7 +125,22 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                           "wall_s": statistics.mean(sum(r["epoch_seconds"]) for r in runs),
                           "seconds_to_amp_acc": t_amp,
                           "to_amp_acc_vs_amp_wall": t_amp / amp_wall if t_amp is not None and amp_wall else None,
-                          "final_batch": [r.get("final_batch") for r in runs]})
+                          "final_batch": [r.get("final_batch") for r in runs],
+                          "sixteen_bit_min": min((r["flop_share"]["fp16"] + r["flop_share"]["bf16"] for r in runs
+                                                  if r.get("flop_share")), default=None)})
+    for model in dict.fromkeys(c["model"] for c in cells):
+        mine = [c for c in cells if c["model"] == model]
+        statics = [c for c in mine if c["method"] in STATIC.values()]
+        if not statics:
+            continue
+        best = max(statics, key=lambda c: c["acc_mean"])
+        fastest = min((c for c in statics if c["acc_mean"] >= best["acc_mean"] - STATIC_BAND),
+                      key=lambda c: c["wall_s"])
+        for c in mine:
+            c.update(best_static=best["method"], fastest_static=fastest["method"],
+                     acc_vs_best_static=c["acc_mean"] - best["acc_mean"],
+                     wall_vs_fastest_static=c["wall_s"] / fastest["wall_s"],
+                     wall_vs_best_static=c["wall_s"] / best["wall_s"])
     return cells
 
 
@@ -162,7 +183,8 @@ def main() -> None:
         model, method, seed = spec
         gpu = gpus.get()
         try:
-            tag = f"{model}-{method.split()[0].strip('+()')}{'-long' if method.endswith(' ep') else ''}-s{seed}"
+            slug = "".join(ch if ch.isalnum() else "-" for ch in method.lower()).strip("-")
+            tag = f"{model}-{'-'.join(filter(None, slug.split('-')))}-s{seed}"
             row = run_one(model, method, seed, args, Path(args.runs) / tag, gpu)
         finally:
             gpus.put(gpu)
@@ -184,13 +206,20 @@ def main() -> None:
     print(f"# table1  device={device}  date={meta['date']}  epochs={args.epochs}  seeds={args.seeds}")
     print(f"# command: {meta['command']}")
     print(f"{'model':<16}{'method':<26}{'acc %':>14}{'s/epoch':>9}{'wall s':>8}{'peak GB':>9}{'eff/FP32':>9}"
-          f"{'to AMP acc s':>13}{'/AMP wall':>10}")
+          f"{'to AMP acc s':>13}{'/AMP wall':>10}{'-best st.':>10}{'/fast st.':>10}{'16-bit %':>9}")
     for c in cells:
         acc = f"{c['acc_mean']:.2f}+-{c['acc_std']:.2f}"
         t, r = c["seconds_to_amp_acc"], c["to_amp_acc_vs_amp_wall"]
+        d, w, f16 = c.get("acc_vs_best_static"), c.get("wall_vs_fastest_static"), c.get("sixteen_bit_min")
         print(f"{c['model']:<16}{c['method']:<26}{acc:>14}{c['s_per_epoch']:>9.2f}{c['wall_s']:>8.1f}"
               f"{c['peak_gb']:>9.2f}{c['efficiency_vs_fp32']:>9.2f}{'-' if t is None else f'{t:.1f}':>13}"
-              f"{'-' if r is None else f'{r:.2f}':>10}")
+              f"{'-' if r is None else f'{r:.2f}':>10}{'-' if d is None else f'{d:+.2f}':>10}"
+              f"{'-' if w is None else f'{w:.2f}':>10}{'-' if f16 is None else f'{100 * f16:.1f}':>9}")
+    for model in dict.fromkeys(c["model"] for c in cells):
+        c = next((c for c in cells if c["model"] == model and "best_static" in c), None)
+        if c:
+            print(f"# {model}: best static = {c['best_static']}, fastest static within {STATIC_BAND} points = "
+                  f"{c['fastest_static']}")
     print(f"# JSON: {out}")
 
 

@@ -47,3 +47,17 @@ def test_long_row_runs_the_full_method_for_its_epochs():
     args = argparse.Namespace(long_epochs=14, epochs=10)
     assert t1.row_options(t1.long_row(14), args) == (t1.METHODS[t1.FULL], 14)
     assert t1.row_options(t1.AMP, args) == (t1.METHODS[t1.AMP], 10)
+
+
+def test_static_sweep_names_best_and_fastest_static():
+    rows = [_run(t1.AMP, 0, [0.5, 0.873], [4.8, 4.8]), _run("AMP bs 192", 0, [0.5, 0.872], [2.5, 2.5]),
+            _run("AMP bs 384", 0, [0.5, 0.869], [1.4, 1.4]), _run("AMP bs 512", 0, [0.5, 0.852], [1.2, 1.2]),
+            _run(t1.TRIACCEL, 0, [0.5, 0.871], [2.0, 2.0])]
+    rows[-1]["flop_share"] = {"fp16": 0.0, "bf16": 0.95, "fp32": 0.05}
+    cells = {c["method"]: c for c in t1.table(rows)}
+    tri = cells[t1.TRIACCEL]
+    assert tri["best_static"] == t1.AMP and tri["fastest_static"] == "AMP bs 192"   # 384 is 0.4 below
+    assert tri["acc_vs_best_static"] == pytest.approx(-0.2)
+    assert tri["wall_vs_fastest_static"] == pytest.approx(4.0 / 5.0)
+    assert tri["sixteen_bit_min"] == pytest.approx(0.95)
+    assert t1.METHODS["AMP bs 384"] == ["--method", "amp", "--batch", "384"]

@@ -70,7 +70,6 @@ def test_noise_step_measures_the_halves_exactly():
 
 def test_nonfinite_layer_goes_fp32_under_the_evidence_law_and_report_is_current():
     model, opt, loader = _setup(base_precision="bf16", min_dwell=5, elastic_batch=False)
-    opt.controller.config  # evidence law is the default
     x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
     for step in range(5):
         with opt.autocast():
