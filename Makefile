@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q
 
+# In the development workspace the CIFAR-10 JPEG copy beside the repo is used when DEMO_ARGS names
+# neither --data nor cifar100; elsewhere the demo finds or downloads its data (triaccel.data.resolve_data).
+WORKSPACE_DATA := ../shared/data/cifar10-jpeg
+DEMO_DATA := $(if $(wildcard $(WORKSPACE_DATA)),$(if $(findstring --data,$(DEMO_ARGS))$(findstring cifar100,$(DEMO_ARGS)),,--data $(WORKSPACE_DATA)))
+
 demo: $(STAMP)
-	$(PY) -m examples.cifar.train $(DEMO_ARGS)
+	$(PY) -m examples.cifar.train $(DEMO_DATA) $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV)

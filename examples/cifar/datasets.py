@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from triaccel.data.cifar import NUM_CLASSES, load_cifar, normalization
+from triaccel.data import NUM_CLASSES, load_cifar, normalization, resolve_data
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,12 @@ def _subset(x: np.ndarray, y: np.ndarray, n: int | None, seed: int) -> tuple[np.
     return x[idx], y[idx]
 
 
-def load(dataset: str, root: str | Path, train_subset: int | None, test_subset: int | None,
+def load(dataset: str, root: str | Path | None, train_subset: int | None, test_subset: int | None,
          seed: int) -> CifarArrays:
-    """Both splits (a seeded random subset of each when asked)."""
+    """Both splits (a seeded random subset of each when asked). root: the data folder; empty or None:
+    $TRIACCEL_DATA, else the user cache, downloading the official archive there on first use
+    (`triaccel.data.resolve_data`)."""
+    root = resolve_data(dataset, root)
     trx, try_ = _subset(*load_cifar(dataset, root, "train"), train_subset, seed)
     tex, tey = _subset(*load_cifar(dataset, root, "test"), test_subset, seed + 1)
     mean, std = normalization(dataset)

@@ -34,8 +34,10 @@ __all__ = [
     "CIFAR_MEAN",
     "CIFAR_STD",
     "IMAGE_SHAPE",
+    "ARCHIVES",
     "normalization",
     "default_cache_dir",
+    "has_python_layout",
     "load_cifar",
 ]
 
@@ -54,9 +56,10 @@ CIFAR_STD: dict[str, tuple[float, float, float]] = {
     "cifar100": (0.2673, 0.2564, 0.2762),
 }
 
-_URLS = {
-    "cifar10": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-    "cifar100": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+#: The official "python version" archive of each dataset: (URL, MD5 of the .tar.gz).
+ARCHIVES: dict[str, tuple[str, str]] = {
+    "cifar10": ("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),
+    "cifar100": ("https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85"),
 }
 _PY_DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 _PY_FILES = {
@@ -98,7 +101,7 @@ def _how_to_get(name: str, root: Path, split: str) -> str:
     return (
         f"Expected {name} {split!r} data under {root} in one of two layouts:\n"
         f"  (a) the official python version: {root / _PY_DIRS[name]}/{{{files}}}\n"
-        f"      (download {_URLS[name]} and extract it into {root});\n"
+        f"      (download {ARCHIVES[name][0]} and extract it into {root});\n"
         f"  (b) an image folder: {root / split}/<class>/*.jpg|*.jpeg|*.png with "
         f"{NUM_CLASSES[name]} class directories."
     )
@@ -163,6 +166,12 @@ def _python_dir(name: str, root: Path, split: str) -> Path | None:
         if all((d / f).is_file() for f in _PY_FILES[(name, split)]):
             return d
     return None
+
+
+def has_python_layout(name: str, root: str | os.PathLike[str]) -> bool:
+    """True when ``root`` (or ``root/<official folder>``) holds both splits in the official python layout."""
+    _check_name(name)
+    return all(_python_dir(name, Path(root), split) is not None for split in SPLITS)
 
 
 def _load_python(name: str, d: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
