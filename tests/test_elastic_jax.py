@@ -22,7 +22,8 @@ BUCKETS = (8, 16, 24, 32, 48, 64)
 def make_cfg(**kw):
     base = dict(t_ctrl=1, batch_init=16, batch_min=8, batch_max=64, batch_multiple=8,
                 batch_buckets=BUCKETS, rho_low=0.6, rho_high=0.85, curvature="off",
-                adaptive_precision=False, oom_shrink=0.5, lr_rule="linear")
+                adaptive_precision=False, oom_shrink=0.5, lr_rule="linear",
+                batch_law="memory")  # the paper's memory law: these tests drive the batch by memory
     return TriAccelConfig(**(base | kw))
 
 

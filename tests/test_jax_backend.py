@@ -303,7 +303,7 @@ def test_memory_probe_on_cpu_warns_once():
 
 
 def test_wrap_one_liner_and_bad_input():
-    tx = wrap(optax.sgd(0.1), TriAccelConfig(**FAST))
+    tx = wrap(optax.sgd(0.1), TriAccelConfig(**{**FAST, "curvature": "fisher"}))  # curvature is opt-in
     state = tx.init(mlp_params())
     assert tx.host.layers.names == ("l1", "l2")
     state = tx.control(1, state)  # off a boundary: unchanged object
@@ -327,7 +327,8 @@ def test_observe_oom_shrinks_batch_and_writes_state():
 def _split_setup(curvature: str = "off"):
     x, y = image_data()
     model = SmallCNN(nnx.Rngs(0))
-    cfg = TriAccelConfig(curvature=curvature, **{**FAST, "t_ctrl": 4, "warmup_steps": 4})
+    # The paper's variance law: its policy changes are what the split step's re-splits are tested on.
+    cfg = TriAccelConfig(curvature=curvature, precision_law="variance", **{**FAST, "t_ctrl": 4, "warmup_steps": 4})
     ta = TriAccel(cfg, model, loss_fn=cnn_loss)
     opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1, momentum=0.9)), wrt=nnx.Param)
 

@@ -79,7 +79,8 @@ def test_wrapped_optimizer_trains_linen_model_one_trace_per_policy():
     model = LinenCNN()
     variables = model.init(jax.random.PRNGKey(0), x[:2], train=False)
     params, stats = variables["params"], variables["batch_stats"]
-    ta = TriAccel(TriAccelConfig(curvature="off", **FAST))
+    # The paper's variance law, which leaves the base policy on this model (one trace per policy).
+    ta = TriAccel(TriAccelConfig(curvature="off", precision_law="variance", **FAST))
     tx = ta.wrap(optax.sgd(0.1, momentum=0.9))
     state = tx.init(params)
 

@@ -54,8 +54,8 @@ def _torch_layer_var(model, layers, x, y):
 
 
 def test_statistics_and_decisions_match_torch():
-    cfg = TriAccelConfig(curvature="off", t_ctrl=4, warmup_steps=4, min_dwell=0, batch_init=16,
-                         batch_min=8, batch_max=64)
+    cfg = TriAccelConfig(curvature="off", precision_law="variance", t_ctrl=4, warmup_steps=4, min_dwell=0,
+                         batch_init=16, batch_min=8, batch_max=64)   # the paper's variance law (calibration, FP16)
     params = mlp_params()
     ta = TriAccel(cfg)
     tx = ta.wrap(optax.sgd(0.1))
