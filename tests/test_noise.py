@@ -181,3 +181,13 @@ def test_decisions_are_deterministic_and_resume():
     c = Controller(_cfg(), ["x", "y"])
     c.load_state_dict(a.state_dict())
     assert run(a, range(200, 400, 10)) == run(c, range(200, 400, 10))
+
+
+def test_noise_law_waits_for_warm_up_and_a_filled_ema():
+    ctl = Controller(_cfg(noise_beta=0.5, warmup_steps=20), ["a"])
+    assert not ctl.is_noise_step(10) and ctl.is_noise_step(20)
+    ctl.decide(20)
+    _measure(ctl, 20, b_noise=1e4, batch=32)
+    assert ctl.decide(30).batch_size == 32        # one measurement: EMA horizon (2) not filled
+    _measure(ctl, 30, b_noise=1e4, batch=32)
+    assert ctl.decide(40).batch_size == 64

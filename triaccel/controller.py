@@ -172,9 +172,12 @@ class Controller:
     def is_noise_step(self, step: int) -> bool:
         """Whether `step` should be split into two micro-batches to measure the gradient noise
         scale: batch_law="noise", elastic batch on, a single-micro-batch step, every t_noise
-        steps, and only while the batch can still grow or the evidence precision law uses it."""
+        steps from warmup_steps on (the first steps' estimates are a transient of the
+        initialisation), and only while the batch can still grow or the evidence precision law
+        uses it. The batch law acts on the estimate once 1/(1-noise_beta) measurements are in."""
         c = self.config
-        if c.batch_law != "noise" or not c.elastic_batch or step % (c.t_noise or c.t_ctrl) != 0:
+        if (c.batch_law != "noise" or not c.elastic_batch or step < c.warmup_steps
+                or step % (c.t_noise or c.t_ctrl) != 0):
             return False
         d = self._decision
         if d.accumulation != 1 or d.batch_size < 2:
@@ -248,7 +251,9 @@ class Controller:
                 self._precision.update_levels(step, warm=step >= cfg.warmup_steps)
             if cfg.elastic_batch and (cfg.batch_law == "noise" or (
                     self._mem_used is not None and self._mem_limit is not None)):
-                self._batch.update(self._mem_used, self._mem_limit, step, self.b_noise)
+                # the noise law acts only on a filled EMA (early estimates swing, docs/results.md)
+                b_noise = self.b_noise if self._noise.warm else None
+                self._batch.update(self._mem_used, self._mem_limit, step, b_noise)
         if curvature:
             self._curv_pending = False
         decision = self._commit(step, event="decide")  # its record shows the memory it was taken on

@@ -76,6 +76,11 @@ class GradientNoise:
         self.count += 1
         self.last_batch = float(b_big)
 
+    @property
+    def warm(self) -> bool:
+        """At least 1/(1-beta) measurements folded in: the EMA's horizon is filled."""
+        return self.count >= 1.0 / (1.0 - self.beta) - 1e-9
+
     def _debias(self) -> float:
         return 1.0 - self.beta ** self.count if self.count else 1.0
 
