@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from paper import paper_config
 from triaccel import Controller, LayerSpec, Precision, TriAccelConfig
 
 LAYERS = ["conv1", LayerSpec("bn1", "norm"), "layer1.0.conv1", "fc"]
@@ -35,7 +36,7 @@ def summary(decisions):
 
 
 def test_boundaries_only():
-    cfg = TriAccelConfig(t_ctrl=10, t_curv=30, warmup_steps=0, min_dwell=0)
+    cfg = paper_config(t_ctrl=10, t_curv=30, warmup_steps=0, min_dwell=0)
     ctl = Controller(cfg, LAYERS)
     ds = drive(ctl, 61)
     steps_decided = sorted({d.step for d in ds})
@@ -44,7 +45,7 @@ def test_boundaries_only():
 
 
 def test_precision_decided_every_t_precision_only():
-    cfg = TriAccelConfig(t_ctrl=10, t_precision=30, warmup_steps=0, min_dwell=0, curvature="off",
+    cfg = paper_config(t_ctrl=10, t_precision=30, warmup_steps=0, min_dwell=0, curvature="off",
                          elastic_batch=False, beta=0.0, tau_low=1.0, tau_high=100.0)
     ctl = Controller(cfg, ["a"])
     seen = {}
@@ -56,7 +57,7 @@ def test_precision_decided_every_t_precision_only():
 
 
 def test_oom_is_immediate():
-    ctl = Controller(TriAccelConfig(t_ctrl=10, curvature="off"), LAYERS)
+    ctl = Controller(paper_config(t_ctrl=10, curvature="off"), LAYERS)
     drive(ctl, 3)
     before = ctl.decision.batch_size
     d = ctl.observe_oom(3)
@@ -65,7 +66,7 @@ def test_oom_is_immediate():
 
 
 def test_norm_layer_pinned_and_decision_fields():
-    ctl = Controller(TriAccelConfig(t_ctrl=1, warmup_steps=0, min_dwell=0, curvature="off"), LAYERS)
+    ctl = Controller(paper_config(t_ctrl=1, warmup_steps=0, min_dwell=0, curvature="off"), LAYERS)
     d = drive(ctl, 5)[-1]
     assert d.precisions[1] is Precision.FP32
     np.testing.assert_allclose(d.lr_multipliers, d.lr_scales * d.lr_batch_scale)
@@ -73,7 +74,7 @@ def test_norm_layer_pinned_and_decision_fields():
 
 
 def test_levers_off():
-    cfg = TriAccelConfig(t_ctrl=5, t_curv=5, warmup_steps=0, adaptive_precision=False, elastic_batch=False,
+    cfg = paper_config(t_ctrl=5, t_curv=5, warmup_steps=0, adaptive_precision=False, elastic_batch=False,
                          curvature="off")
     ctl = Controller(cfg, LAYERS)
     for d in drive(ctl, 50):
@@ -84,7 +85,7 @@ def test_levers_off():
 
 
 def test_observation_errors_name_the_argument():
-    ctl = Controller(TriAccelConfig(), LAYERS)
+    ctl = Controller(paper_config(), LAYERS)
     with pytest.raises(ValueError, match=r"var: expected shape \(4,\)"):
         ctl.observe_grad_variance(0, [1.0, 2.0])
     with pytest.raises(ValueError, match="finite"):
@@ -92,13 +93,13 @@ def test_observation_errors_name_the_argument():
     with pytest.raises(ValueError, match="used_bytes"):
         ctl.observe_memory(0, -1, 10)
     with pytest.raises(ValueError, match="memory_budget"):
-        Controller(TriAccelConfig(memory_budget="2GiB"), LAYERS).observe_memory(0, 1, 2**30)
+        Controller(paper_config(memory_budget="2GiB"), LAYERS).observe_memory(0, 1, 2**30)
     with pytest.raises(ValueError, match="layers"):
-        Controller(TriAccelConfig(), [])
+        Controller(paper_config(), [])
 
 
 def test_telemetry_jsonl(tmp_path):
-    ctl = Controller(TriAccelConfig(t_ctrl=5, t_curv=10, warmup_steps=5), LAYERS)
+    ctl = Controller(paper_config(t_ctrl=5, t_curv=10, warmup_steps=5), LAYERS)
     drive(ctl, 30)
     path = ctl.telemetry.write_jsonl(tmp_path / "t.jsonl")
     rows = [json.loads(x) for x in path.read_text().splitlines()]
@@ -157,18 +158,18 @@ def test_state_round_trip_gives_identical_future(cfg, seed, cut):
 
 
 def test_load_state_dict_rejects_other_config_or_layers():
-    sd = Controller(TriAccelConfig(), LAYERS).state_dict()
+    sd = Controller(paper_config(), LAYERS).state_dict()
     with pytest.raises(ValueError, match="different TriAccelConfig"):
-        Controller(TriAccelConfig(beta=0.5), LAYERS).load_state_dict(sd)
+        Controller(paper_config(beta=0.5), LAYERS).load_state_dict(sd)
     with pytest.raises(ValueError, match="different layers"):
-        Controller(TriAccelConfig(), ["a", "b", "c", "d"]).load_state_dict(sd)
+        Controller(paper_config(), ["a", "b", "c", "d"]).load_state_dict(sd)
 
 
 @settings(max_examples=30, deadline=None)
 @given(amp=st.floats(0.02, 0.5), period=st.integers(1, 4), seed=st.integers(0, 1000))
 def test_no_flapping_with_hysteresis(amp, period, seed):
     """Variance oscillating inside the hysteresis band around a threshold never flips the level."""
-    cfg = TriAccelConfig(tau_low=1.0, tau_high=100.0, hysteresis=0.6, beta=0.0, t_ctrl=1, warmup_steps=0,
+    cfg = paper_config(tau_low=1.0, tau_high=100.0, hysteresis=0.6, beta=0.0, t_ctrl=1, warmup_steps=0,
                          min_dwell=0, curvature="off", elastic_batch=False)
     ctl = Controller(cfg, ["a"])
     levels = []
@@ -180,7 +181,7 @@ def test_no_flapping_with_hysteresis(amp, period, seed):
 
 
 def test_dwell_limits_changes_under_oscillation():
-    cfg = TriAccelConfig(tau_low=1.0, tau_high=100.0, hysteresis=0.0, beta=0.0, t_ctrl=1, warmup_steps=0,
+    cfg = paper_config(tau_low=1.0, tau_high=100.0, hysteresis=0.0, beta=0.0, t_ctrl=1, warmup_steps=0,
                          min_dwell=10, curvature="off", elastic_batch=False)
     ctl = Controller(cfg, ["a"])
     changes = 0
@@ -210,7 +211,7 @@ def test_core_imports_without_torch_or_jax():
 
 
 def test_no_curvature_step_during_warm_up():
-    ctl = Controller(TriAccelConfig(t_ctrl=10, t_curv=20, warmup_steps=30), ["a", "b"])
+    ctl = Controller(paper_config(t_ctrl=10, t_curv=20, warmup_steps=30), ["a", "b"])
     assert [s for s in range(0, 101) if ctl.is_curvature_step(s)] == [40, 60, 80, 100]
-    off = Controller(TriAccelConfig(curvature="off", warmup_steps=0), ["a"])
+    off = Controller(paper_config(curvature="off", warmup_steps=0), ["a"])
     assert not any(off.is_curvature_step(s) for s in range(0, 1000, 100))

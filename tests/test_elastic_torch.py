@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
+from paper import paper_config
 from triaccel import Controller, OOMAtMinimumBatch, TriAccelConfig
 from triaccel.backends.torch import data as tdata
 from triaccel.backends.torch.data import ElasticLoader, elastic_step
@@ -20,7 +21,7 @@ def make_cfg(**kw):
     base = dict(t_ctrl=1, batch_init=16, batch_min=8, batch_max=96, batch_multiple=8, delta_up=8,
                 delta_down=8, rho_low=0.6, rho_high=0.85, curvature="off", adaptive_precision=False,
                 oom_shrink=0.5, lr_rule="linear")
-    return TriAccelConfig(**(base | kw))
+    return paper_config(**(base | kw))
 
 
 def make_data(n=N, d=5, seed=0):

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from paper import paper_config
 from triaccel import OOMAtMinimumBatch, Precision, TriAccelConfig, resolve_memory_limit
 from triaccel.batching import BatchLaw
 from triaccel.curvature import CurvatureLaw, fisher_topk_from_gram, lr_scales_from_eigs, ritz
@@ -144,7 +145,7 @@ def test_ritz_recovers_eigenpairs():
 
 
 # -- batch -------------------------------------------------------------------------------------
-CFG = TriAccelConfig(batch_init=96, batch_min=32, batch_max=160, delta_up=32, delta_down=16,
+CFG = paper_config(batch_init=96, batch_min=32, batch_max=160, delta_up=32, delta_down=16,
                      rho_low=0.5, rho_high=0.8)
 
 
@@ -228,7 +229,7 @@ def test_lr_ramp_up_in_steps_down_at_once():
 
 
 def test_buckets_move_one_bucket():
-    b = BatchLaw(TriAccelConfig(batch_init=64, batch_min=16, batch_max=256, batch_buckets=(16, 32, 64, 128, 256)))
+    b = BatchLaw(paper_config(batch_init=64, batch_min=16, batch_max=256, batch_buckets=(16, 32, 64, 128, 256)))
     assert b.update(0, 100, 0) == 128 and b.update(0, 100, 0) == 256 and b.update(99, 100, 0) == 128
     assert b.oom(0) == 64 and b.ceiling == 64
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paper import paper_config
 from triaccel import Decision, Precision, TriAccelConfig
 from triaccel.backends.torch import MemoryProbe, MemoryReading, wrap
 from triaccel.backends.torch.layers import discover_layers
@@ -51,7 +52,7 @@ def _data(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-CFG = TriAccelConfig(t_ctrl=4, warmup_steps=8, min_dwell=4, t_curv=8, top_k=2, b_curv=8,
+CFG = paper_config(t_ctrl=4, warmup_steps=8, min_dwell=4, t_curv=8, top_k=2, b_curv=8,
                      batch_init=16, batch_min=8, batch_max=64)
 
 
