@@ -16,7 +16,9 @@ real samples with the statistics of a single image, a large spurious gradient st
 `elastic_step(loader, controller, grad_fn, step)` runs one optimizer step with out-of-memory
 survival (`XlaRuntimeError`/`JaxRuntimeError` whose message contains RESOURCE_EXHAUSTED): the failed
 samples are replayed at the controller's shrunken size and gradients are accumulated with weights
-n_chunk / n_step, so they equal the gradient of the mean loss over the step's samples.
+n_chunk / n_step, so they equal the gradient of the mean loss over the step's samples. At the
+controller's gradient-noise steps (`Controller.is_noise_step`) the step runs as two halves and the
+squared norms of their gradients go to the controller (`triaccel.noise.observe_split_step`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from triaccel.elastic import (
     controlled_step,
     memory_pair,
 )
+from triaccel.noise import observe_split_step
 
 __all__ = ["ElasticLoader", "ElasticStepResult", "OOM_ERROR_TYPES", "elastic_step", "free_memory",
            "is_oom"]
@@ -168,9 +171,44 @@ class ElasticStepResult(ElasticStepOutcome):
     updated: Any
 
 
+def _sqnorms(leaves: list[jax.Array]) -> jax.Array:
+    """float32 (T,) squared norm of each array."""
+    return jnp.stack([jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves])
+
+
+@jax.jit
+def _noise_rows(micro: list[jax.Array], total: list[jax.Array], scale: jax.Array) -> jax.Array:
+    """float32 ((k + 1) * T + 1,): the micro-batches' squared norms (k, T), the accumulated
+    gradient's (T,) and the loss scale, flat, so that one transfer reads them all."""
+    rows = jnp.stack([*micro, _sqnorms(total)])
+    return jnp.concatenate([rows.reshape(-1), jnp.reshape(scale, (1,)).astype(jnp.float32)])
+
+
+_micro_sqnorms = jax.jit(_sqnorms)
+
+
+def _tensor_layer_fn(tensor_layer: Any, controller: Any) -> Callable[[Any], np.ndarray]:
+    """grads -> (T,) layer index per gradient leaf, from `elastic_step`'s tensor_layer argument."""
+    if tensor_layer is None:
+        n = len(getattr(controller, "layers", ()))
+        if n != 1:
+            raise ValueError(
+                f"tensor_layer=None: the gradient noise measurement cannot map gradient leaves to the "
+                f"controller's {n} layers; pass tensor_layer= (e.g. the TriAccel wrapper's `ta.layers`, a "
+                "LayerMap, or a callable grads -> (T,) layer indices)")
+        return lambda grads: np.zeros(len(jax.tree_util.tree_leaves(grads)), dtype=np.int64)
+    if hasattr(tensor_layer, "tensor_layer_of"):
+        return tensor_layer.tensor_layer_of
+    if callable(tensor_layer):
+        return lambda grads: np.asarray(tensor_layer(grads), dtype=np.int64)
+    fixed = np.asarray(tensor_layer, dtype=np.int64)
+    return lambda grads: fixed
+
+
 def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any, jax.Array], Any],
                  step: int, *, has_aux: bool = False, probe: Any = None,
-                 update_fn: Callable[[Any, Any], Any] | None = None) -> ElasticStepResult:
+                 update_fn: Callable[[Any, Any], Any] | None = None, tensor_layer: Any = None,
+                 grad_scale: Any = None) -> ElasticStepResult:
     """One optimizer step over the controller's logical batch, surviving out-of-memory errors.
 
     grad_fn(batch, mask) -> (loss, grads), or ((loss, aux), grads) with has_aux=True, as from
@@ -182,6 +220,18 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
       marked as used (if it raises, they are put back). Its result is `ElasticStepResult.updated`.
     probe: optional memory probe (`triaccel.backends.jax.memory.MemoryProbe`, anything with
       `read()`, or a callable returning (used, limit)); read after the step for the controller.
+
+    Gradient noise: when `controller.is_noise_step(step)`, the step runs as two micro-batches; the
+    squared norms of each one's gradient contribution (as accumulated: x its weight) and of the
+    accumulated gradient are computed per gradient leaf on the device and read with one host
+    transfer (2 x 3 x n_leaves + 1 floats, every t_noise steps), then go to
+    `controller.observe_gradient_noise` through `triaccel.noise.observe_split_step`. Other steps do
+    no extra work. tensor_layer: maps gradient leaves to the controller's layers: a `LayerMap`
+    (anything with `tensor_layer_of(grads)`, e.g. the TriAccel wrapper's `ta.layers`), a callable
+    grads -> (T,) int array, or a (T,) int array; None only for a one-layer controller (else
+    ValueError at a noise step). grad_scale: the loss scale the grads from grad_fn carry (FP16 loss
+    scaling, e.g. `loss_scale(opt_state)` multiplied into the loss): a float, a 0-d array or a
+    callable returning one, read at the end of the step (before update_fn); None = 1.
     """
     cfg = getattr(controller, "config", None)
     cfg_buckets = getattr(cfg, "batch_buckets", None)
@@ -190,7 +240,11 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     elif loader.buckets is not None and cfg_buckets is not None and not set(cfg_buckets) <= set(loader.buckets):
         raise ValueError(f"buckets={loader.buckets}: the controller's batch_buckets {tuple(cfg_buckets)} "
                          "must all be loader buckets, or micro-batches get padded to a larger size")
+    controller.decide(step)   # idempotent: the decision the step will run under
+    measure = bool(getattr(controller, "is_noise_step", None) and controller.is_noise_step(step))
+    layer_of = _tensor_layer_fn(tensor_layer, controller) if measure else None
     acc: dict[str, Any] = {}
+    sq: list[jax.Array] = []   # per successful micro-batch of a noise step: (T,) squared norms
 
     def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
         out, grads = grad_fn(*loader.fetch(chunk))
@@ -200,9 +254,13 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         scaled = grads if weight == 1.0 else jax.tree_util.tree_map(lambda g: g * weight, grads)
         acc["grads"] = scaled if "grads" not in acc else jax.tree_util.tree_map(jnp.add, acc["grads"], scaled)
         acc["aux"] = aux
+        if measure:
+            sq.append(_micro_sqnorms(jax.tree_util.tree_leaves(scaled)))
         return loss
 
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
+        if measure and len(report.sizes) >= 2:
+            _observe_noise(controller, step, report, sq, acc["grads"], layer_of, grad_scale)
         updated = update_fn(acc["grads"], decision) if update_fn is not None else None
         return ElasticStepResult(grads=acc["grads"], loss=jnp.asarray(report.weighted_sum()),
                                  aux=acc.get("aux"), updated=updated,
@@ -214,7 +272,18 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         return memory_pair(probe.read() if hasattr(probe, "read") else probe())
 
     result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
-                             is_oom=is_oom, free_memory=free_memory, read_memory=read_memory)
+                             is_oom=is_oom, free_memory=free_memory, read_memory=read_memory,
+                             split=2 if measure else 1)
     result.end_of_epoch = loader.end_of_epoch
     return result
 
+
+def _observe_noise(controller: Any, step: int, report: ElasticStepReport[jax.Array], sq: list[jax.Array],
+                   grads: Any, layer_of: Callable[[Any], np.ndarray], grad_scale: Any) -> None:
+    """The noise measurement of a split step: one device->host read, then the shared core."""
+    scale = grad_scale() if callable(grad_scale) else grad_scale
+    leaves = jax.tree_util.tree_leaves(grads)
+    flat = np.asarray(_noise_rows(sq, leaves, jnp.asarray(1.0 if scale is None else scale, jnp.float32)),
+                      dtype=np.float64)   # the one sync of a measured step
+    rows = flat[:-1].reshape(len(sq) + 1, len(leaves))
+    observe_split_step(controller, step, report.sizes, report.weights, rows, layer_of(grads), float(flat[-1]))
