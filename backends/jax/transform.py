@@ -15,7 +15,9 @@ loss-scale state and, for ``lr_rule="accumulate"``, the micro-batch accumulator.
 
 Host side: `TriAccel.control(step, opt_state, model, batch)` once per optimizer step, before the
 step runs. Off boundaries it returns at once (no device work). At a control boundary it reads the
-buffer (the only host sync), feeds the core `Controller` (variances, memory, curvature), takes its
+buffer (the only host sync), feeds the core `Controller` (variances; per-layer non-finite counts of
+skipped steps and the loss scale while it is on, the evidence precision law's inputs; memory,
+curvature), takes its
 Decision and writes multipliers / loss-scale mode back into the state, and sets the NNX model's
 per-layer dtypes. All decisions are the core's.
 """
@@ -47,14 +49,16 @@ class LossScaleConfig(NamedTuple):
 
     init: scale when FP16 turns on; growth_interval: finite updates before the scale doubles;
     backoff: factor on a non-finite step; growth: factor after growth_interval finite steps;
-    min_scale: floor of the scale.
+    min_scale: floor of the scale. It lies below 1, as torch's GradScaler has no floor: a scale
+    that falls below 1 is the loss-scale collapse the evidence precision law reads
+    (`Controller.observe_loss_scale`), so a floor of 1 would hide it.
     """
 
     init: float = 2.0**15
     growth_interval: int = 2000
     backoff: float = 0.5
     growth: float = 2.0
-    min_scale: float = 1.0
+    min_scale: float = 2.0**-24
 
 
 class TriAccelState(NamedTuple):
@@ -178,7 +182,13 @@ class TriAccel:
         self._curv_footprint: int | None = None
         self._curv_ran = False
         self.rows_lost = 0          # steps overwritten in the ring before a boundary read them
-        self.rows_skipped = 0       # non-finite steps (not observed, by the core's contract)
+        self.rows_skipped = 0       # non-finite steps fed (-> observe_nonfinite, not observe_grad_moments)
+        # Read from the device at each read of the ring (boundaries and report()): non-finite
+        # steps skipped (all of them, also those lost from the ring), steps counted, loss scale.
+        self.skipped_steps = 0
+        self._device_count = 0
+        self._loss_scale: float | None = None   # while loss scaling is on
+        self._live: Any = None      # the nnx.Optimizer last given to control() (updated in place)
         self._curv: Any = None
         self._jits: list[CountingJit] = []
         self._applied: tuple[Any, tuple[str, ...]] | None = None  # (model, policy) last applied
@@ -228,6 +238,7 @@ class TriAccel:
             tl = self.layers.tensor_layer_of(grads)  # static: from the tree's paths
             inv = (1.0 / state.loss_scale).astype(jnp.float32).reshape(1)
             m, g = grad_moments(grads, inv_scale=inv)
+            m0 = m
             finite_micro = jnp.sum(m.nonfinite) == 0
             if self.accumulate:
                 acc = jax.tree_util.tree_map(lambda a, x: a + jnp.where(finite_micro, x, 0).astype(jnp.float32),
@@ -244,6 +255,9 @@ class TriAccel:
                 finite = finite_micro
             else:
                 acc, micro, emit, finite = state.acc, state.micro, jnp.ones((), bool), finite_micro
+
+            if self.accumulate:  # the row counts the values that made the step non-finite, per tensor
+                m = m._replace(nonfinite=jnp.where(finite_micro, m.nonfinite, m0.nonfinite))
 
             inner_updates, inner_state = inner.update(g, state.inner, params, **extra)
             mult = state.lr_mult
@@ -301,8 +315,19 @@ class TriAccel:
         return max(known) if known else None
 
     def _feed(self, ts: TriAccelState) -> int:
-        """Give the controller the ring's rows not fed yet; returns the device's step count."""
-        moments, row_step, count = jax.device_get((_value(ts.moments), _value(ts.row_step), _value(ts.count)))
+        """Give the controller the ring's rows not fed yet; returns the device's step count.
+
+        Finite rows -> `observe_grad_moments`; rows with non-finite values (skipped steps) ->
+        `observe_nonfinite` with their per-layer counts (the ring keeps a count per tensor), with
+        loss_scaled = whether loss scaling was on for them; while it is on, the loss scale ->
+        `observe_loss_scale`. One device->host read (the ring, the counters and the scale)."""
+        moments, row_step, count, skipped, scaling, scale = jax.device_get(
+            (_value(ts.moments), _value(ts.row_step), _value(ts.count), _value(ts.skipped),
+             _value(ts.scaling), _value(ts.loss_scale)))
+        self.skipped_steps, self._device_count = int(skipped), int(count)
+        self._loss_scale = float(scale) if bool(scaling) else None
+        # Loss scaling switches only at boundaries (`_write`), so the rows not fed yet all ran under it.
+        scaled = bool(scaling)
         order = np.argsort(row_step)
         rows = [(int(row_step[i]), moments[i]) for i in order if row_step[i] > self.last_fed]
         if rows and rows[0][0] != self.last_fed + 1:
@@ -319,9 +344,13 @@ class TriAccel:
             self.last_fed = s
             if row[:, 2].sum() > 0:
                 self.rows_skipped += 1
+                self.controller.observe_nonfinite(s, group_by_layer(row[:, 2], self._tensor_layer, L),
+                                                  loss_scaled=scaled)
                 continue
             self.controller.observe_grad_moments(s, group_by_layer(row[:, 0], self._tensor_layer, L),
                                                  group_by_layer(row[:, 1], self._tensor_layer, L), counts)
+        if scaled and rows:
+            self.controller.observe_loss_scale(rows[-1][0], float(scale))
         return int(count)
 
     def _curvature(self, step: int, params: Any, model: Any, batch: Any) -> None:
@@ -376,6 +405,8 @@ class TriAccel:
         if not (control or curv):
             return opt_state
         ts = find_state(opt_state)
+        if hasattr(opt_state, "opt_state") and hasattr(ts.count, "get_value"):
+            self._live = opt_state  # nnx.Optimizer: report() reads its current state
         if control:
             count = self._feed(ts)
             # Before a step of this process ran (step 0, or the first boundary after a resume),
@@ -445,12 +476,44 @@ class TriAccel:
         return jax.tree_util.tree_unflatten(treedef, [new if _is_state(x) else x for x in leaves])
 
     # -- reporting & checkpoints -------------------------------------------------------------
-    def report(self) -> dict[str, Any]:
-        """Controller report plus compilations (traces of `jit` steps), lost and skipped rows."""
+    def report(self, opt_state: Any = None) -> dict[str, Any]:
+        """Controller report plus compilations (traces of `jit` steps), lost and skipped rows, steps
+        and skipped (non-finite) steps counted on the device, and the loss scale (None while off).
+
+        Current at read time: the wrapper's device state is read first (one host sync) and the
+        steps not fed yet go to the controller, as at a boundary. opt_state: where to read it (an
+        optax state tree, a TrainState, an nnx.Optimizer, or a `SplitStep`, synced first); default:
+        the nnx.Optimizer last given to `control` (updated in place). A functional optax state is
+        not kept between calls (that would keep its arrays alive): pass it, or the figures are
+        those of the last boundary.
+        """
+        ts = self._readable_state(opt_state)
+        if ts is not None and self.controller is not None and self._tensor_layer is not None:
+            self._feed(ts)
         out = self.controller.report() if self.controller is not None else {}
         out.update(compilations=sum(j.traces for j in self._jits), rows_lost=self.rows_lost,
-                   rows_skipped=self.rows_skipped)
+                   rows_skipped=self.rows_skipped, optimizer_step=self._device_count,
+                   skipped_steps=self.skipped_steps, loss_scale=self._loss_scale)
         return out
+
+    def _readable_state(self, opt_state: Any) -> TriAccelState | None:
+        """The TriAccelState to read for `report`, or None when there is none whose arrays are alive."""
+        if opt_state is None:
+            opt_state = self._live
+        elif hasattr(opt_state, "sync") and hasattr(opt_state, "objects"):  # a SplitStep
+            opt_state.sync()
+            opt_state = opt_state.objects[1]
+        if opt_state is None:
+            return None
+        ts = find_state(opt_state)
+        arrays = [_value(x) for x in (ts.moments, ts.row_step, ts.count, ts.skipped, ts.scaling, ts.loss_scale)]
+        if any(getattr(a, "is_deleted", lambda: False)() for a in arrays):
+            # e.g. the optimizer of a SplitStep that donated them: its current values live in the step
+            warnings.warn("triaccel: report() found the optimizer's state donated (a SplitStep between sync() "
+                          "calls?); pass report(opt_state=<the SplitStep>) for current figures", RuntimeWarning,
+                          stacklevel=3)
+            return None
+        return ts
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-safe host state (the device state lives in the optax state: checkpoint both).
