@@ -12,6 +12,7 @@ for step in ...:
 """
 
 from .curvature import FisherTopK, HessianTopK, NNXLoss, fisher_topk, nnx_loss, per_sample_grads
+from .flops import layer_flops
 from .layers import LayerMap, layer_map, layer_map_from_model, layer_map_from_params
 from .memory import MemoryProbe, MemorySample
 from .policy import (CountingJit, commit, counting_jit, current_policy, linen_precision, policy_names,
@@ -23,7 +24,7 @@ from .transform import (LossScaleConfig, TriAccel, TriAccelState, TriAccelTransf
 __all__ = [
     "CountingJit", "FisherTopK", "HessianTopK", "LayerMap", "LossScaleConfig", "MemoryProbe", "MemorySample",
     "NNXLoss", "SplitStep", "TriAccel", "TriAccelState", "TriAccelTransformation", "commit", "counting_jit",
-    "current_policy", "find_state", "fisher_topk", "layer_map", "layer_map_from_model",
+    "current_policy", "find_state", "fisher_topk", "layer_flops", "layer_map", "layer_map_from_model",
     "layer_map_from_params", "linen_precision", "loss_scale", "nnx_loss", "per_sample_grads", "policy_names",
     "precision_policy", "wrap",
 ]
