@@ -98,7 +98,9 @@ class TriAccelConfig:
         a ceiling (growth only if memory scaled by B_new/B stays <= rho_high*MemMax; shrink above
         rho_high*MemMax or on OOM). "memory": the paper's law, B grows whenever memory use is
         below rho_low*MemMax.
-      noise_scale_c: growth bound factor c > 0 (samples per unit of B_noise).
+      noise_scale_c: growth bound factor c > 0 (samples per unit of B_noise). 0.5 by measurement:
+        on CIFAR-10 ResNet-18 (H100, seed 0) c = 1 / 0.5 / 0.25 reached 87.22 / 87.78 / 87.55% in
+        47.1 / 36.6 / 44.6 s of training (docs/results.md).
       noise_beta: EMA factor in [0, 1) over noise measurements.
       t_noise: steps between noise measurements (None: t_ctrl); no measurement once B cannot grow.
       rho_low, rho_high: fractions of MemMax (0 < rho_low < rho_high <= 1) below/above which B grows
@@ -149,7 +151,7 @@ class TriAccelConfig:
     tau_curv: float | None = None
     promotion_window: int | None = None
     batch_law: str = "noise"
-    noise_scale_c: float = 1.0
+    noise_scale_c: float = 0.5
     noise_beta: float = 0.8
     t_noise: int | None = None
     rho_low: float = 0.6
