@@ -222,7 +222,7 @@ TRAINERS = {"torch": TorchTrainer, "jax": JaxTrainer}
 def test_mid_epoch_resume_is_bit_identical(backend: str, base: str, tmp_path: Any, figures: dict,
                                            monkeypatch: Any) -> None:
     pytest.importorskip("torch" if backend == "torch" else "flax")
-    if backend == "torch":   # the statistics kernel's torch reference (the interpreter: 0.4 s/step)
+    if backend == "torch":   # the statistics kernel's torch reference (the interpreter: 0.1-0.4 s/step)
         from triaccel.kernels import _dispatch
         monkeypatch.setattr(_dispatch, "interpreter_enabled", lambda: False)
     import importlib   # free_memory is a full gc.collect() (0.2-0.3 s here); the OOM path is tested in test_rel_oom
