@@ -12,12 +12,13 @@ import optax
 from flax import nnx
 
 from triaccel import Controller, Precision
-from triaccel.backends.jax import (SplitStep, TriAccel, augment, find_state, layer_map_from_model,
+from triaccel.backends.jax import (SplitStep, TriAccel, augment, find_state, layer_flops, layer_map_from_model,
                                    loss_scale, precision_policy)
 from triaccel.backends.jax.data import ElasticLoader, elastic_step
 from triaccel.backends.jax.models import create_model
+from triaccel.flops import FlopShare
 
-from .common import RunLog, RunOptions, cosine_lr_factor, median_last
+from .common import RunLog, RunOptions, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
 
 
@@ -63,13 +64,17 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         ta = TriAccel(cfg, model, loss_fn=curv_loss)
         tx: Any = ta.wrap(_sgd(opts.lr, opts))
         controller: Controller = ta.controller
+        lm = ta.layers
     else:
         ta = None
         tx = _sgd(opts.lr, opts)
         controller = Controller(cfg, ["model"])  # all levers off: a static batch, same data order
+        lm = layer_map_from_model(model)
         if opts.method == "amp":  # static bf16 everywhere but the norm layers, as AMP
-            lm = layer_map_from_model(model)
             precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
+    # conv/linear FLOPs per precision: the wrapper's layers, or all of AMP's/FP32's at one precision
+    flops = FlopShare(layer_flops(model, prep(xtr[:1], None), lm))
+    static_prec = None if opts.method == "triaccel" else precision_record(opts.method, lm.specs)
     opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
     log.write("layers", names=list(controller.layer_names))
     key = jax.random.key(opts.seed)
@@ -80,14 +85,14 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
 
     def grad_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, mask: jax.Array, k: jax.Array):
         xb = prep(x, k)
-        scale = loss_scale(opt.opt_state) if ta is not None else 1.0
+        scale = loss_scale(opt.opt_state) if ta is not None else jnp.ones((), jnp.float32)
 
         def lf(m: Any) -> tuple[jax.Array, jax.Array]:
             loss = _cross_entropy(m(xb), y, mask)
             return loss * scale, loss
 
         (_, loss), grads = nnx.value_and_grad(lf, has_aux=True)(model)
-        return loss, grads
+        return loss, grads, scale   # the scale the grads carry (the noise measurement unscales them)
 
     def update_body(params: Any, opt: Any, grads: Any, lr: jax.Array) -> None:
         hyper(opt).set_value(lr)
@@ -105,14 +110,17 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         return model(prep(x, None)).argmax(-1)
 
     step_key = [key]
+    grad_scale: list[Any] = [1.0]   # the loss scale of the last micro-batch's grads (a device scalar)
 
     def micro(x: jax.Array, y: jax.Array, mask: jax.Array) -> Any:
         step_key[0], k = jax.random.split(step_key[0])
-        return split(x, y, mask, k)
+        loss, grads, grad_scale[0] = split(x, y, mask, k)
+        return loss, grads
 
     loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed,
                            buckets=cfg.batch_buckets)
     total_samples = opts.epochs * len(data.train_x)
+    warmup_samples = int(opts.warmup_epochs * len(data.train_x))
     seen = 0
     rng = np.random.default_rng(opts.seed + 1)
     curv_key = jax.random.key(opts.seed + 1)
@@ -125,7 +133,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         records: list[dict[str, Any]] = []
         bar = progress(total=len(data.train_x), desc=f"epoch {epoch + 1}/{opts.epochs}")
         while True:
-            lr = jax.device_put(np.float32(opts.lr * cosine_lr_factor(seen / total_samples)), dev)
+            lr_now = opts.lr * lr_factor(seen, total_samples, warmup_samples)
+            lr = jax.device_put(np.float32(lr_now), dev)
             if ta is not None:
                 curv = None
                 if controller.is_curvature_step(step):  # augmented, as the training batches (and torch's)
@@ -134,13 +143,16 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                     curv = (prep(xtr[idx], k), ytr[idx])
                 split.control(step, batch=curv)
             res = elastic_step(loader, controller, lambda b, m: micro(b[0], b[1], m), step,
-                               update_fn=lambda g, d: update(g, lr))
+                               update_fn=lambda g, d: update(g, lr),
+                               tensor_layer=lm if ta is not None else None,
+                               grad_scale=lambda: grad_scale[0])
             seen += res.samples
+            flops.add(res.decision.precisions if static_prec is None else static_prec, res.samples)
             losses.append(res.loss)
             bar.update(res.samples)
             # Step records are written at the epoch's end: reading the loss now would sync the host.
             records.append(dict(step=step, epoch=epoch, batch_size=res.decision.batch_size, samples=res.samples,
-                                ooms=res.ooms, lr=opts.lr * cosine_lr_factor((seen - res.samples) / total_samples),
+                                ooms=res.ooms, lr=lr_now,
                                 mem_used=(dev.memory_stats() or {}).get("bytes_in_use")))
             step += 1
             if res.end_of_epoch:
@@ -155,11 +167,13 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         model.train()
         acc = correct / len(data.test_x)
         accs.append(acc)
-        log.end_epoch(controller, epoch, records, np.asarray(jnp.stack(losses), dtype=np.float64).tolist(), acc, epoch_times[-1], step)
+        log.end_epoch(controller, epoch, records, np.asarray(jnp.stack(losses), dtype=np.float64).tolist(), acc,
+                      epoch_times[-1], step, flop_share=flops.shares())
     stats = dev.memory_stats() or {}
     return {"final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times),
             "peak_alloc_bytes": stats.get("peak_bytes_in_use"), "steps": step,
             "final_batch": controller.decision.batch_size, "device": str(dev),
+            "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": getattr(dev, "device_kind", str(dev)),
-            "report": ta.report() if ta is not None else None}
+            "report": ta.report(split) if ta is not None else None}
