@@ -48,8 +48,8 @@ def _arrays(n=64):
 def _setup(**kw):
     params = _params()
     lm = layer_map_from_params(params)
-    cfg = TriAccelConfig(**{**dict(t_ctrl=1, batch_init=16, batch_min=8, batch_max=64, batch_buckets=BUCKETS,
-                                   adaptive_precision=False), **kw})
+    cfg = TriAccelConfig(**{**dict(t_ctrl=1, warmup_steps=0, batch_init=16, batch_min=8, batch_max=64,
+                                   batch_buckets=BUCKETS, adaptive_precision=False), **kw})
     ctl = Controller(cfg, lm.specs)
     calls = []
     observe = ctl.observe_gradient_noise
