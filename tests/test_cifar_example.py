@@ -21,9 +21,14 @@ def _run(tmp_path, *extra):
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_triaccel_demo_runs_and_writes_log_and_plots(tmp_path, backend):
     summary, out = _run(tmp_path, "--backend", backend, "--method", "triaccel", "--set", "t_curv=3",
-                        "--set", "b_curv=8", "--set", "min_dwell=0")
-    assert 0.0 <= summary["final_acc"] <= 1.0 and summary["steps"] == 6   # 192 images / 32
+                        "--set", "b_curv=8", "--set", "min_dwell=0", "--set", "noise_beta=0",
+                        "--levers", "precision,curvature,batch")
     rows = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["type"] == "step"]
+    assert 0.0 <= summary["final_acc"] <= 1.0 and summary["steps"] == len(steps) <= 6   # the batch may grow
+    assert sum(r["samples"] for r in steps) == 192                                     # every image once
+    share = summary["flop_share"]        # curvature promotions move some layers to FP32 for a while
+    assert "b_noise" in summary and sum(share.values()) == pytest.approx(1.0) and share["bf16"] > 0.5
     kinds = {r["type"] for r in rows}
     assert {"run", "layers", "step", "epoch", "decision"} <= kinds
     decisions = [r for r in rows if r["type"] == "decision"]
