@@ -102,7 +102,8 @@ class TriAccelConfig:
         on CIFAR-10 ResNet-18 (H100, seed 0) c = 1 / 0.5 / 0.25 reached 87.22 / 87.78 / 87.55% in
         47.1 / 36.6 / 44.6 s of training (docs/results.md).
       noise_beta: EMA factor in [0, 1) over noise measurements.
-      t_noise: steps between noise measurements (None: t_ctrl); no measurement once B cannot grow.
+      t_noise: steps between noise measurements (None: t_ctrl), from warmup_steps on; they stop
+        once B cannot grow, unless the evidence precision law (16-bit base) still uses them.
       rho_low, rho_high: fractions of MemMax (0 < rho_low < rho_high <= 1) below/above which B grows
         by delta_up / shrinks by delta_down (samples, multiples of batch_multiple). B grows only if
         memory scaled by the new B/B (an over-estimate: weights do not grow) stays <= rho_high*MemMax.

@@ -38,6 +38,7 @@ __all__ = [
     "check_batch_size",
     "controlled_step",
     "memory_pair",
+    "noise_split",
 ]
 
 T = TypeVar("T")
@@ -447,6 +448,17 @@ class ElasticIndexLoader:
 
 
 R = TypeVar("R")
+
+
+def noise_split(controller: Any, step: int) -> int:
+    """Micro-batches `step` must run as: 2 at the controller's gradient-noise steps
+    (`Controller.is_noise_step`, taken on the decision the step will run under), else 1. Both
+    backends' `elastic_step` call it before the step, so they know to record per-micro norms."""
+    is_noise_step = getattr(controller, "is_noise_step", None)
+    if is_noise_step is None:
+        return 1
+    controller.decide(step)   # idempotent for a step: the decision the step will run under
+    return 2 if is_noise_step(step) else 1
 
 
 def controlled_step(

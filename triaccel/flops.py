@@ -31,6 +31,8 @@ class FlopShare:
         self.layer_flops = f
         self.totals = np.zeros(len(Precision))          # FLOPs per Precision level
         self._by_policy: dict[tuple[Precision, ...], np.ndarray] = {}
+        self._last_key: Any = None
+        self._last = np.zeros(len(Precision))
 
     def _split(self, precisions: tuple[Precision, ...]) -> np.ndarray:
         v = self._by_policy.get(precisions)
@@ -43,8 +45,11 @@ class FlopShare:
         return v
 
     def add(self, precisions: Sequence[Precision], samples: int) -> None:
-        """One step: `samples` samples ran with per-layer `precisions` (L,)."""
-        self.totals += samples * self._split(tuple(precisions))
+        """One step: `samples` samples ran with per-layer `precisions` (L,). Called per step: the
+        same object as last time (a decision's tuple) skips hashing the L enum members."""
+        if precisions is not self._last_key:
+            self._last_key, self._last = precisions, self._split(tuple(precisions))
+        self.totals += samples * self._last
 
     def shares(self) -> dict[str, float]:
         """Fraction of conv/linear FLOPs per precision so far ({"fp16", "bf16", "fp32"}; zeros before any step)."""

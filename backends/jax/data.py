@@ -38,6 +38,7 @@ from triaccel.elastic import (
     check_batch_size,
     controlled_step,
     memory_pair,
+    noise_split,
 )
 from triaccel.noise import observe_split_step
 
@@ -240,8 +241,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     elif loader.buckets is not None and cfg_buckets is not None and not set(cfg_buckets) <= set(loader.buckets):
         raise ValueError(f"buckets={loader.buckets}: the controller's batch_buckets {tuple(cfg_buckets)} "
                          "must all be loader buckets, or micro-batches get padded to a larger size")
-    controller.decide(step)   # idempotent: the decision the step will run under
-    measure = bool(getattr(controller, "is_noise_step", None) and controller.is_noise_step(step))
+    split = noise_split(controller, step)
+    measure = split > 1
     layer_of = _tensor_layer_fn(tensor_layer, controller) if measure else None
     acc: dict[str, Any] = {}
     sq: list[jax.Array] = []   # per successful micro-batch of a noise step: (T,) squared norms
@@ -273,7 +274,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
 
     result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
                              is_oom=is_oom, free_memory=free_memory, read_memory=read_memory,
-                             split=2 if measure else 1)
+                             split=split)
     result.end_of_epoch = loader.end_of_epoch
     return result
 

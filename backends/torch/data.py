@@ -32,7 +32,7 @@ import torch
 from triaccel.batching import resolve_memory_limit
 from triaccel.config import parse_bytes
 from triaccel.elastic import (ElasticIndexLoader, ElasticStepOutcome, ElasticStepReport, controlled_step,
-                              memory_pair)
+                              memory_pair, noise_split)
 from triaccel.noise import observe_split_step
 
 __all__ = ["ElasticLoader", "ElasticStepResult", "elastic_step", "enforce_memory_budget",
@@ -195,8 +195,9 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
     """
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     done = [0]
-    controller.decide(step)   # idempotent: the decision the step will run under
-    measure = bool(getattr(controller, "is_noise_step", None) and controller.is_noise_step(step))
+    split = noise_split(controller, step)
+    measure = split > 1
+    tensor_layer = _tensor_layer(controller, optimizer, params) if measure else None
     sq: list[torch.Tensor] = []   # per successful micro-batch: (n_params,) squared norms
 
     def sqnorms(grads: list[torch.Tensor | None]) -> torch.Tensor:
@@ -235,7 +236,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
 
     def finish(decision: Any, report: ElasticStepReport[torch.Tensor]) -> ElasticStepResult:
         if measure and len(report.sizes) >= 2:
-            _observe_noise(controller, optimizer, step, params, report, sq, sqnorms, scaler)
+            _observe_noise(controller, step, params, report, sq, sqnorms, scaler, tensor_layer)
         saved = [g["lr"] for g in optimizer.param_groups]
         if apply_lr_batch_scale:
             for g in optimizer.param_groups:
@@ -262,7 +263,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
     try:
         result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
                                  is_oom=is_oom, free_memory=free_memory, read_memory=read_memory,
-                                 split=2 if measure else 1)
+                                 split=split)
     except BaseException:
         optimizer.zero_grad(set_to_none=True)
         raise
@@ -270,18 +271,19 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
     return result
 
 
-
-def _observe_noise(controller: Any, optimizer: Any, step: int, params: list[torch.Tensor],
-                   report: ElasticStepReport[torch.Tensor], sq: list[torch.Tensor], sqnorms: Any,
-                   scaler: Any) -> None:
-    """The noise measurement of a split step: one device->host read, then the shared core."""
+def _tensor_layer(controller: Any, optimizer: Any, params: list[torch.Tensor]) -> np.ndarray:
+    """(n_params,) the controller's layer of each parameter, for the noise measurement."""
     if hasattr(optimizer, "layer_index"):
-        tensor_layer = optimizer.layer_index(params)
-    elif len(controller.layers) == 1:
-        tensor_layer = np.zeros(len(params), dtype=np.int64)
-    else:
-        raise ValueError(f"optimizer: a {type(optimizer).__name__} cannot map parameters to the "
-                         f"controller's {len(controller.layers)} layers; wrap it with triaccel.backends.torch.wrap")
+        return optimizer.layer_index(params)
+    if len(controller.layers) == 1:
+        return np.zeros(len(params), dtype=np.int64)
+    raise ValueError(f"optimizer: a {type(optimizer).__name__} cannot map parameters to the "
+                     f"controller's {len(controller.layers)} layers; wrap it with triaccel.backends.torch.wrap")
+
+
+def _observe_noise(controller: Any, step: int, params: list[torch.Tensor], report: ElasticStepReport[torch.Tensor],
+                   sq: list[torch.Tensor], sqnorms: Any, scaler: Any, tensor_layer: np.ndarray) -> None:
+    """The noise measurement of a split step: one device->host read, then the shared core."""
     rows = torch.stack([*sq, sqnorms([p.grad for p in params])])
     scale = 1.0
     if scaler is not None:
