@@ -124,14 +124,17 @@ class BatchLaw:
         return self.batch
 
     def oom(self, step: int) -> int:
-        """Shrink at once after an out-of-memory error at `step`; raises OOMAtMinimumBatch at batch_min."""
+        """Shrink at once after an out-of-memory error at `step`; raises OOMAtMinimumBatch at the
+        smallest allowed batch (batch_min, or the smallest of batch_buckets)."""
         c = self.cfg
         self.ooms += 1
         self.last_oom_step = step
-        if self.batch <= c.batch_min:
+        lowest = c.batch_buckets[0] if c.batch_buckets is not None else c.batch_min
+        if self.batch <= lowest:
             raise OOMAtMinimumBatch(
-                f"out of memory at batch_min={c.batch_min}: lower batch_min, the model size or the "
-                "input size; no smaller batch is allowed")
+                f"out of memory at the smallest allowed batch {lowest} (batch_min={c.batch_min}, "
+                f"batch_buckets={c.batch_buckets}): lower batch_min (and the smallest bucket), the model "
+                "size or the input size; no smaller batch is allowed")
         failed = self.batch
         self.ceiling = max(c.batch_min, self._clip(failed - 1))
         self._set_batch(self._clip(min(math.floor(failed * c.oom_shrink), self.ceiling)), step)

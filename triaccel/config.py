@@ -27,6 +27,14 @@ LR_RULES = ("linear", "sqrt", "none", "accumulate")
 PRECISIONS = ("fp16", "bf16", "fp32")
 
 
+def _finite(v: Any) -> bool:
+    """math.isfinite for a number, False (not OverflowError) for an int beyond float range."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def parse_bytes(value: int | float | str, name: str = "memory_budget") -> int:
     """Parse a byte count: an int, or a string like "4GiB", "512 MiB", "3.5GB", "1e9".
 
@@ -47,8 +55,8 @@ def parse_bytes(value: int | float | str, name: str = "memory_budget") -> int:
         n = float(m.group(1)) * _UNITS[unit]
     else:
         raise ValueError(f"{name}={value!r}: expected int bytes or a string like '4GiB'")
-    if not math.isfinite(n) or n <= 0 or n != int(n):
-        raise ValueError(f"{name}={value!r}: must be a positive whole number of bytes")
+    if not _finite(n) or n <= 0 or n != int(n):
+        raise ValueError(f"{name}={value!r}: must be a positive whole number of bytes (finite)")
     return int(n)
 
 
@@ -178,9 +186,13 @@ class TriAccelConfig:
 
     def __post_init__(self) -> None:
         # Normalise containers first so that the frozen instance is hashable/JSON-safe.
-        object.__setattr__(self, "calibration_quantiles", tuple(self.calibration_quantiles))
-        if self.batch_buckets is not None:
-            object.__setattr__(self, "batch_buckets", tuple(self.batch_buckets))
+        for name, optional in (("calibration_quantiles", False), ("batch_buckets", True)):
+            v = getattr(self, name)
+            if v is None and optional:
+                continue
+            _check(isinstance(v, (tuple, list)), name, v, "a tuple or list of numbers"
+                   + (" (or None)" if optional else ""))
+            object.__setattr__(self, name, tuple(v))
         if self.memory_budget is not None:
             object.__setattr__(self, "memory_budget", parse_bytes(self.memory_budget, "memory_budget"))
         self._validate()
@@ -189,7 +201,7 @@ class TriAccelConfig:
     def _validate(self) -> None:
         def real(name: str, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> None:
             v = getattr(self, name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
             ok = ok and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
             rng = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
             _check(ok, name, v, f"a real number in {rng}")
@@ -217,7 +229,8 @@ class TriAccelConfig:
                 "(None calibrates both at the end of warm-up)"
             )
         q = self.calibration_quantiles
-        _check(len(q) == 2 and all(isinstance(x, (int, float)) for x in q) and 0 <= q[0] <= q[1] <= 1,
+        _check(len(q) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in q)
+               and 0 <= q[0] <= q[1] <= 1,
                "calibration_quantiles", q, "(q_low, q_high) with 0 <= q_low <= q_high <= 1")
         if self.recalibrate_every is not None:
             integer("recalibrate_every", 1)

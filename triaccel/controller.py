@@ -202,8 +202,10 @@ class Controller:
 
     def observe_memory(self, step: int, used_bytes: int, limit_bytes: int) -> None:
         """Device bytes in use (peak since the last observation) and the device's capacity."""
-        if used_bytes < 0:
-            raise ValueError(f"used_bytes={used_bytes}: must be >= 0")
+        for name, v, lo in (("used_bytes", used_bytes, 0), ("limit_bytes", limit_bytes, 1)):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                    or not np.isfinite(v) or v < lo:
+                raise ValueError(f"{name}={v!r}: must be a finite number of bytes >= {lo}")
         limit = resolve_memory_limit(self.config.memory_budget, int(limit_bytes))
         self._mem_limit = limit
         self._mem_used = used_bytes if self._mem_used is None else max(self._mem_used, used_bytes)

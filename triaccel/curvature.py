@@ -14,9 +14,16 @@ __all__ = ["CurvatureLaw", "fisher_topk_from_gram", "lr_scales_from_eigs", "ritz
 def lr_scales_from_eigs(lam_max: np.ndarray, alpha: float) -> np.ndarray:
     """eta_l/eta_0 = 1 / (1 + alpha * max(lambda_max_l, 0)); shape (L,), values in (0, 1].
 
-    Negative curvature (possible for Hessian blocks) does not raise the LR above the user's.
+    Negative curvature (possible for Hessian blocks) does not raise the LR above the user's. The
+    product alpha*lambda is capped below float overflow, so a scale is never 0 (nor NaN from inf*0).
     """
-    return 1.0 / (1.0 + alpha * np.maximum(np.asarray(lam_max, dtype=np.float64), 0.0))
+    lam = np.maximum(np.asarray(lam_max, dtype=np.float64), 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        prod = np.nan_to_num(alpha * lam, nan=0.0, posinf=_PROD_CAP)
+    return 1.0 / (1.0 + np.minimum(prod, _PROD_CAP))
+
+
+_PROD_CAP = np.finfo(np.float64).max / 4   # 1/(1 + cap) > 0 in float64
 
 
 def fisher_topk_from_gram(gram: np.ndarray, k: int) -> np.ndarray:
@@ -84,7 +91,10 @@ class CurvatureLaw:
         self.eigvals = lam
         lam_max = lam.max(axis=1)
         if self.alpha is None and lam_max.max() > 0:
-            self.alpha = float(1.0 / lam_max.max())
+            with np.errstate(over="ignore", divide="ignore"):
+                inv = float(1.0 / lam_max.max())
+            if np.isfinite(inv):  # a subnormal lambda_max gives no usable calibration: wait for the next
+                self.alpha = inv
         if self.tau_curv is None:
             self.tau_curv = float(np.quantile(lam_max, 0.9))
         if self.alpha is not None:

@@ -353,7 +353,9 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             found.clamp_(max=1.0)
         if self._device_guard and self._device_guard_ready:
             code = _ROW_DEVICE
-            self.optimizer.found_inf = found   # the GradScaler protocol of fused optimizers
+            # the GradScaler protocol of fused optimizers: 0-dim, as GradScaler passes it (fused
+            # Adam subtracts it from its 0-dim step counts and rejects a (1,) tensor)
+            self.optimizer.found_inf = found.view(())
             groups = self.param_groups
             saved = [(g["fused"], g["foreach"]) for g in groups] if self._sgd_as_fused else None
             try:

@@ -144,23 +144,12 @@ def _bool_quantiles(field: str, value: Any) -> bool:
             and all(isinstance(x, bool) for x in value) and value[0] <= value[1])
 
 
-KNOWN = (_not_iterable, _huge_int_for_real, _bool_quantiles)
-
-
-def known_defect(changes: dict[str, Any]) -> bool:
-    """The changes hit one of the defects the xfail tests below pin down."""
-    return any(k(f, v) for f, v in changes.items() for k in KNOWN)
-
-
 @pytest.mark.parametrize("field", FIELD_NAMES)
 def test_every_field_rejects_or_accepts_each_nasty_value(field: str, figures: dict) -> None:
     fig = figures.setdefault("config_fuzz_fixed", {"fields": len(FIELD_NAMES), "nasty_values": len(NASTY),
-                                                   "valid": 0, "rejected": 0, "known_defect_cases": 0})
+                                                   "valid": 0, "rejected": 0})
     failures = []
     for value in NASTY:
-        if known_defect({field: value}):
-            fig["known_defect_cases"] += 1
-            continue
         try:
             fig[check_one({field: value})] += 1
         except AssertionError as e:
@@ -183,26 +172,15 @@ def _check_all(cases: list[tuple[str, Any]]) -> None:
     assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "triaccel/config.py TriAccelConfig.__post_init__ calls tuple(value) on calibration_quantiles and "
-    "batch_buckets before validating: a non-iterable (None for calibration_quantiles, an int, a float, a "
-    "bool, an object) raises TypeError \"'int' object is not iterable\" that does not name the field"))
-def test_known_defect_non_iterable_tuple_fields() -> None:
+def test_non_iterable_tuple_fields() -> None:
     _check_all(_cases(_not_iterable))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "triaccel/config.py _validate.real() (and parse_bytes for memory_budget) call math.isfinite() on the "
-    "value: an int beyond float range (10**400) raises OverflowError 'int too large to convert to float', "
-    "neither ValueError nor TypeError, and the message does not name the field"))
-def test_known_defect_huge_int_in_real_fields() -> None:
+def test_huge_int_in_real_fields() -> None:
     _check_all(_cases(_huge_int_for_real))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "triaccel/config.py _validate: calibration_quantiles accepts bools ((False, True) passes "
-    "isinstance(x, (int, float))) and keeps them: the config holds bools where floats are promised"))
-def test_known_defect_bool_quantiles() -> None:
+def test_bool_quantiles() -> None:
     _check_all(_cases(_bool_quantiles))
 
 
@@ -218,8 +196,6 @@ values = st.one_of(scalars, st.lists(scalars, max_size=4), st.lists(scalars, max
 @rel_settings(max_examples=400)
 @given(changes=st.dictionaries(st.sampled_from(FIELD_NAMES), values, min_size=1, max_size=3))
 def test_random_field_combinations(changes: dict[str, Any], figures: dict) -> None:
-    if known_defect(changes):   # pinned down by the xfail tests above; look for any other defect
-        return
     outcome = check_one(changes)
     fig = figures.setdefault("config_fuzz_hypothesis", {"examples": 0, "valid": 0, "rejected": 0})
     fig["examples"] += 1

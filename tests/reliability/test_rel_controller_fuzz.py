@@ -16,9 +16,9 @@ An OOM raises `triaccel.OOMAtMinimumBatch` exactly when the batch is already the
 and otherwise shrinks the batch at once. The same inputs give the same decisions: every sequence is
 run twice on fresh controllers and the two traces of `Decision.to_dict()` / errors must be equal.
 
-The main fuzz keeps clear of the defects pinned down by the strict xfail tests at the end of the
-file (memory limits that are NaN/inf, curvature eigenvalues spanning more than float range allows,
-batch_buckets starting above batch_min); those tests draw exactly those inputs.
+The main fuzz keeps clear of three input regions that exposed defects (fixed since: memory limits
+that are NaN/inf, curvature eigenvalues spanning more than float range allows, batch_buckets
+starting above batch_min); the tests at the end of the file draw exactly those inputs.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ SPECIAL = [0.0, -0.0, nan, inf, -inf, 5e-324, 1e-300, 1e-30, 1e300, 1.7e308, -1.
 any_float = st.one_of(st.sampled_from(SPECIAL), st.floats(0, 10), st.floats(-10, 10),
                       st.floats(allow_nan=True, allow_infinity=True))
 clean_float = st.one_of(st.floats(0, 1e3), st.sampled_from([0.0, 1e-30, 1e-8, 1.0, 1e30]))
-# Eigenvalues kept within a range where 1/(1 + alpha*lambda) cannot overflow (see the xfail below),
+# Eigenvalues kept within a range where 1/(1 + alpha*lambda) cannot overflow (the extremes: a test below),
 # plus the non-finite values the controller must refuse.
 eig_float = st.one_of(st.sampled_from([0.0, -1.0, -1e6, nan, inf, -inf]), st.floats(1e-6, 1e6),
                       st.floats(-1e6, 1e6))
@@ -130,7 +130,7 @@ def ops_for(L: int, k: int) -> Any:
         st.tuples(st.just("var"), adv, vec),
         st.tuples(st.just("moments"), adv, st.tuples(vec, vec, counts)),
         st.tuples(st.just("curv"), adv, st.lists(lists(clean_eig, eig_float, k), min_size=L, max_size=L)),
-        # used: any value; limit: positive or non-positive ints (NaN/inf limits: xfail test below)
+        # used: any value; limit: positive or non-positive ints (NaN/inf limits: a test below)
         st.tuples(st.just("mem"), adv, st.tuples(st.one_of(st.integers(0, 10**13), any_float),
                                                  st.one_of(st.integers(1, 10**13), st.integers(-5, 0)))),
         st.tuples(st.just("oom"), adv, st.none()),
@@ -280,26 +280,17 @@ def test_oom_shrinks_at_once_and_raises_only_at_the_minimum(cfg: TriAccelConfig,
         assert raised > 0   # each OOM moves at least one of the <= 17 grid steps down
 
 
-# -- known defects (strict: they fail until fixed) ----------------------------------------------
+# -- defects this suite found, fixed since ------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=(AssertionError, OverflowError), reason=(
-    "triaccel/controller.py Controller.observe_memory: limit_bytes NaN raises a bare ValueError "
-    "'cannot convert float NaN to integer' from int(limit_bytes) that names no argument, and +-inf "
-    "raises OverflowError 'cannot convert float infinity to integer' (not ValueError)"))
 @pytest.mark.parametrize("limit", [nan, inf, -inf])
-def test_known_defect_memory_limit_not_finite(limit: float) -> None:
+def test_memory_limit_not_finite(limit: float) -> None:
     ctl = Controller(TriAccelConfig(t_ctrl=1), ["a"])
     with pytest.raises(ValueError) as ei:
         ctl.observe_memory(0, 100, limit)
     assert "limit_bytes" in str(ei.value)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "triaccel/curvature.py CurvatureLaw.observe: alpha is calibrated as 1/max(lambda_max) with no bound, "
-    "so a first observation with a tiny positive lambda_max (e.g. 1e-320, or 1e-300 then 1e10 later) "
-    "makes alpha inf or huge, and lr_scales_from_eigs gives 1/(1 + inf*0) = NaN for a layer at 0 and "
-    "1/(1 + inf) = 0 for the others: lr_scales leave (0, 1] (the torch wrapper then raises in _apply)"))
-def test_known_defect_curvature_scales_overflow() -> None:
+def test_curvature_scales_stay_in_range() -> None:
     failures = []
     for tiny in (5e-324, 1e-320, 1e-310, 1e-300):
         for big in (0.0, 1.0, 1e10, 1e300):
@@ -314,11 +305,7 @@ def test_known_defect_curvature_scales_overflow() -> None:
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "triaccel/batching.py BatchLaw.oom raises OOMAtMinimumBatch only when batch <= batch_min; with "
-    "batch_buckets whose smallest bucket is above batch_min, an OOM at that smallest bucket neither "
-    "raises nor shrinks (the batch stays, so a retry at the same size fails again)"))
-def test_known_defect_oom_at_smallest_bucket_above_batch_min() -> None:
+def test_oom_at_smallest_bucket_above_batch_min() -> None:
     cfg = TriAccelConfig(batch_min=8, batch_max=160, batch_buckets=(16, 160), batch_init=160)
     ctl = Controller(cfg, ["a"])
     ctl.observe_oom(0)                     # 160 -> 16, the smallest bucket

@@ -53,13 +53,6 @@ TORCH_CASES = [
 # check against the Triton kernel, to keep the suite within its time budget.
 INTERPRETED = {("sgd", False, "fp16"), ("adam", False, "bf16")}
 
-FUSED_ADAM = pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "backends/torch/optimizer.py TriAccelOptimizer: the device guard hands fused optimizers "
-    "`optimizer.found_inf = self._found_inf`, a shape-(1,) tensor; torch's fused Adam/AdamW then run "
-    "torch._foreach_sub_(state_steps, [found_inf]) on its 0-dim step tensors and raise 'output with shape [] "
-    "doesn't match the broadcast shape [1]' from the second step on (GradScaler passes a 0-dim found_inf; the "
-    "same error on CUDA, torch 2.11 on an H100). "
-    "Fix: keep the (1,) buffer for the loss scaler and pass found.view(()) (0-dim) as optimizer.found_inf"))
 
 
 def _torch_case(optim: str, host_check: bool, base: str) -> dict:
@@ -114,7 +107,7 @@ def _torch_case(optim: str, host_check: bool, base: str) -> dict:
 
 
 TORCH_PARAMS = [
-    pytest.param(o, h, g16, go, base, marks=[FUSED_ADAM] if o == "adam_fused" else [],
+    pytest.param(o, h, g16, go, base,
                  id=f"{o}{'-hostcheck' if h else ''}-{base}")
     for o, h, g16, go in TORCH_CASES for base in ("fp16", "bf16", "fp32")]
 

@@ -22,6 +22,7 @@ import os
 import pickle
 import tempfile
 import warnings
+import zipfile
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -184,22 +185,33 @@ def _load_python(name: str, d: Path, split: str) -> tuple[np.ndarray, np.ndarray
 
 
 def _list_folder(name: str, split_dir: Path) -> tuple[list[str], list[Path], np.ndarray]:
-    classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+    """Class names, image paths and labels of an image-folder split. Entries that are not images
+    (other extensions, folders or broken links inside class folders, files beside them) are
+    skipped and named in one warning, so a polluted or partly copied tree does not load silently."""
+    entries = list(os.scandir(split_dir))
+    classes = sorted(e.name for e in entries if e.is_dir())
     if len(classes) != NUM_CLASSES[name]:
         raise ValueError(
-            f"{split_dir}: found {len(classes)} class directories, {name} needs {NUM_CLASSES[name]}"
-            f" ({classes[:5]}{'...' if len(classes) > 5 else ''})"
-        )
+            f"{split_dir}: found {len(classes)} class directories, {name} needs {NUM_CLASSES[name]}: {classes}")
+    skipped = sorted(e.name for e in entries if not e.is_dir())
     files: list[Path] = []
     labels: list[int] = []
     for i, c in enumerate(classes):
-        found = sorted(
-            e.name for e in os.scandir(split_dir / c) if e.is_file() and e.name.lower().endswith(_IMAGE_EXTS)
-        )
+        found = []
+        for e in os.scandir(split_dir / c):
+            if e.is_file() and e.name.lower().endswith(_IMAGE_EXTS):
+                found.append(e.name)
+            else:
+                skipped.append(f"{c}/{e.name}")
         if not found:
             raise ValueError(f"{split_dir / c}: no image files (*.jpg, *.jpeg, *.png)")
+        found.sort()
         files += [split_dir / c / f for f in found]
         labels += [i] * len(found)
+    if skipped:
+        shown = ", ".join(skipped[:20]) + (", ..." if len(skipped) > 20 else "")
+        warnings.warn(f"{split_dir}: skipped {len(skipped)} entries that are not image files: {shown}",
+                      stacklevel=3)
     return classes, files, np.asarray(labels, np.int64)
 
 
@@ -243,7 +255,7 @@ def _read_cache(path: Path, n: int) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         with np.load(path, allow_pickle=False) as z:
             images, labels = z["images"], z["labels"]
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:   # truncated / not a zip
         warnings.warn(f"ignoring unreadable cache {path} ({e}); decoding again", stacklevel=3)
         return None
     if images.shape != (n, *IMAGE_SHAPE) or images.dtype != np.uint8 or labels.shape != (n,):
