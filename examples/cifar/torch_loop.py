@@ -57,8 +57,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
         # cuDNN autotuning runs once per new input shape: the batch moves on a few buckets, and the
-        # epoch's short last step adds one shape per bucket, so it stays on for every method.
-        torch.backends.cudnn.benchmark = True
+        # epoch's short last step adds one shape per bucket; the same setting for every method.
+        torch.backends.cudnn.benchmark = opts.cudnn_benchmark
     inner = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum, nesterov=True,
                             weight_decay=opts.weight_decay)
     cfg = opts.triaccel_config()

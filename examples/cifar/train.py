@@ -85,6 +85,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--device", default="auto", help="torch device (cuda, cpu) or auto")
     p.add_argument("--out", default=None)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--cudnn-benchmark", choices=["on", "off"], default="on",
+                   help="torch: cuDNN autotuning (once per new input shape; the elastic batch moves on a few "
+                        "buckets)")
     p.add_argument("--compile-cache", default=None, metavar="DIR",
                    help="JAX: keep XLA compilations in DIR (created) and reuse them on later runs; most of a "
                         "first JAX run's long epochs are compilation (docs/results.md)")
@@ -109,7 +112,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         test_subset=a.test_subset if a.test_subset is not None else (None if gpu else 512),
         budget=a.budget, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
-        compile_cache=a.compile_cache, extra=_parse_set(a.set))
+        compile_cache=a.compile_cache, cudnn_benchmark=a.cudnn_benchmark == "on", extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.triaccel_config()  # validate every knob before any data is loaded
     return opts
