@@ -60,7 +60,7 @@ class RunOptions:
     out: str = ""
     progress: bool = True
     compile_cache: str | None = None  # JAX: persistent compilation cache folder (reruns skip compiling)
-    cudnn_benchmark: bool = True      # torch on CUDA: cuDNN autotuning
+    cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def triaccel_config(self) -> TriAccelConfig:

@@ -85,9 +85,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--device", default="auto", help="torch device (cuda, cpu) or auto")
     p.add_argument("--out", default=None)
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--cudnn-benchmark", choices=["on", "off"], default="on",
-                   help="torch: cuDNN autotuning (once per new input shape; the elastic batch moves on a few "
-                        "buckets)")
+    p.add_argument("--cudnn-benchmark", choices=["on", "off"], default="off",
+                   help="torch: cuDNN autotuning, once per new input shape (default off: on an H100 it made "
+                        "AMP bs 96, bs 192 and triaccel slower over 10 epochs, 70.6/38.8/45.9 s vs "
+                        "63.5/35.9/41.4 s, the first epoch paying the tuning; docs/results.md)")
     p.add_argument("--compile-cache", default=None, metavar="DIR",
                    help="JAX: keep XLA compilations in DIR (created) and reuse them on later runs; most of a "
                         "first JAX run's long epochs are compilation (docs/results.md)")
