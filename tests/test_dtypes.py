@@ -161,6 +161,7 @@ def test_float64_torch_model_keeps_float64_and_gets_statistics():
     assert rep["step"] == 4 and rep["nonfinite_steps"] == 0 and rep["skipped_steps"] == 0
     ema = [v["var_ema"] for v in rep["layers"].values()]
     assert len(ema) == 3 and all(e is not None and math.isfinite(e) and e > 0 for e in ema)
+    assert {v["dtype"] for v in rep["layers"].values()} == {"float64"}   # what the layers compute in
 
 
 def test_float64_nnx_model_keeps_float64_and_gets_statistics():
@@ -224,3 +225,14 @@ def test_float64_linen_layer_computes_in_float64():
             hidden, out = Two().apply(variables, x)
         assert hidden.dtype == jnp.float64  # float64 parameters: kept at float64
         assert out.dtype == jnp.bfloat16  # the float32 layer follows the policy
+
+
+def test_config_base_precision_takes_framework_dtypes():
+    import torch
+
+    from triaccel import TriAccelConfig
+
+    assert TriAccelConfig(base_precision=torch.float16).base_precision == "fp16"
+    assert TriAccelConfig(base_precision="bfloat16").to_dict()["base_precision"] == "bf16"
+    with pytest.raises(ValueError, match="base_precision"):
+        TriAccelConfig(base_precision=torch.float64)

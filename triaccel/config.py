@@ -89,7 +89,8 @@ class TriAccelConfig:
       hysteresis: relative band >= 0 around each threshold a layer must cross to change level.
       min_dwell: steps a layer keeps its variance-chosen level before it may change again (>= 0).
       base_precision: precision of every non-norm layer during warm-up and when
-        `adaptive_precision` is off ("fp16" | "bf16" | "fp32").
+        `adaptive_precision` is off ("fp16" | "bf16" | "fp32"; a dtype name or a framework dtype,
+        e.g. torch.bfloat16, is accepted and stored as its short name).
     Curvature lever (every t_curv steps, on b_curv samples, top_k eigenvalues per layer):
       curvature: "off" (default) | "fisher" (empirical Fisher from per-sample grads) | "hessian"
         (HVP). Off by default: in 3-seed CIFAR ablations the curvature LR scaling lowered accuracy
@@ -195,6 +196,12 @@ class TriAccelConfig:
             object.__setattr__(self, name, tuple(v))
         if self.memory_budget is not None:
             object.__setattr__(self, "memory_budget", parse_bytes(self.memory_budget, "memory_budget"))
+        if not isinstance(self.base_precision, str) or self.base_precision not in PRECISIONS:
+            # a framework dtype or a dtype name ("bfloat16", torch.bfloat16): kept as its short name
+            from .precision import Precision
+
+            object.__setattr__(self, "base_precision",
+                               Precision.parse(self.base_precision, "base_precision").short)
         self._validate()
 
     # -- validation -------------------------------------------------------------------------

@@ -623,7 +623,9 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         rep = self.controller.report()
         for i, layer in enumerate(self.layers):
             entry = rep["layers"][layer.name]
-            entry["dtype"] = str(torch_dtype(self.plan.precisions[i])).replace("torch.", "")
+            # the dtype the layer computes in: float64 layers keep theirs whatever the decision
+            entry["dtype"] = "float64" if layer.is_float64 else str(torch_dtype(self.plan.precisions[i])).replace(
+                "torch.", "")
             entry["eigvals"] = None if self.last_eigvals is None else [float(v) for v in self.last_eigvals[i]]
             entry["lr_multiplier"] = float(self.decision.lr_multipliers[i])
         rep.update({
