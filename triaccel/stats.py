@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import numpy as np
 
-__all__ = ["group_by_layer", "variance_from_moments"]
+__all__ = ["feed_statistics", "group_by_layer", "variance_from_moments"]
 
 
 def variance_from_moments(sums: np.ndarray, sumsqs: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -40,3 +42,29 @@ def group_by_layer(values: np.ndarray, tensor_layer: np.ndarray, num_layers: int
     out = np.zeros(v.shape[:-1] + (num_layers,))
     np.add.at(out, (..., idx), v)
     return out
+
+
+def feed_statistics(controller: Any, steps: Sequence[int], stats: np.ndarray, tensor_layer: np.ndarray,
+                    tensor_numel: np.ndarray, loss_scale: float | None) -> np.ndarray:
+    """Feed a backend's statistics ring to the controller, the same way for both backends.
+
+    steps: (n,) the rows' optimizer steps, in order. stats: (n, T, 3) per-tensor (sum, sum of
+    squares, non-finite count) of each step's unscaled gradient. tensor_layer / tensor_numel: (T,)
+    layer index and element count per tensor. loss_scale: the loss scale the rows ran under, None
+    while no loss scaling is on. A finite row -> `observe_grad_moments`; a row with non-finite
+    values -> `observe_nonfinite` with its per-layer counts (the evidence precision law's input);
+    then the loss scale -> `observe_loss_scale`. Returns (n,) bool: the rows that were non-finite.
+    """
+    s = np.asarray(stats, dtype=np.float64)
+    L = len(controller.layers)
+    per_layer = group_by_layer(np.moveaxis(s, -2, -1), tensor_layer, L)    # (n, 3, L)
+    counts = group_by_layer(tensor_numel, tensor_layer, L)
+    bad = per_layer[:, 2].sum(axis=-1) > 0
+    for i, step in enumerate(steps):
+        if bad[i]:
+            controller.observe_nonfinite(step, per_layer[i, 2], loss_scaled=loss_scale is not None)
+        else:
+            controller.observe_grad_moments(step, per_layer[i, 0], per_layer[i, 1], counts)
+    if loss_scale is not None and len(steps):
+        controller.observe_loss_scale(steps[-1], loss_scale)
+    return bad

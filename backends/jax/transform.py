@@ -34,6 +34,7 @@ import numpy as np
 import optax
 
 from triaccel import Controller, Decision, Precision, TriAccelConfig
+from triaccel.stats import feed_statistics
 
 from .curvature import FisherTopK, HessianTopK, nnx_loss
 from .layers import LayerMap, layer_map
@@ -336,21 +337,11 @@ class TriAccel:
             warnings.warn(f"triaccel: the moments of {lost} step(s) before step {rows[0][0]} were overwritten "
                           f"before a control boundary read them; call control() every step (t_ctrl="
                           f"{self.config.t_ctrl})", RuntimeWarning, stacklevel=3)
-        from triaccel.stats import group_by_layer
-
-        L = self.layers.num_layers
-        counts = group_by_layer(self._tensor_counts, self._tensor_layer, L)
-        for s, row in rows:
-            self.last_fed = s
-            if row[:, 2].sum() > 0:
-                self.rows_skipped += 1
-                self.controller.observe_nonfinite(s, group_by_layer(row[:, 2], self._tensor_layer, L),
-                                                  loss_scaled=scaled)
-                continue
-            self.controller.observe_grad_moments(s, group_by_layer(row[:, 0], self._tensor_layer, L),
-                                                 group_by_layer(row[:, 1], self._tensor_layer, L), counts)
-        if scaled and rows:
-            self.controller.observe_loss_scale(rows[-1][0], float(scale))
+        if rows:
+            self.last_fed = rows[-1][0]
+            bad = feed_statistics(self.controller, [st for st, _ in rows], np.stack([r for _, r in rows]),
+                                  self._tensor_layer, self._tensor_counts, float(scale) if scaled else None)
+            self.rows_skipped += int(bad.sum())
         return int(count)
 
     def _curvature(self, step: int, params: Any, model: Any, batch: Any) -> None:

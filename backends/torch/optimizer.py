@@ -48,7 +48,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from triaccel import Controller, Decision, Precision, TriAccelConfig
-from triaccel.stats import group_by_layer
+from triaccel.stats import feed_statistics
 
 from .curvature import (DEFAULT_HESSIAN_ITERS, DEFAULT_LAYERS_PER_EVENT, DEFAULT_PACK, CurvatureEstimator,
                         split_batch)
@@ -186,6 +186,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
         self._params = params
         self._tensor_layer = np.asarray(index, dtype=np.int64)
+        self._tensor_numel = np.array([p.numel() for p in params], dtype=np.float64)
         self.device = params[0].device
         self.plan = PrecisionPlan(layers, self.device.type, strict_norm=strict_norm)
         self.scaler = loss_scaler if loss_scaler is not None else LossScaler()
@@ -449,19 +450,14 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if n == 0:
             return
         host = self._buf[:n].double().cpu().numpy()               # (n, tensors, 3)
-        per_layer = group_by_layer(np.moveaxis(host, 1, 2), self._tensor_layer, len(self.layers))
-        counts = group_by_layer(np.array([p.numel() for p in self._params], dtype=np.float64),
-                                self._tensor_layer, len(self.layers))
-        bad = host[:, :, 2].sum(axis=1) > 0                       # (n,) non-finite rows
-        scaled = self.fp16_active  # rows of this window ran under the policy in force (it changes only here)
+        # rows of this window ran under the policy in force (it changes only at boundaries)
+        scale = self.scaler.scale if self.fp16_active else None
+        bad = feed_statistics(self.controller, [step for step, _ in self._rows], host, self._tensor_layer,
+                              self._tensor_numel, scale)
         for i, (step, code) in enumerate(self._rows):
-            if bad[i]:
-                self.controller.observe_nonfinite(step, per_layer[i, 2], loss_scaled=scaled)
-            if code == _ROW_SKIPPED:
-                continue
             if not bad[i]:
-                self.controller.observe_grad_moments(step, per_layer[i, 0], per_layer[i, 1], counts)
-            elif code == _ROW_DEVICE:
+                continue
+            if code == _ROW_DEVICE:
                 self.skipped_steps += 1
             elif code == _ROW_UNGUARDED:
                 self.nonfinite_steps += 1
@@ -472,8 +468,6 @@ class TriAccelOptimizer(torch.optim.Optimizer):
                                   "fused=True to the optimizer (free device-side skip) or host_check=True "
                                   "to wrap() (one sync per step) to skip such steps.", RuntimeWarning,
                                   stacklevel=4)
-        if scaled:
-            self.controller.observe_loss_scale(self._rows[-1][0], self.scaler.scale)
         self._rows = []
 
     # -- curvature ---------------------------------------------------------------------------
