@@ -1,0 +1,173 @@
+"""triaccel.local_plan: partition under a budget, head widths, per-block batches, caches, exits."""
+
+from __future__ import annotations
+
+import pytest
+
+from triaccel.local_plan import (LayerMemory, LocalPlanConfig, _Model, head_cost, plan_local,
+                                 select_exit)
+
+KIB = 1024
+MIB = 1024 * KIB
+
+# A ResNet-like table: early units hold large activations and few parameters, late ones the reverse.
+TABLE = [
+    LayerMemory("stem", 96 * KIB, (16, 32, 32), 500),
+    LayerMemory("s1a", 128 * KIB, (16, 32, 32), 5_000),
+    LayerMemory("s1b", 128 * KIB, (16, 32, 32), 5_000),
+    LayerMemory("s2a", 48 * KIB, (32, 16, 16), 20_000),
+    LayerMemory("s2b", 48 * KIB, (32, 16, 16), 20_000),
+    LayerMemory("s3a", 16 * KIB, (64, 8, 8), 80_000),
+    LayerMemory("s3b", 16 * KIB, (64, 8, 8), 80_000),
+]
+N, K = 10_000, 10
+
+
+def make(budget, **kw):
+    cfg = LocalPlanConfig(memory_budget=budget, **kw)
+    return cfg, plan_local(TABLE, cfg, num_samples=N, num_classes=K)
+
+
+def test_head_cost_by_hand():
+    assert head_cost((16, 8, 8), 0, 10, 2) == head_cost((16, 1, 1), 0, 10, 2)
+    assert head_cost((16, 8, 8), 0, 10, 2).params == 16 * 10 + 10
+    h = head_cost((16, 8, 8), 32, 10, 2, pool=8)
+    assert h.params == 9 * 16 * 32 + 2 * 32 + 32 * 10 + 10
+    assert h.saved_bytes == (64 * (16 + 64) + 32) * 2
+    pooled = head_cost((16, 8, 8), 32, 10, 2, pool=4)          # pools 8x8 -> 4x4 before the conv
+    assert pooled.params == h.params and pooled.saved_bytes == (16 * (16 + 64) + 32) * 2
+    assert head_cost((16, 2, 2), 32, 10, 2, pool=4).saved_bytes == (4 * (16 + 64) + 32) * 2
+
+
+def test_train_peak_by_hand():
+    cfg = LocalPlanConfig(memory_budget=MIB, act_bytes=2, cache_bytes=2, input_bytes=100,
+                          state_bytes_per_param=10, resident_bytes=1000)
+    layers = [LayerMemory("a", 50, (2, 2, 2), 3), LayerMemory("b", 30, (1, 2, 2), 7)]
+    m = _Model(layers, cfg, 10, 4)
+    # unit b alone, width 0: fixed 1000 + 10*(7 + 1*10+10); per sample: input 8*2 + 30 + 1*2 + 2*8*2
+    assert m.train_peak(1, 2, 0, 3) == 1000 + 10 * 27 + 3 * (16 + 30 + 2 + 32)
+    # its input cache: 4 samples x 8 elements x 2 bytes
+    assert m.train_peak(1, 2, 0, 3, device_cache=True) == m.train_peak(1, 2, 0, 3) + 64
+
+
+@pytest.mark.parametrize("budget", [48 * MIB, 64 * MIB, 96 * MIB, 160 * MIB, 512 * MIB])
+def test_partition_respects_budget_and_covers(budget):
+    cfg, plan = make(budget)
+    m = _Model(TABLE, cfg, K, N)
+    assert [b.start for b in plan.blocks][0] == 0 and plan.blocks[-1].stop == len(TABLE)
+    for a, b in zip(plan.blocks, plan.blocks[1:]):
+        assert a.stop == b.start
+    assert len(plan.blocks) <= cfg.max_blocks
+    for blk in plan.blocks:
+        assert blk.peak_bytes <= cfg.usable_bytes
+        assert blk.peak_bytes == m.train_peak(blk.start, blk.stop, blk.head_width, blk.batch,
+                                              device_cache=blk.input_cache == "device")
+        assert blk.batch >= plan.target_batch
+        # the batch is the largest bucket that fits
+        up = [bb for bb in cfg.batch_buckets if bb > blk.batch]
+        if up:
+            assert m.train_peak(blk.start, blk.stop, blk.head_width, up[0]) > cfg.usable_bytes
+    # the fewest blocks at the target: adding the next unit to a block breaks the budget
+    for blk in plan.blocks[:-1]:
+        assert m.train_peak(blk.start, blk.stop + 1, m.min_width(blk.stop + 1), plan.target_batch) > cfg.usable_bytes
+
+
+def test_tighter_budget_more_blocks_and_larger_late_batches():
+    _, loose = make(512 * MIB)
+    _, tight = make(48 * MIB)
+    assert len(loose.blocks) == 1 and loose.blocks[0].batch == 512 and loose.e2e_batch == 512
+    assert len(tight.blocks) > 1
+    assert tight.e2e_batch is None or tight.e2e_batch < tight.blocks[-1].batch
+    batches = [b.batch for b in tight.blocks]
+    assert batches[-1] > batches[0]           # late blocks (small activations) train at larger batches
+
+
+def test_target_is_largest_bucket_within_max_blocks():
+    cfg4, p4 = make(64 * MIB, max_blocks=4)
+    cfg2, p2 = make(64 * MIB, max_blocks=2)
+    assert len(p2.blocks) <= 2 and p2.target_batch <= p4.target_batch
+    m = _Model(TABLE, cfg2, K, N)
+    bigger = [bb for bb in cfg2.batch_buckets if bb > p2.target_batch]
+    for bb in bigger:
+        part = m.greedy(bb)
+        assert part is None or len(part) > 2
+
+
+def test_target_batch_caps_the_partition():
+    _, free = make(160 * MIB)
+    _, capped = make(160 * MIB, target_batch=128)
+    assert capped.target_batch == 128 < free.target_batch
+    assert len(capped.blocks) <= len(free.blocks)
+
+
+def test_head_width_widest_that_fits():
+    cfg, plan = make(64 * MIB)
+    m = _Model(TABLE, cfg, K, N)
+    for blk in plan.blocks[:-1]:
+        wider = [w for w in cfg.head_widths if w > blk.head_width]
+        assert m.fits(m.train_peak(blk.start, blk.stop, blk.head_width, plan.target_batch))
+        if wider:
+            assert not m.fits(m.train_peak(blk.start, blk.stop, wider[0], plan.target_batch))
+    assert plan.blocks[-1].head_width == 0    # last_head_width: the model's own classifier
+    _, chosen = make(64 * MIB, last_head_width=None)
+    assert chosen.blocks[-1].head_width >= 0
+
+
+def test_cache_placement():
+    _, roomy = make(2048 * MIB, max_blocks=1, batch_buckets=(8, 16))
+    assert len(roomy.blocks) == 1 and roomy.blocks[0].input_cache == "data"
+    _, two = make(48 * MIB, cache_views=1)
+    assert two.blocks[0].input_cache == "data" and two.blocks[0].cache_bytes == 0
+    for blk in two.blocks[1:]:
+        assert blk.cache_bytes == N * TABLE[blk.start - 1].out_elements * 2
+    # 20 views of the first cache cannot sit beside anything under 48 MiB
+    _, many = make(48 * MIB, cache_views=20)
+    assert all(b.input_cache == "host" for b in many.blocks[1:])
+    # a small training set: the same tight budget keeps the caches on the device
+    cfg = LocalPlanConfig(memory_budget=48 * MIB)
+    dev = plan_local(TABLE, cfg, num_samples=10, num_classes=K)
+    m = _Model(TABLE, cfg, K, 10)
+    assert sum(b.input_cache == "device" for b in dev.blocks) >= 1
+    for blk in dev.blocks[1:]:    # host only when the cache does not fit beside the block at its batch
+        beside = m.train_peak(blk.start, blk.stop, blk.head_width, blk.batch, device_cache=True)
+        assert (blk.input_cache == "host") == (beside > cfg.usable_bytes)
+    assert all(b.peak_bytes <= cfg.usable_bytes for b in dev.blocks)
+
+
+def test_deterministic():
+    assert make(64 * MIB)[1].to_dict() == make(64 * MIB)[1].to_dict()
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="memory_budget"):
+        make(1 * MIB)
+    with pytest.raises(ValueError, match="max_blocks"):
+        make(16 * MIB, max_blocks=1, batch_buckets=(32, 64))
+    with pytest.raises(ValueError, match="target_batch"):
+        LocalPlanConfig(memory_budget=MIB, batch_buckets=(32, 64), target_batch=16)
+    with pytest.raises(ValueError, match="batch_buckets"):
+        LocalPlanConfig(memory_budget=MIB, batch_buckets=(64, 32))
+    with pytest.raises(ValueError, match="headroom"):
+        LocalPlanConfig(memory_budget=MIB, headroom=1.5)
+    with pytest.raises(ValueError, match="memory_budget"):
+        LocalPlanConfig(memory_budget="lots")
+    with pytest.raises(ValueError, match="saved_bytes"):
+        LayerMemory("x", -1, (1, 1, 1), 0)
+    with pytest.raises(ValueError, match="out_shape"):
+        LayerMemory("x", 1, (1, 1), 0)
+    with pytest.raises(ValueError, match="layers"):
+        plan_local([], LocalPlanConfig(memory_budget=MIB), num_samples=1, num_classes=2)
+
+
+def test_select_exit():
+    assert select_exit([0.50, 0.80, 0.86, 0.87], 0.01) == 2
+    assert select_exit([0.50, 0.80, 0.86, 0.87], 0.0) == 3
+    assert select_exit([0.50, 0.80, 0.86, 0.87], 0.5) == 0
+    assert select_exit([0.9, 0.7], 0.0) == 0          # the best may be early
+    assert select_exit([0.86, 0.87], 0.01) == 0       # exactly at the tolerance counts
+    with pytest.raises(ValueError, match="tolerance"):
+        select_exit([0.5], -0.1)
+    with pytest.raises(ValueError, match="accuracies"):
+        select_exit([], 0.1)
+    with pytest.raises(ValueError, match="accuracies"):
+        select_exit([1.5], 0.1)

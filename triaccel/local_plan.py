@@ -1,0 +1,368 @@
+"""Adaptive local learning (NeuroFlux-style) planning: blocks, auxiliary heads, per-block batch sizes,
+activation-cache placement and exit selection, all from a measured per-layer memory table.
+
+A network is a sequence of units (`LayerMemory`: e.g. ResNet-18's stem and its 8 BasicBlocks). Local
+learning trains contiguous *blocks* of units one after another, each against its own auxiliary
+classifier head, with no gradient crossing a block boundary; a trained block is frozen and its outputs
+over the training set are cached, so it never runs forward again while later blocks train. The plan
+decides, deterministically and from numbers only (no framework):
+
+- the partition: the largest batch bucket ("target batch", at most `target_batch`) at which the
+  fewest contiguous blocks that each fit the budget number at most `max_blocks` (a greedy sweep
+  gives the fewest blocks for a target; blocks grow while they fit);
+- each block's head width: the widest of `head_widths` with which the block still fits at the target
+  batch (the last block's head is `last_head_width`, by default the model's own pool + linear);
+- each block's batch: the largest bucket whose modelled peak fits with that head (>= the target);
+- where each block's input cache lives: on the device when it fits beside the block's training peak
+  and beside the previous block's cache-building pass, else on the host.
+
+Memory model (bytes; every figure per sample is multiplied by the batch):
+
+    training peak = resident + state_bytes_per_param * (block params + head params) + device cache
+                    + B * (input + sum of the units' saved bytes + head saved bytes
+                           + 2 * largest activation in the block)
+    inference     = resident + 4 * params so far + device caches + B * (input + 3 * largest activation)
+
+`saved_bytes` is what autograd keeps for backward (the torch backend measures it with saved-tensor
+hooks); the "2 * largest activation" term stands for the gradient buffers alive during backward.
+The model is meant to be conservative; the backends replay a step at a smaller micro-batch after an
+out-of-memory error (the elastic machinery), so an under-estimate costs time, never samples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from .config import parse_bytes
+
+__all__ = ["LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan", "head_cost",
+           "plan_local", "select_exit"]
+
+
+def _pos_int(name: str, v: Any, lo: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name}={v!r}: must be an integer >= {lo} (allowed [{lo}, inf))")
+    return int(v)
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """One unit of the sequential model, measured in training mode at the run's precision.
+
+    name: the unit's name. saved_bytes: bytes autograd keeps for its backward, per sample.
+    out_shape: (C, H, W) of its output. params: its parameter count.
+    """
+
+    name: str
+    saved_bytes: int
+    out_shape: tuple[int, int, int]
+    params: int
+
+    def __post_init__(self) -> None:
+        _pos_int(f"{self.name}.saved_bytes", self.saved_bytes, 0)
+        _pos_int(f"{self.name}.params", self.params, 0)
+        if len(self.out_shape) != 3:
+            raise ValueError(f"{self.name}.out_shape={self.out_shape!r}: must be (C, H, W), 3 positive ints")
+        for v in self.out_shape:
+            _pos_int(f"{self.name}.out_shape", v)
+        object.__setattr__(self, "out_shape", tuple(int(v) for v in self.out_shape))
+
+    @property
+    def out_elements(self) -> int:
+        """Output elements per sample."""
+        return math.prod(self.out_shape)
+
+
+@dataclass(frozen=True)
+class LocalPlanConfig:
+    """Knobs of `plan_local`. Units: bytes, samples.
+
+    memory_budget: device bytes the run may use (int or e.g. "512MiB"); headroom: the fraction of it
+      the modelled peak may fill, (0, 1] (the rest absorbs allocator fragmentation and workspaces).
+    batch_buckets: candidate batch sizes, strictly increasing. max_blocks: at most this many blocks.
+    target_batch: the partition aims at the largest bucket <= target_batch (None: the largest bucket)
+      whose fewest-blocks partition has at most max_blocks blocks; a smaller target gives fewer
+      blocks (local learning loses accuracy with every extra block), a larger one larger batches.
+    head_widths: candidate conv widths of an auxiliary head (0 = global pool + linear only), strictly
+      increasing. last_head_width: the last block's head width (0: the model's own classifier);
+      None: chosen like the others. head_pool: the spatial size a head pools to before its conv.
+    act_bytes: bytes per activation element in training (2 under bf16 autocast, 4 in fp32).
+    cache_bytes: bytes per cached element. cache_views: augmented copies of the training set cached
+      per block (epoch e of a block reads view e mod cache_views).
+    input_bytes: bytes per sample of the model's input batch (CIFAR float32: 3*32*32*4).
+    state_bytes_per_param: bytes per trained parameter (fp32 weight + grad + momentum + a 16-bit copy).
+    resident_bytes: bytes held on the device throughout (e.g. the training images).
+    """
+
+    memory_budget: int | str
+    batch_buckets: tuple[int, ...] = (32, 64, 128, 256, 512)
+    max_blocks: int = 4
+    target_batch: int | None = None
+    head_widths: tuple[int, ...] = (0, 32, 64, 128, 256)
+    last_head_width: int | None = 0
+    head_pool: int = 4
+    act_bytes: int = 2
+    cache_bytes: int = 2
+    cache_views: int = 1
+    input_bytes: int = 3 * 32 * 32 * 4
+    state_bytes_per_param: int = 14
+    resident_bytes: int = 0
+    headroom: float = 0.9
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "memory_budget", parse_bytes(self.memory_budget, "memory_budget"))
+        for name in ("batch_buckets", "head_widths"):
+            v = tuple(getattr(self, name))
+            lo = 1 if name == "batch_buckets" else 0
+            if not v or any(isinstance(x, bool) or not isinstance(x, int) or x < lo for x in v) or list(v) != sorted(set(v)):
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be a non-empty strictly increasing tuple "
+                                 f"of integers >= {lo}")
+            object.__setattr__(self, name, v)
+        _pos_int("max_blocks", self.max_blocks)
+        if self.target_batch is not None:
+            _pos_int("target_batch", self.target_batch)
+            if self.target_batch < self.batch_buckets[0]:
+                raise ValueError(f"target_batch={self.target_batch}: allowed [{self.batch_buckets[0]}, inf) "
+                                 f"(the smallest of batch_buckets) or None")
+        _pos_int("head_pool", self.head_pool)
+        if self.last_head_width is not None:
+            _pos_int("last_head_width", self.last_head_width, 0)
+        for name in ("act_bytes", "cache_bytes", "cache_views", "input_bytes", "state_bytes_per_param"):
+            _pos_int(name, getattr(self, name))
+        _pos_int("resident_bytes", self.resident_bytes, 0)
+        if isinstance(self.headroom, bool) or not isinstance(self.headroom, (int, float)) or not 0 < self.headroom <= 1:
+            raise ValueError(f"headroom={self.headroom!r}: allowed (0, 1]")
+
+    @property
+    def usable_bytes(self) -> int:
+        """memory_budget * headroom: what a modelled peak may reach."""
+        return int(self.memory_budget * self.headroom)
+
+
+@dataclass(frozen=True)
+class HeadCost:
+    """An auxiliary head's parameter count and saved bytes per sample."""
+
+    params: int
+    saved_bytes: int
+
+
+def head_cost(in_shape: Sequence[int], width: int, num_classes: int, act_bytes: int, pool: int = 4) -> HeadCost:
+    """Cost of the auxiliary head on a (C, H, W) feature map.
+
+    width 0: global average pool -> linear(C, num_classes). width w > 0: adaptive average pool to
+    (min(H, pool), min(W, pool)) -> conv3x3(C -> w, no bias) -> BatchNorm -> ReLU -> global average
+    pool -> linear(w, num_classes); autograd keeps the conv input, the BN input, the ReLU output and
+    the pooled vector. Pooling first keeps the head's activations small on early, large maps (as
+    DGL's auxiliary nets do).
+    """
+    c, h, w_ = (int(v) for v in in_shape)
+    width = _pos_int("width", width, 0)
+    k = _pos_int("num_classes", num_classes)
+    pool = _pos_int("pool", pool)
+    if width == 0:
+        return HeadCost(params=c * k + k, saved_bytes=c * act_bytes)
+    params = 9 * c * width + 2 * width + width * k + k
+    saved = (min(h, pool) * min(w_, pool) * (c + 2 * width) + width) * act_bytes
+    return HeadCost(params=params, saved_bytes=saved)
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """One block: units [start, stop), its head width, batch, modelled peaks and input cache.
+
+    input_cache: "data" (block 0 reads the data set), "device" or "host". cache_bytes: its input
+    cache's size (0 for block 0). peak_bytes: modelled training peak at `batch`, device cache included.
+    """
+
+    index: int
+    start: int
+    stop: int
+    names: tuple[str, ...]
+    head_width: int
+    batch: int
+    params: int
+    head_params: int
+    peak_bytes: int
+    input_cache: str
+    cache_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["names"] = list(self.names)
+        return d
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """The plan: blocks in order, the target batch that shaped the partition, the largest batch at
+    which the whole model fits end to end under the same model (None: not even the smallest bucket),
+    the inference batch (cache building, evaluation) and the budget used."""
+
+    blocks: tuple[BlockPlan, ...]
+    target_batch: int
+    e2e_batch: int | None
+    infer_batch: int
+    usable_bytes: int
+    memory_budget: int
+    layers: tuple[LayerMemory, ...] = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"blocks": [b.to_dict() for b in self.blocks], "target_batch": self.target_batch,
+                "e2e_batch": self.e2e_batch, "infer_batch": self.infer_batch,
+                "usable_bytes": self.usable_bytes, "memory_budget": self.memory_budget,
+                "layers": [asdict(l) for l in self.layers]}
+
+
+class _Model:
+    """The memory model of the module docstring over one layer table."""
+
+    def __init__(self, layers: Sequence[LayerMemory], cfg: LocalPlanConfig, num_classes: int, num_samples: int) -> None:
+        self.layers, self.cfg, self.k, self.n = list(layers), cfg, num_classes, num_samples
+
+    def in_bytes(self, i: int) -> int:
+        """Input bytes per sample of unit i as a training batch."""
+        return self.cfg.input_bytes if i == 0 else self.layers[i - 1].out_elements * self.cfg.cache_bytes
+
+    def cache_size(self, i: int) -> int:
+        """Bytes of the cache of unit i's input over the training set (all views)."""
+        return 0 if i == 0 else self.cfg.cache_views * self.n * self.layers[i - 1].out_elements * self.cfg.cache_bytes
+
+    def head(self, j: int, width: int) -> HeadCost:
+        return head_cost(self.layers[j - 1].out_shape, width, self.k, self.cfg.act_bytes, self.cfg.head_pool)
+
+    def train_peak(self, i: int, j: int, width: int, batch: int, device_cache: bool = False) -> int:
+        c, units = self.cfg, self.layers[i:j]
+        hc = self.head(j, width)
+        largest = max(u.out_elements for u in units)
+        if i > 0:
+            largest = max(largest, self.layers[i - 1].out_elements)
+        fixed = c.resident_bytes + c.state_bytes_per_param * (sum(u.params for u in units) + hc.params)
+        per = self.in_bytes(i) + sum(u.saved_bytes for u in units) + hc.saved_bytes + 2 * largest * c.act_bytes
+        return fixed + batch * per + (self.cache_size(i) if device_cache else 0)
+
+    def infer_peak(self, j: int, batch: int, caches: int) -> int:
+        """Running units [0, j) forward with `caches` bytes of caches on the device."""
+        c, units = self.cfg, self.layers[:j]
+        largest = max(u.out_elements for u in units)
+        return (c.resident_bytes + 4 * sum(u.params for u in units) + caches
+                + batch * (c.input_bytes + 3 * largest * c.act_bytes))
+
+    def fits(self, peak: int) -> bool:
+        return peak <= self.cfg.usable_bytes
+
+    def last_width(self) -> int | None:
+        return self.cfg.last_head_width
+
+    def min_width(self, j: int) -> int:
+        lw = self.last_width()
+        return lw if (j == len(self.layers) and lw is not None) else self.cfg.head_widths[0]
+
+    def greedy(self, target: int) -> list[tuple[int, int]] | None:
+        """Fewest contiguous blocks that each fit at `target` with their narrowest head; None when a
+        single unit does not."""
+        blocks, i, n = [], 0, len(self.layers)
+        while i < n:
+            if not self.fits(self.train_peak(i, i + 1, self.min_width(i + 1), target)):
+                return None
+            j = i + 1
+            while j < n and self.fits(self.train_peak(i, j + 1, self.min_width(j + 1), target)):
+                j += 1
+            blocks.append((i, j))
+            i = j
+        return blocks
+
+
+def plan_local(layers: Sequence[LayerMemory], config: LocalPlanConfig, *, num_samples: int,
+               num_classes: int) -> LocalPlan:
+    """Partition `layers` into blocks under `config.memory_budget` (see the module docstring).
+
+    num_samples: training-set size (cache sizes); num_classes: the heads' outputs.
+    Raises ValueError naming memory_budget when a single unit does not fit at the smallest bucket
+    with the narrowest head, or max_blocks when even the smallest bucket needs more blocks.
+    """
+    if not layers:
+        raise ValueError("layers: empty; a plan needs at least one unit")
+    if not all(isinstance(l, LayerMemory) for l in layers):
+        raise ValueError("layers: expected a sequence of LayerMemory")
+    n = _pos_int("num_samples", num_samples)
+    k = _pos_int("num_classes", num_classes)
+    cfg = config
+    m = _Model(layers, cfg, k, n)
+    buckets = cfg.batch_buckets
+    chosen: tuple[int, list[tuple[int, int]]] | None = None
+    fewest: list[tuple[int, int]] | None = None
+    cap = cfg.target_batch if cfg.target_batch is not None else buckets[-1]
+    for target in reversed([bb for bb in buckets if bb <= cap]):
+        part = m.greedy(target)
+        if part is None:
+            continue
+        fewest = part
+        if len(part) <= cfg.max_blocks:
+            chosen = (target, part)
+            break
+    if chosen is None:
+        if fewest is None:
+            need = min(m.train_peak(i, i + 1, m.min_width(i + 1), buckets[0]) for i in range(len(layers))
+                       if not m.fits(m.train_peak(i, i + 1, m.min_width(i + 1), buckets[0])))
+            worst = max(m.train_peak(i, i + 1, m.min_width(i + 1), buckets[0]) for i in range(len(layers)))
+            raise ValueError(
+                f"memory_budget={cfg.memory_budget}: a single unit needs up to {worst} bytes at the smallest "
+                f"batch {buckets[0]} (at least {need} for one that does not fit) against "
+                f"{cfg.usable_bytes} usable (headroom {cfg.headroom}); allowed: a budget of at least "
+                f"{math.ceil(worst / cfg.headroom)} bytes, or a smaller bucket")
+        raise ValueError(f"max_blocks={cfg.max_blocks}: even at the smallest batch {buckets[0]} the budget needs "
+                         f"{len(fewest)} blocks; allowed [{len(fewest)}, inf) for this budget")
+    target, part = chosen
+    blocks: list[BlockPlan] = []
+    prev_cache_device = 0
+    for b, (i, j) in enumerate(part):
+        if j == len(layers) and cfg.last_head_width is not None:
+            width = cfg.last_head_width
+        else:
+            width = max(w for w in cfg.head_widths if m.fits(m.train_peak(i, j, w, target)) or w == m.min_width(j))
+        batch = max(bb for bb in buckets if m.fits(m.train_peak(i, j, width, bb)) or bb == target)
+        size = m.cache_size(i)
+        where = "data"
+        if i > 0:
+            # Cache on the device only if the block trains beside it at its batch, and the previous
+            # block's cache-building pass (its own input cache + this one) fits at the smallest bucket.
+            train_ok = m.fits(m.train_peak(i, j, width, batch, device_cache=True))
+            build_ok = m.fits(m.infer_peak(i, buckets[0], prev_cache_device + size))
+            where = "device" if train_ok and build_ok else "host"
+        peak = m.train_peak(i, j, width, batch, device_cache=where == "device")
+        prev_cache_device = size if where == "device" else 0
+        blocks.append(BlockPlan(
+            index=b, start=i, stop=j, names=tuple(l.name for l in layers[i:j]), head_width=width, batch=batch,
+            params=sum(l.params for l in layers[i:j]), head_params=m.head(j, width).params, peak_bytes=peak,
+            input_cache=where, cache_bytes=size))
+    full = len(layers)
+    e2e_width = cfg.last_head_width if cfg.last_head_width is not None else cfg.head_widths[0]
+    e2e = [bb for bb in buckets if m.fits(m.train_peak(0, full, e2e_width, bb))]
+    # Inference (cache building, evaluation): the largest bucket at which the whole model runs forward
+    # beside the largest device cache of the plan.
+    on_dev = max([blk.cache_bytes for blk in blocks if blk.input_cache == "device"], default=0)
+    infer = [bb for bb in buckets if m.fits(m.infer_peak(full, bb, on_dev))]
+    return LocalPlan(blocks=tuple(blocks), target_batch=target, e2e_batch=e2e[-1] if e2e else None,
+                     infer_batch=infer[-1] if infer else buckets[0], usable_bytes=cfg.usable_bytes,
+                     memory_budget=int(cfg.memory_budget), layers=tuple(layers))
+
+
+def select_exit(accuracies: Sequence[float], tolerance: float) -> int:
+    """Index of the smallest prefix whose exit accuracy is within `tolerance` of the best.
+
+    accuracies: per exit, in depth order, fractions in [0, 1]. tolerance: in the same units (0.01 =
+    one point), [0, 1]. Returns the first i with accuracies[i] >= max(accuracies) - tolerance
+    (a 1e-12 slack absorbs the float error of the subtraction).
+    """
+    accs = [float(a) for a in accuracies]
+    if not accs:
+        raise ValueError("accuracies: empty; at least one exit is needed")
+    if any(not (0.0 <= a <= 1.0) for a in accs):
+        raise ValueError(f"accuracies={accs!r}: each must be a fraction in [0, 1]")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance <= 1.0:
+        raise ValueError(f"tolerance={tolerance!r}: allowed [0, 1] (fraction of accuracy, 0.01 = one point)")
+    floor = max(accs) - tolerance - 1e-12
+    return next(i for i, a in enumerate(accs) if a >= floor)
