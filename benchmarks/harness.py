@@ -1,0 +1,192 @@
+"""Cost of the CIFAR demo's harness and of the triaccel wrapper over a plain AMP loop (issue #15).
+
+Variants, each in its own process, one after the other, same data, same model, same batch:
+
+- plain:      a minimal eager AMP-bf16 loop (device-resident uint8 images, the demo's augmentation,
+              SGD-nesterov, the same warm-up/cosine LambdaLR), no records, no elastic step;
+- amp:        `python -m examples.cifar.train --method amp` (the demo's harness around the same loop);
+- triaccel-fixed: the demo with `--method triaccel --levers precision` (batch fixed, wrapper on);
+- triaccel:   the demo's defaults (`--levers precision,batch`: the batch grows; not the same batch,
+              listed for its wall only).
+
+Step cost = median seconds per epoch over epochs 2..E (epoch 1 holds cuDNN/Triton start-up), as a
+ratio to `plain` at the same batch. `--profile` adds a cProfile of the triaccel-fixed run (top
+functions by own time, to $OUT-style `--out` folder). Targets: amp/plain <= 1.05 (harness),
+triaccel-fixed/amp <= 1.03 (wrapper).
+
+    python benchmarks/harness.py --data <cifar10-jpeg> --epochs 3 --batch-sizes 96 384 --out results/harness
+    python benchmarks/harness.py --data <cifar10-jpeg> --device cpu --epochs 2 --train-subset 512 --width 0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("plain", "amp", "triaccel-fixed", "triaccel")
+
+
+def plain_loop(a: argparse.Namespace) -> dict[str, Any]:
+    """The minimal loop a user would write (same data path, model, optimizer and schedule as the demo)."""
+    import torch
+    import torch.nn.functional as F
+
+    from examples.cifar.common import lr_factor
+    from examples.cifar.datasets import load
+    from triaccel.backends.torch import augment
+    from triaccel.backends.torch.models import create_model
+
+    dev = torch.device(a.device)
+    data = load("cifar10", a.data, a.train_subset, 512, a.seed)
+    torch.manual_seed(a.seed)
+    model = create_model("resnet18", num_classes=10, width=a.width, seed=a.seed).to(dev)
+    if dev.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+        torch.backends.cudnn.benchmark = False  # the demo's default
+    lr = 0.1 * a.batch / 96
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    x = torch.from_numpy(data.train_x).to(dev)
+    y = torch.from_numpy(data.train_y).to(dev)
+    mean, std = torch.tensor(data.mean, device=dev), torch.tensor(data.std, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(a.seed)
+    n = len(x)
+    total, warm = a.epochs * n, n
+    seen = [0]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: lr_factor(seen[0], total, warm))
+    times = []
+    for _ in range(a.epochs):
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        perm = torch.randperm(n, device=dev, generator=gen)
+        for i in range(0, n, a.batch):
+            idx = perm[i:i + a.batch]
+            xb = augment.normalize(augment.random_crop_flip(x[idx], gen), mean, std, channels_last=dev.type == "cuda")
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(xb), y[idx])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            seen[0] += len(idx)
+            sched.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - t0)
+    return {"epoch_seconds": times}
+
+
+def demo_args(a: argparse.Namespace, variant: str, out: Path) -> list[str]:
+    method = "amp" if variant == "amp" else "triaccel"
+    args = ["--method", method, "--epochs", str(a.epochs), "--batch", str(a.batch), "--seed", str(a.seed),
+            "--width", str(a.width), "--device", a.device, "--no-progress", "--out", str(out),
+            "--test-subset", "512"]
+    if a.data:
+        args += ["--data", a.data]
+    if a.train_subset:
+        args += ["--train-subset", str(a.train_subset)]
+    if variant == "triaccel-fixed":
+        args += ["--levers", "precision"]
+    return args
+
+
+def run_variant(a: argparse.Namespace, variant: str, batch: int, work: Path, profile: bool) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    sub = argparse.Namespace(**{**vars(a), "batch": batch})
+    out = work / f"{variant}-bs{batch}"
+    if variant == "plain":
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--_plain", json.dumps(vars(sub), default=str)]
+    else:
+        pre = ["-m", "cProfile", "-o", str(out) + ".prof"] if profile else []
+        cmd = [sys.executable, *pre, "-m", "examples.cifar.train", *demo_args(sub, variant, out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{variant} bs {batch} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    if variant == "plain":
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+    else:
+        res = json.loads((out / "summary.json").read_text())
+    ep = res["epoch_seconds"]
+    steady = ep[1:] if len(ep) > 1 else ep
+    return {"variant": variant, "batch": batch, "profiled": profile, "epoch_seconds": ep,
+            "steady_s_per_epoch": statistics.median(steady), "process_wall_s": wall}
+
+
+def profile_table(prof: Path, top: int) -> str:
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    pstats.Stats(str(prof), stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="", help="CIFAR-10 image folder (default: resolved as the demo does)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[96, 384])
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--train-subset", type=int, default=None)
+    ap.add_argument("--width", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", action="store_true", help="also run triaccel-fixed under cProfile")
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "harness")
+    ap.add_argument("--_plain", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a._plain is not None:
+        print(json.dumps(plain_loop(argparse.Namespace(**json.loads(a._plain)))))
+        return
+    if a.epochs < 1:
+        ap.error(f"--epochs={a.epochs}: allowed >= 1")
+    a.out.mkdir(parents=True, exist_ok=True)
+    work = a.out / "runs"
+    rows = []
+    for b in a.batch_sizes:
+        for v in a.variants:
+            rows.append(run_variant(a, v, b, work, profile=False))
+            print(f"{v:>15} bs {b:4d}: epochs {[round(t, 2) for t in rows[-1]['epoch_seconds']]}", flush=True)
+    prof_text = None
+    if a.profile:
+        b = a.batch_sizes[0]
+        run_variant(a, "triaccel-fixed", b, work, profile=True)
+        prof_text = profile_table(work / f"triaccel-fixed-bs{b}.prof", a.top)
+        (a.out / "profile-triaccel-fixed.txt").write_text(prof_text)
+    base = {(r["batch"]): r["steady_s_per_epoch"] for r in rows if r["variant"] == "plain"}
+    amp = {(r["batch"]): r["steady_s_per_epoch"] for r in rows if r["variant"] == "amp"}
+    for r in rows:
+        r["ratio_to_plain"] = r["steady_s_per_epoch"] / base[r["batch"]] if r["batch"] in base else None
+        r["ratio_to_amp"] = r["steady_s_per_epoch"] / amp[r["batch"]] if r["batch"] in amp else None
+    dev_name = a.device
+    if a.device.startswith("cuda"):
+        import torch
+
+        dev_name = torch.cuda.get_device_name(0)
+    meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "device": dev_name,
+            "host": platform.node(), "command": " ".join([os.path.basename(sys.executable), *sys.argv])}
+    (a.out / "harness.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    if prof_text is not None:
+        print("\n".join(prof_text.splitlines()[:a.top + 12]))
+    print(f"\n{meta['device']}  {meta['date']}  steady = median s/epoch over epochs 2..{a.epochs}")
+    print(f"{'variant':>15} {'batch':>5} {'s/epoch':>8} {'/plain':>7} {'/amp':>6}")
+    for r in rows:
+        rp = "" if r["ratio_to_plain"] is None else f"{r['ratio_to_plain']:.3f}"
+        ra = "" if r["ratio_to_amp"] is None else f"{r['ratio_to_amp']:.3f}"
+        print(f"{r['variant']:>15} {r['batch']:5d} {r['steady_s_per_epoch']:8.3f} {rp:>7} {ra:>6}")
+
+
+if __name__ == "__main__":
+    main()
