@@ -25,6 +25,7 @@ PRECISION_LAWS = ("evidence", "variance")
 BATCH_LAWS = ("noise", "memory")
 LR_RULES = ("linear", "sqrt", "none", "accumulate")
 PRECISIONS = ("fp16", "bf16", "fp32")
+OFFLOAD_MODES = ("auto", "off")
 
 
 def _finite(v: Any) -> bool:
@@ -141,6 +142,16 @@ class TriAccelConfig:
         Each new per-layer dtype assignment costs a compilation under jit / torch.compile, so
         deciding rarely bounds them; curvature promotions still act at curvature steps.
       adaptive_precision, elastic_batch: switches for ablations (curvature="off" for the third).
+      precision_groups: None (default: per layer) or G >= 1: the non-norm layers, in layer order,
+        form G contiguous groups of near-equal size and each group computes at the highest
+        precision the law decides for any of its layers. This bounds the distinct precision
+        policies (each one a compilation under jit / torch.compile) by design: at most 3^G, 2^G
+        under the evidence law (levels base or FP32); in any case at most 1 + the precision
+        decisions taken (one per t_precision steps, plus curvature steps with promotions).
+    Memory optimizer:
+      offload: "off" (default) | "auto": under the budget, compare the modelled throughput of a larger
+        batch whose saved activations partly go to host memory or are recomputed (triaccel.swap_plan)
+        with the largest batch that fits without, and take the better; the LR follows lr_rule.
     """
 
     precision_law: str = "evidence"
@@ -184,6 +195,8 @@ class TriAccelConfig:
     warmup_steps: int = 100
     adaptive_precision: bool = True
     elastic_batch: bool = True
+    precision_groups: int | None = None
+    offload: str = "off"
 
     def __post_init__(self) -> None:
         # Normalise containers first so that the frozen instance is hashable/JSON-safe.
@@ -288,6 +301,9 @@ class TriAccelConfig:
             integer("t_precision", 1)
             _check(self.t_precision % self.t_ctrl == 0, "t_precision", self.t_precision,
                    f"a multiple of t_ctrl ({self.t_ctrl})")
+        choice("offload", OFFLOAD_MODES)
+        if self.precision_groups is not None:
+            integer("precision_groups", 1)
         for name in ("adaptive_precision", "elastic_batch"):
             _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
 

@@ -1,0 +1,167 @@
+"""The swap planner's choices on synthetic cost tables, and TriAccelConfig.offload."""
+
+import math
+
+import pytest
+
+from triaccel import TriAccelConfig
+from triaccel.swap_plan import (CostModel, CostTable, LayerCost, choose_batch, plan_for_budget, scale_plan,
+                                simulate)
+
+MB = 10**6
+
+
+def table(n=10, saved=100 * MB, fwd=2.0, bwd=4.0, bw=100e9, batch=64, static=200 * MB, transient=50 * MB,
+          other=1.0, inputs=10 * MB, **kw):
+    layers = [LayerCost(f"u{i}", saved, fwd, bwd, input_bytes=inputs, **kw) for i in range(n)]
+    return CostTable(batch, layers, bw, bw, static_bytes=static, transient_bytes=transient, other_ms=other)
+
+
+def test_config_offload_validated():
+    assert TriAccelConfig().offload == "off"
+    assert TriAccelConfig(offload="auto").to_dict()["offload"] == "auto"
+    with pytest.raises(ValueError, match="offload"):
+        TriAccelConfig(offload="on")
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(saved_bytes=-1), "saved_bytes"), (dict(forward_ms=math.nan), "forward_ms"),
+    (dict(backward_ms=-1.0), "backward_ms"), (dict(transfer_bytes=1.5), "transfer_bytes"),
+])
+def test_layer_cost_validation_names_the_field(kwargs, name):
+    base = dict(name="u", saved_bytes=1, forward_ms=1.0, backward_ms=1.0)
+    with pytest.raises(ValueError, match=name):
+        LayerCost(**{**base, **kwargs})
+
+
+def test_table_and_plan_validation():
+    with pytest.raises(ValueError, match="d2h_bytes_per_s"):
+        CostTable(8, [LayerCost("u", 1, 1.0, 1.0)], 0.0, 1e9)
+    with pytest.raises(ValueError, match="layers"):
+        CostTable(8, [], 1e9, 1e9)
+    t = table(n=3)
+    with pytest.raises(ValueError, match="actions"):
+        simulate(t, ["keep", "swap"])
+    with pytest.raises(ValueError, match="prefetch_at"):
+        simulate(t, ["swap", "keep", "keep"], prefetch_at=[None, None, None])
+    with pytest.raises(ValueError, match="budget"):
+        plan_for_budget(t, 0)
+
+
+def test_keep_all_is_the_plain_step():
+    t = table()
+    p = simulate(t, ["keep"] * 10)
+    assert p.step_ms == pytest.approx(10 * (2.0 + 4.0) + 1.0)
+    assert p.exposed_ms == 0.0
+    assert p.peak_bytes == 200 * MB + 10 * 100 * MB + 50 * MB
+    assert not p.active
+
+
+def test_fast_link_swaps_hidden_and_frees_memory():
+    # 100 MB over 100 GB/s = 1 ms per copy, under the 2 ms forward: every early swap hides
+    t = table(bw=100e9)
+    p = plan_for_budget(t, 900 * MB)
+    assert p.fits and p.peak_bytes <= 900 * MB
+    assert set(p.actions) <= {"keep", "swap"} and p.count("swap") >= 4
+    assert p.exposed_ms == pytest.approx(0.0)
+    assert p.step_ms == pytest.approx(simulate(t, ["keep"] * 10).step_ms)
+    # the last unit's copy could not end before its own backward: it is never worth swapping
+    assert p.actions[-1] == "keep"
+    # each prefetch is issued at a later unit's backward start (ahead of use), not on demand
+    assert all(p.prefetch_at[i] > i for i, a in enumerate(p.actions) if a == "swap")
+
+
+def test_slow_link_recomputes_instead():
+    # 100 MB over 1 GB/s = 100 ms a copy against a 2 ms recompute: the model picks recompute
+    t = table(bw=1e9)
+    p = plan_for_budget(t, 900 * MB)
+    assert p.fits and p.count("swap") == 0 and p.count("recompute") >= 4
+    assert p.exposed_ms == pytest.approx(2.0 * p.count("recompute"))
+
+
+def test_most_memory_per_exposed_ms_first():
+    # all copies hide; the budget needs 150 MB freed, which "mid" alone would do: the first (and
+    # only) move is still the unit that frees the most per exposed millisecond, "big"
+    layers = [LayerCost("big", 400 * MB, 5.0, 10.0), LayerCost("mid", 200 * MB, 5.0, 10.0),
+              LayerCost("small", 50 * MB, 5.0, 10.0), LayerCost("t1", 100 * MB, 5.0, 10.0),
+              LayerCost("t2", 100 * MB, 5.0, 10.0)]
+    t = CostTable(32, layers, 400e9, 400e9)
+    p = plan_for_budget(t, 850 * MB - 150 * MB)
+    assert p.actions == ("swap", "keep", "keep", "keep", "keep")
+    # a recompute (5 ms exposed) is not taken while a hidden transfer frees as much
+    assert p.exposed_ms == 0.0
+    # the new peak: big prefetched back while mid is still resident
+    assert p.peak_bytes == 600 * MB
+
+
+def test_swap_exposes_time_when_transfer_outlasts_compute():
+    # u0 swapped: its device->host copy (10 ms) runs 2..12; the backward reaches u0 at 14. On demand
+    # the copy back runs 14..24 (10 ms exposed); issued ahead (as early as possible: at the backward
+    # start, 6) it can only start when the first copy ends, 12..22 (8 ms exposed)
+    t = table(n=3, bw=10e9)
+    on_demand = simulate(t, ["swap", "keep", "keep"], prefetch_at=[0, None, None])
+    ahead = simulate(t, ["swap", "keep", "keep"])
+    assert on_demand.exposed_ms == pytest.approx(10.0)
+    assert ahead.prefetch_at == (2, None, None)
+    assert ahead.exposed_ms == pytest.approx(8.0)
+
+
+def test_infeasible_budget_reports_not_fitting():
+    t = table()
+    p = plan_for_budget(t, 100 * MB)  # below the static bytes: nothing can fit
+    assert p.fits is False
+
+
+def test_cost_model_scales_bytes_and_fits_affine_times():
+    a = table(batch=32, saved=50 * MB, fwd=2.0, bwd=4.0, other=3.0)
+    b = table(batch=64, saved=100 * MB, fwd=3.0, bwd=6.0, other=3.0)
+    m = CostModel((a, b))
+    t = m.at(128)
+    assert t.layers[0].saved_bytes == 200 * MB and t.transient_bytes == 100 * MB
+    assert t.layers[0].forward_ms == pytest.approx(5.0) and t.layers[0].backward_ms == pytest.approx(10.0)
+    assert t.other_ms == pytest.approx(3.0)
+    one = CostModel((b,)).at(128)
+    assert one.layers[0].forward_ms == pytest.approx(6.0)
+    with pytest.raises(ValueError, match="tables"):
+        CostModel((a, a))
+    with pytest.raises(ValueError, match="batch"):
+        m.at(0)
+
+
+def _model_with_overhead():
+    # 10 ms of per-step overhead: larger batches are more efficient per sample
+    a = table(batch=32, saved=50 * MB, fwd=1.5, bwd=3.0, other=10.0, bw=200e9, inputs=5 * MB)
+    b = table(batch=64, saved=100 * MB, fwd=2.0, bwd=4.0, other=10.0, bw=200e9, inputs=10 * MB)
+    return CostModel((a, b))
+
+
+def test_choose_batch_takes_a_larger_planned_batch_when_faster():
+    m = _model_with_overhead()
+    cfg = TriAccelConfig(offload="auto", batch_init=64, batch_min=8, batch_max=512, lr_rule="linear")
+    c = choose_batch(m, 1500 * MB, cfg)
+    assert c.baseline is not None and not c.baseline.active
+    assert c.batch > c.baseline.batch and c.plan.active and c.plan.fits
+    assert c.goodput > c.baseline.samples_per_s
+    assert c.lr_scale == pytest.approx(c.batch / 64)
+    assert c.plan.peak_bytes <= 1500 * MB
+    sq = choose_batch(m, 1500 * MB, cfg.replace(lr_rule="sqrt"))
+    assert sq.lr_scale == pytest.approx(math.sqrt(sq.batch / 64))
+
+
+def test_choose_batch_off_and_noise_scale_keep_the_plain_batch():
+    m = _model_with_overhead()
+    off = choose_batch(m, 1500 * MB, TriAccelConfig(offload="off", batch_max=512))
+    assert not off.plan.active and off.batch == off.baseline.batch
+    # a tiny noise scale: larger batches waste samples, the plain batch wins on goodput
+    small = choose_batch(m, 1500 * MB, TriAccelConfig(offload="auto", batch_max=512), b_noise=8.0)
+    assert not small.plan.active
+    with pytest.raises(ValueError, match="budget"):
+        choose_batch(m, 10 * MB, TriAccelConfig(offload="auto"))
+
+
+def test_scale_plan_remodels_actions_on_new_timings():
+    t = table(bw=100e9)
+    p = plan_for_budget(t, 900 * MB)
+    slower = table(bw=5e9)
+    q = scale_plan(p, slower, budget=900 * MB)
+    assert q.actions == p.actions and q.exposed_ms > p.exposed_ms

@@ -1,0 +1,446 @@
+"""Activation swap planner (after AccUDNN): which units keep, swap to host or recompute their saved
+activations so that a batch fits a VRAM budget, from a cost table measured at run time.
+
+Framework-free: the backends measure the table (`backends/torch/offload.py`) and apply the plan
+(torch: pinned host buffers on side streams and `torch.utils.checkpoint`; JAX: a `jax.checkpoint`
+offload policy).
+
+A *unit* is a contiguous block of the forward pass (a ResNet block, say), in forward order. The
+step is modelled as a sequence: forward of units 0..L-1 on the compute stream, then backward of
+L-1..0, then `other_ms` (loss, optimizer). A swapped unit's saved bytes go device->host on a copy
+stream right after its forward (freeing device memory when the copy ends) and come back on a
+second copy stream, issued "as late as possible" so that each transfer ends when its unit's
+backward starts (`prefetch_at`); the compute stream waits only when a transfer is late (exposed
+time). A recomputed unit keeps only its inputs and runs its forward again before its backward.
+
+Units: bytes, milliseconds, bytes per second, samples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .batching import BatchLaw
+from .config import TriAccelConfig
+
+__all__ = ["ACTIONS", "LayerCost", "CostTable", "CostModel", "SwapPlan", "simulate", "plan_for_budget",
+           "BatchChoice", "choose_batch", "scale_plan"]
+
+ACTIONS = ("keep", "swap", "recompute")
+_EPS_MS = 1e-6  # exposed time below this counts as hidden (a ratio's denominator floor)
+
+
+def _nonneg_int(name: str, v: object) -> None:
+    if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+        raise ValueError(f"{name}={v!r} is invalid: allowed an integer >= 0 (bytes)")
+
+
+def _nonneg_real(name: str, v: object) -> None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    if not ok:
+        raise ValueError(f"{name}={v!r} is invalid: allowed a finite real number >= 0")
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Costs of one unit at its table's batch.
+
+    saved_bytes: device bytes its forward leaves saved for backward (what swapping or recomputing
+      frees). forward_ms / backward_ms: compute time. input_bytes: bytes a recompute keeps (its
+      inputs). transfer_bytes: bytes copied each way when swapped (None: saved_bytes; larger when the
+      same storage is saved twice). recompute_ms: extra time of a recompute (None: forward_ms).
+    """
+
+    name: str
+    saved_bytes: int
+    forward_ms: float
+    backward_ms: float
+    input_bytes: int = 0
+    transfer_bytes: int | None = None
+    recompute_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        _nonneg_int("saved_bytes", self.saved_bytes)
+        _nonneg_int("input_bytes", self.input_bytes)
+        if self.transfer_bytes is not None:
+            _nonneg_int("transfer_bytes", self.transfer_bytes)
+        _nonneg_real("forward_ms", self.forward_ms)
+        _nonneg_real("backward_ms", self.backward_ms)
+        if self.recompute_ms is not None:
+            _nonneg_real("recompute_ms", self.recompute_ms)
+
+    @property
+    def copy_bytes(self) -> int:
+        return self.saved_bytes if self.transfer_bytes is None else self.transfer_bytes
+
+    @property
+    def remat_ms(self) -> float:
+        return self.forward_ms if self.recompute_ms is None else self.recompute_ms
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """One measured step at `batch` samples.
+
+    layers: the units in forward order. d2h_bytes_per_s / h2d_bytes_per_s: measured copy bandwidth
+    between device and pinned host memory (> 0). static_bytes: device memory that does not scale
+    with the batch (weights, gradients, optimizer state). transient_bytes: the rest of the measured
+    peak, i.e. peak - static_bytes - sum(saved_bytes) (workspaces, activation gradients); it scales
+    with the batch and may be negative when units' saved bytes overlap. other_ms: step time outside
+    the units (loss, optimizer step).
+    """
+
+    batch: int
+    layers: tuple[LayerCost, ...]
+    d2h_bytes_per_s: float
+    h2d_bytes_per_s: float
+    static_bytes: int = 0
+    transient_bytes: int = 0
+    other_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if not (isinstance(self.batch, int) and not isinstance(self.batch, bool) and self.batch >= 1):
+            raise ValueError(f"batch={self.batch!r} is invalid: allowed an integer >= 1 (samples)")
+        if not self.layers or not all(isinstance(x, LayerCost) for x in self.layers):
+            raise ValueError(f"layers={self.layers!r} is invalid: allowed a non-empty sequence of LayerCost")
+        for name in ("d2h_bytes_per_s", "h2d_bytes_per_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}={v!r} is invalid: allowed a finite real number > 0 (bytes/s)")
+        _nonneg_int("static_bytes", self.static_bytes)
+        if not isinstance(self.transient_bytes, int) or isinstance(self.transient_bytes, bool):
+            raise ValueError(f"transient_bytes={self.transient_bytes!r} is invalid: allowed an integer (bytes)")
+        _nonneg_real("other_ms", self.other_ms)
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(x.saved_bytes for x in self.layers)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(x.name for x in self.layers)
+
+
+def _affine(y1: float, y2: float, b1: int, b2: int, b: int) -> float:
+    """y(b) on the line through (b1, y1), (b2, y2), slope and intercept each kept >= 0: per-unit
+    timings are noisy, and a negative intercept would predict negative times at small batches."""
+    slope = max((y2 - y1) / (b2 - b1), 0.0)
+    intercept = max(y1 - slope * b1, 0.0)
+    return intercept + slope * b
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Cost tables as functions of the batch. Bytes (saved, input, transfer, transient) are
+    proportional to the batch. Times are proportional to it from one table, or affine through two
+    tables measured at different batches (a GPU is less efficient at small batches, which is what
+    makes a larger batch worth a swap plan)."""
+
+    tables: tuple[CostTable, ...]
+
+    def __post_init__(self) -> None:
+        t = tuple(self.tables)
+        object.__setattr__(self, "tables", t)
+        if len(t) not in (1, 2) or not all(isinstance(x, CostTable) for x in t):
+            raise ValueError(f"tables={t!r} is invalid: allowed one or two CostTable")
+        if len(t) == 2:
+            if t[0].batch == t[1].batch:
+                raise ValueError(f"tables: both measured at batch {t[0].batch}; allowed two distinct batches")
+            if t[0].names != t[1].names:
+                raise ValueError("tables: the two tables name different units; allowed the same units in order")
+
+    def at(self, batch: int) -> CostTable:
+        """The modelled table at `batch` samples (>= 1)."""
+        if not (isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1):
+            raise ValueError(f"batch={batch!r} is invalid: allowed an integer >= 1 (samples)")
+        ref = self.tables[-1]
+        r = batch / ref.batch
+
+        def nbytes(v: int | None) -> int | None:
+            return None if v is None else int(round(v * r))
+
+        if len(self.tables) == 1:
+            def time(i: int | None, attr: str) -> float | None:
+                v = getattr(ref.layers[i], attr) if i is not None else ref.other_ms
+                return None if v is None else v * r
+        else:
+            a, b = self.tables
+
+            def time(i: int | None, attr: str) -> float | None:
+                if i is None:
+                    return _affine(a.other_ms, b.other_ms, a.batch, b.batch, batch)
+                va, vb = getattr(a.layers[i], attr), getattr(b.layers[i], attr)
+                if va is None or vb is None:
+                    return None
+                return _affine(va, vb, a.batch, b.batch, batch)
+
+        layers = tuple(
+            LayerCost(x.name, nbytes(x.saved_bytes), time(i, "forward_ms"), time(i, "backward_ms"),
+                      nbytes(x.input_bytes), nbytes(x.transfer_bytes), time(i, "recompute_ms"))
+            for i, x in enumerate(ref.layers))
+        return CostTable(batch, layers, ref.d2h_bytes_per_s, ref.h2d_bytes_per_s, ref.static_bytes,
+                         int(round(ref.transient_bytes * r)), time(None, "other_ms"))
+
+
+@dataclass(frozen=True)
+class SwapPlan:
+    """A per-unit plan and its modelled step.
+
+    actions: "keep" | "swap" | "recompute" per unit (forward order). prefetch_at: per unit, for a
+    swapped unit the index of the unit at whose backward start its host->device copy is issued
+    (>= its own index; its own index means on demand), else None. step_ms: modelled step time;
+    exposed_ms: of it, compute-stream waits on copies plus recompute time; peak_bytes: modelled
+    peak device memory; fits: peak_bytes <= budget (None when no budget was given).
+    """
+
+    batch: int
+    names: tuple[str, ...]
+    actions: tuple[str, ...]
+    prefetch_at: tuple[int | None, ...]
+    step_ms: float
+    exposed_ms: float
+    peak_bytes: int
+    budget: int | None = None
+    fits: bool | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.batch / self.step_ms * 1e3 if self.step_ms > 0 else math.inf
+
+    @property
+    def active(self) -> bool:
+        """Whether any unit swaps or recomputes."""
+        return any(a != "keep" for a in self.actions)
+
+    def count(self, action: str) -> int:
+        return sum(a == action for a in self.actions)
+
+    def to_dict(self) -> dict:
+        return {"batch": self.batch, "actions": dict(zip(self.names, self.actions)),
+                "prefetch_at": list(self.prefetch_at), "step_ms": self.step_ms, "exposed_ms": self.exposed_ms,
+                "peak_bytes": self.peak_bytes, "budget": self.budget, "fits": self.fits,
+                "samples_per_s": self.samples_per_s}
+
+
+def _check_actions(table: CostTable, actions: Sequence[str]) -> tuple[str, ...]:
+    a = tuple(actions)
+    if len(a) != len(table.layers) or any(x not in ACTIONS for x in a):
+        raise ValueError(f"actions={a!r} is invalid: allowed {len(table.layers)} entries, each one of {ACTIONS}")
+    return a
+
+
+def _prefetch_schedule(table: CostTable, actions: tuple[str, ...]) -> tuple[int | None, ...]:
+    """As-late-as-possible issue points on the serial host->device stream: each transfer should end
+    when its unit's backward starts (or when the next-needed transfer must start), and is issued at
+    the backward start of the latest unit that begins no later than that (nominal times, no stalls)."""
+    L = len(table.layers)
+    dur = [x.backward_ms + (x.remat_ms if actions[i] == "recompute" else 0.0) for i, x in enumerate(table.layers)]
+    start = [0.0] * L  # nominal backward start, relative to the end of the forward pass
+    t = 0.0
+    for i in range(L - 1, -1, -1):
+        start[i] = t
+        t += dur[i]
+    out: list[int | None] = [None] * L
+    limit = math.inf  # the start of the transfer needed right after this one
+    for j in range(L - 1, -1, -1):  # in order of need
+        if actions[j] != "swap":
+            continue
+        end = min(start[j], limit)
+        begin = end - table.layers[j].copy_bytes / table.h2d_bytes_per_s * 1e3
+        limit = begin
+        k = next((k for k in range(j, L) if start[k] <= begin + 1e-12), L - 1)
+        out[j] = k
+    return tuple(out)
+
+
+def simulate(table: CostTable, actions: Sequence[str], prefetch_at: Sequence[int | None] | None = None,
+             budget: int | None = None) -> SwapPlan:
+    """Model one step of `table` under per-unit `actions`: step time, exposed time, peak memory.
+
+    prefetch_at: as in SwapPlan (None: the as-late-as-possible schedule). budget: bytes, recorded
+    in the plan with whether the peak fits it.
+    """
+    acts = _check_actions(table, actions)
+    units = table.layers
+    L = len(units)
+    pf = _prefetch_schedule(table, acts) if prefetch_at is None else tuple(prefetch_at)
+    if len(pf) != L or any((p is None) != (a != "swap") or (p is not None and not (i <= p < L))
+                           for i, (p, a) in enumerate(zip(pf, acts))):
+        raise ValueError(f"prefetch_at={pf!r} is invalid: allowed, per swapped unit i, an index in [i, {L - 1}], "
+                         "None for the others")
+    d2h = [x.copy_bytes / table.d2h_bytes_per_s * 1e3 for x in units]
+    h2d = [x.copy_bytes / table.h2d_bytes_per_s * 1e3 for x in units]
+    events: list[tuple[float, int]] = []  # (time, +/- bytes); frees sort first at equal times
+
+    now, free_d2h = 0.0, 0.0
+    d2h_end = [0.0] * L
+    for i, x in enumerate(units):
+        now += x.forward_ms
+        if acts[i] == "recompute":
+            events.append((now, x.input_bytes))
+        else:
+            events.append((now, x.saved_bytes))
+        if acts[i] == "swap":
+            s = max(now, free_d2h)
+            d2h_end[i] = free_d2h = s + d2h[i]
+            events.append((d2h_end[i], -x.saved_bytes))
+
+    triggers: dict[int, list[int]] = {}
+    for j in range(L - 1, -1, -1):
+        if pf[j] is not None:
+            triggers.setdefault(pf[j], []).append(j)
+    exposed, free_h2d = 0.0, now
+    h2d_end = [0.0] * L
+    for i in range(L - 1, -1, -1):
+        x = units[i]
+        for j in triggers.get(i, ()):  # issued at this unit's backward start: its buffer exists from now
+            s = max(now, d2h_end[j], free_h2d)
+            h2d_end[j] = free_h2d = s + h2d[j]
+            events.append((now, units[j].saved_bytes))
+        start = max(now, h2d_end[i]) if acts[i] == "swap" else now
+        exposed += start - now
+        dur = x.backward_ms
+        if acts[i] == "recompute":
+            events.append((start, x.saved_bytes))  # rematerialised for its backward
+            dur += x.remat_ms
+            exposed += x.remat_ms
+        now = start + dur
+        events.append((now, -(x.saved_bytes + (x.input_bytes if acts[i] == "recompute" else 0))))
+    events.sort(key=lambda e: (e[0], e[1]))
+    cur = peak = 0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    peak_bytes = table.static_bytes + peak + table.transient_bytes
+    fits = None if budget is None else peak_bytes <= budget
+    return SwapPlan(table.batch, table.names, acts, pf, now + table.other_ms, exposed, peak_bytes, budget, fits)
+
+
+def plan_for_budget(table: CostTable, budget: int) -> SwapPlan:
+    """Greedy plan that brings the modelled peak of `table` within `budget` bytes.
+
+    Starting from all "keep", each round moves the one unit whose swap or recompute lowers the
+    modelled peak the most per millisecond of added step time (hidden transfers first, the largest
+    of those first; recompute where it costs less time than an exposed transfer), until the peak
+    fits. Returns the plan with fits=False when no move lowers the peak any more.
+    """
+    if not (isinstance(budget, int) and not isinstance(budget, bool) and budget > 0):
+        raise ValueError(f"budget={budget!r} is invalid: allowed an integer > 0 (bytes)")
+    acts = ["keep"] * len(table.layers)
+    cur = simulate(table, acts, budget=budget)
+    while not cur.fits:
+        best: tuple[float, int, SwapPlan] | None = None
+        for i, a in enumerate(acts):
+            if a != "keep":
+                continue
+            for move in ("swap", "recompute"):
+                trial = simulate(table, acts[:i] + [move] + acts[i + 1:], budget=budget)
+                freed = cur.peak_bytes - trial.peak_bytes
+                if freed <= 0:
+                    continue
+                score = freed / max(trial.step_ms - cur.step_ms, _EPS_MS)
+                if best is None or (score, freed) > (best[0], best[1]):
+                    best = (score, freed, trial)
+        if best is None:
+            return cur
+        cur = best[2]
+        acts = list(cur.actions)
+    return cur
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    """The joint choice of batch and plan under a budget.
+
+    batch: samples per step; plan: its SwapPlan (all "keep" when no plan is needed); lr_scale: the
+    config's lr_rule multiplier for `batch` (relative to batch_init); goodput: modelled samples/s,
+    times the statistical efficiency 1/(1 + B/B_noise) when b_noise is known. baseline: the largest
+    batch that fits without a plan (None when none does); candidates: every (batch, goodput, active)
+    evaluated.
+    """
+
+    batch: int
+    plan: SwapPlan
+    lr_scale: float
+    goodput: float
+    baseline: SwapPlan | None
+    candidates: tuple[tuple[int, float, bool], ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return {"batch": self.batch, "lr_scale": self.lr_scale, "goodput": self.goodput, "plan": self.plan.to_dict(),
+                "baseline": None if self.baseline is None else self.baseline.to_dict(),
+                "candidates": [list(c) for c in self.candidates]}
+
+
+def _lr_scale(cfg: TriAccelConfig, batch: int) -> float:
+    """The controller's lr_rule multiplier at `batch` (BatchLaw's rule, not a second copy of it)."""
+    law = BatchLaw(cfg.replace(lr_ramp_steps=0))
+    law.batch = batch
+    return law.lr_scale(0)
+
+
+def choose_batch(model: CostModel, budget: int, cfg: TriAccelConfig, b_noise: float | None = None,
+                 batches: Sequence[int] | None = None, max_planned: int = 8) -> BatchChoice:
+    """Compare (the largest batch that fits `budget` bytes without a plan) with (larger batches +
+    a swap/recompute plan) by modelled goodput and return the better.
+
+    batches: candidate sizes (default: cfg.batch_buckets, or batch_min..batch_max on the
+    batch_multiple grid). With cfg.offload == "off" only plan-free batches are considered.
+    b_noise: gradient noise scale (samples) for statistical efficiency; None: throughput alone.
+    max_planned: how many planned batches above the baseline to evaluate (evenly spaced up to the
+    largest that fits with a plan). Raises ValueError when not even the smallest candidate fits.
+    """
+    if not (isinstance(budget, int) and not isinstance(budget, bool) and budget > 0):
+        raise ValueError(f"budget={budget!r} is invalid: allowed an integer > 0 (bytes)")
+    if b_noise is not None and not (math.isfinite(b_noise) and b_noise > 0):
+        raise ValueError(f"b_noise={b_noise!r} is invalid: allowed a finite real number > 0 (samples) or None")
+    if not (isinstance(max_planned, int) and max_planned >= 1):
+        raise ValueError(f"max_planned={max_planned!r} is invalid: allowed an integer >= 1")
+    if batches is None:
+        batches = cfg.batch_buckets or range(cfg.batch_min, cfg.batch_max + 1, cfg.batch_multiple)
+    grid = sorted(set(batches))
+    if not grid or any(not isinstance(b, int) or b < 1 for b in grid):
+        raise ValueError(f"batches={batches!r} is invalid: allowed a non-empty sequence of integers >= 1")
+
+    def goodput(p: SwapPlan) -> float:
+        eff = 1.0 if b_noise is None else 1.0 / (1.0 + p.batch / b_noise)
+        return p.samples_per_s * eff
+
+    keep = lambda b: simulate(model.at(b), ["keep"] * len(model.tables[0].layers), budget=budget)  # noqa: E731
+    plain = [keep(b) for b in grid]
+    fitting = [p for p in plain if p.fits]
+    baseline = max(fitting, key=goodput) if fitting else None
+    cands: list[SwapPlan] = list(fitting)
+    if cfg.offload == "auto":
+        above = [b for b in grid if baseline is None or b > max(p.batch for p in fitting)]
+        # largest batch that a plan fits: feasibility falls with the batch, so bisect
+        lo, hi, top = 0, len(above) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            p = plan_for_budget(model.at(above[mid]), budget)
+            if p.fits:
+                top, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        if top is not None:
+            n = min(max_planned, top + 1)
+            picks = sorted({above[round(top * (k + 1) / n)] for k in range(n)} | {above[top]})
+            for b in picks:
+                p = plan_for_budget(model.at(b), budget)
+                if p.fits:
+                    cands.append(p)
+    if not cands:
+        raise ValueError(f"budget={budget} bytes is too small: the smallest candidate batch {grid[0]} does not fit "
+                         f"(modelled peak {plain[0].peak_bytes} bytes){'' if cfg.offload == 'auto' else ' without offload'}")
+    best = max(cands, key=lambda p: (goodput(p), -p.batch))
+    return BatchChoice(best.batch, best, _lr_scale(cfg, best.batch), goodput(best), baseline,
+                       tuple((p.batch, goodput(p), p.active) for p in cands))
+
+
+def scale_plan(plan: SwapPlan, table: CostTable, budget: int | None = None) -> SwapPlan:
+    """`plan`'s actions re-modelled on another `table` (e.g. re-measured timings)."""
+    return simulate(table, plan.actions, budget=budget)
+
