@@ -1,0 +1,454 @@
+"""Adaptive local learning in PyTorch (NeuroFlux-style): block-wise training with auxiliary heads,
+per-block batch sizes and cached block outputs, under a memory budget planned by
+:mod:`triaccel.local_plan`.
+
+Schedule (NeuroFlux's, sequential block-wise): block b trains for ``epochs[b]`` epochs against its own
+head, on inputs that no gradient crosses; it is then frozen (eval mode, no grad) and its outputs over
+the training set are computed once and cached (device or host, as the plan says), so a trained block
+never runs forward again while later blocks train. Block 0 reads freshly augmented images every epoch;
+block b > 0 reads the cache, whose ``cache_views`` copies come from fixed, seeded augmentations of
+the training set (epoch e reads view e mod cache_views). Each block steps through
+:func:`triaccel.backends.torch.data.elastic_step` with its own controller (fixed logical batch; an
+out-of-memory error shrinks the micro-batch and replays the same samples, gradients accumulated).
+
+Pieces: :func:`sequential_units` (a model as a list of units + its classifier), :func:`measure_layers`
+(the per-unit memory table, from autograd's saved tensors), :class:`AuxHead`, :class:`LocalTrainer`
+(train, evaluate every exit, export a prefix + head as an ``nn.Module``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from triaccel import Controller, TriAccelConfig
+from triaccel.elastic import ElasticIndexLoader
+from triaccel.local_plan import LayerMemory, LocalPlan
+
+from .data import elastic_step
+
+__all__ = ["AuxHead", "Classifier", "ExitModel", "LocalTrainer", "BlockRecord", "measure_layers",
+           "sequential_units"]
+
+
+class Classifier(nn.Module):
+    """A model's own classifier: global average pool -> flatten -> [dropout] -> ``fc`` (shared)."""
+
+    def __init__(self, fc: nn.Linear, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc, self.dropout = fc, float(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.flatten(x.mean(dim=(2, 3)), 1)
+        return self.fc(F.dropout(x, self.dropout, self.training))
+
+
+class AuxHead(nn.Module):
+    """Auxiliary classifier on a (N, C, H, W) map; the layout `triaccel.local_plan.head_cost` models.
+
+    width 0: global pool -> linear(C, num_classes). width w: adaptive average pool to at most
+    pool x pool -> conv3x3(C, w) -> BatchNorm -> ReLU -> global pool -> linear(w, num_classes).
+    """
+
+    def __init__(self, in_channels: int, width: int, num_classes: int, pool: int = 4) -> None:
+        super().__init__()
+        self.pool = int(pool)
+        self.body: nn.Sequential | None = None
+        if width > 0:
+            self.body = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1, bias=False),
+                                      nn.BatchNorm2d(width), nn.ReLU(inplace=False))
+        self.fc = nn.Linear(width if width > 0 else in_channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.body is not None:
+            h, w = x.shape[-2:]
+            if h > self.pool or w > self.pool:
+                x = F.adaptive_avg_pool2d(x, (min(h, self.pool), min(w, self.pool)))
+            x = self.body(x)
+        return self.fc(torch.flatten(x.mean(dim=(2, 3)), 1))
+
+
+def sequential_units(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], Classifier]:
+    """The model as named units run one after another, and its classifier; the units share the
+    model's modules (training them trains the model).
+
+    ResNet (``triaccel.backends.torch.models``): stem (conv1-bn1-ReLU), then every BasicBlock.
+    EfficientNet: stem, every MBConv, the 1x1 head conv. Anything else: an ``nn.Sequential`` whose
+    last module is an ``nn.Linear`` (units = the modules before it, pooled before the linear).
+    """
+    from .models import EfficientNet, ResNet
+
+    if isinstance(model, ResNet):
+        units: list[tuple[str, nn.Module]] = [("stem", nn.Sequential(model.conv1, model.bn1, nn.ReLU()))]
+        for i in range(1, len(model.plan.stages) + 1):
+            units += [(f"layer{i}.{j}", blk) for j, blk in enumerate(getattr(model, f"layer{i}"))]
+        return units, Classifier(model.fc)
+    if isinstance(model, EfficientNet):
+        units = [("stem", model.stem)] + [(f"blocks.{j}", blk) for j, blk in enumerate(model.blocks)]
+        return units + [("head", model.head)], Classifier(model.fc, model.plan.dropout)
+    if isinstance(model, nn.Sequential) and len(model) > 1 and isinstance(model[-1], nn.Linear):
+        return [(str(i), m) for i, m in enumerate(list(model)[:-1])], Classifier(model[-1])
+    raise ValueError(f"model: {type(model).__name__} cannot be split into units; expected ResNet, EfficientNet "
+                     "or an nn.Sequential ending in nn.Linear")
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def measure_layers(units: Sequence[tuple[str, nn.Module]], example: torch.Tensor,
+                   autocast_dtype: torch.dtype | None = torch.bfloat16) -> list[LayerMemory]:
+    """Per-unit memory table for `triaccel.local_plan`, measured in training mode.
+
+    example: a (n, C, H, W) input batch on the units' device, n >= 2. Each unit runs forward at n and
+    at 2n samples with grad on (under autocast when `autocast_dtype`); the bytes autograd saves for
+    its backward (distinct storages, counted through ``saved_tensors_hooks``) at both sizes give the
+    per-sample figure as their difference / n, so weights and their 16-bit copies drop out.
+    BatchNorm running statistics are restored afterwards.
+    """
+    if example.dim() != 4 or example.shape[0] < 2:
+        raise ValueError(f"example: expected a (n >= 2, C, H, W) batch, got {tuple(example.shape)}")
+    dev = example.device
+    states = [copy.deepcopy(m.state_dict()) for _, m in units]
+    modes = [m.training for _, m in units]
+
+    def saved_bytes(module: nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
+        seen: dict[tuple[int, int], int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            s = t.untyped_storage()
+            seen[(s.data_ptr(), s.nbytes())] = s.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _autocast(dev, autocast_dtype):
+            y = module(x.detach().requires_grad_(True))
+        return sum(seen.values()), y.detach()
+
+    out: list[LayerMemory] = []
+    n = int(example.shape[0])
+    xs, xl = example, torch.cat([example, example])
+    try:
+        for (name, m), _ in zip(units, states):
+            m.train()
+            small, ys = saved_bytes(m, xs)
+            large, yl = saved_bytes(m, xl)
+            per = max(large - small, 0) // n
+            params = sum(p.numel() for p in m.parameters())
+            out.append(LayerMemory(name, int(per), tuple(int(v) for v in ys.shape[1:]), int(params)))
+            xs, xl = ys.float(), yl.float()
+    finally:
+        for (_, m), sd, mode in zip(units, states, modes):
+            m.load_state_dict(sd)
+            m.train(mode)
+    return out
+
+
+class ExitModel(nn.Module):
+    """An exported exit: the units of the chosen prefix, then its head. Input as the model's; output
+    logits (N, num_classes). ``param_count``: its parameters."""
+
+    def __init__(self, units: Sequence[nn.Module], head: nn.Module) -> None:
+        super().__init__()
+        self.units = nn.Sequential(*units)
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.units(x))
+
+    @property
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+class _FnLoader(ElasticIndexLoader):
+    """An elastic loader whose batches come from `fetch_fn(indices)` (the block's input source)."""
+
+    def __init__(self, n: int, *, batch_size: int, seed: int, fetch_fn: Callable[[np.ndarray], Any]) -> None:
+        super().__init__(n, batch_size=batch_size, seed=seed)
+        self.fetch_fn = fetch_fn
+
+    def fetch(self, indices: np.ndarray) -> Any:
+        return self.fetch_fn(indices)
+
+
+@dataclass
+class BlockRecord:
+    """What training one block did: per epoch train loss and seconds; steps; OOMs survived; peak
+    device bytes while it trained (CUDA, else None); seconds to build the next block's cache."""
+
+    index: int
+    batch: int
+    epoch_losses: list[float] = field(default_factory=list)
+    epoch_seconds: list[float] = field(default_factory=list)
+    steps: int = 0
+    ooms: int = 0
+    peak_bytes: int | None = None
+    cache_seconds: float = 0.0
+    cache_peak_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class LocalTrainer:
+    """Trains `units` block by block as `plan` says (see the module docstring).
+
+    units / classifier: from :func:`sequential_units`, on `device`. plan: `triaccel.local_plan.plan_local`
+    over the same units. num_classes: the heads' outputs. lr: SGD lr at `lr_batch` samples, scaled
+    linearly to each block's batch; momentum, nesterov, weight_decay: SGD's. lr_factor(seen, total):
+    the schedule's multiplier after `seen` of a block's `total` training samples (default 1).
+    autocast_dtype: the compute dtype (None: fp32). cache: cache block outputs (False: recompute the
+    frozen prefix every step, the reference the cache must match). cache_dtype: the cache's dtype.
+    memory_format: applied to every input batch (channels_last on CUDA). head_pool: AuxHead's pool.
+    """
+
+    def __init__(self, units: Sequence[tuple[str, nn.Module]], classifier: nn.Module, plan: LocalPlan, *,
+                 num_classes: int, device: torch.device | str, lr: float, lr_batch: int = 96,
+                 momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 5e-4,
+                 lr_factor: Callable[[int, int], float] | None = None,
+                 autocast_dtype: torch.dtype | None = torch.bfloat16, cache: bool = True,
+                 cache_dtype: torch.dtype = torch.bfloat16, memory_format: torch.memory_format = torch.contiguous_format,
+                 head_pool: int = 4, seed: int = 0) -> None:
+        if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
+            raise ValueError(f"units: names {[n for n, _ in units]} do not match the plan's layers "
+                             f"{[l.name for l in plan.layers]}")
+        if not lr > 0:
+            raise ValueError(f"lr={lr!r}: allowed (0, inf)")
+        self.device = torch.device(device)
+        self.units = [m for _, m in units]
+        self.plan = plan
+        self.num_classes = int(num_classes)
+        self.lr, self.lr_batch, self.momentum, self.nesterov, self.wd = lr, lr_batch, momentum, nesterov, weight_decay
+        self.lr_factor = lr_factor or (lambda seen, total: 1.0)
+        self.autocast_dtype, self.cache, self.cache_dtype = autocast_dtype, cache, cache_dtype
+        self.memory_format, self.seed = memory_format, seed
+        torch.manual_seed(seed)   # the auxiliary heads' initialisation
+        self.heads: list[nn.Module] = []
+        for blk in plan.blocks:
+            last = blk.stop == len(units)
+            if last and blk.head_width == 0 and plan.layers and classifier is not None:
+                head = classifier     # the last block keeps the model's own classifier
+            else:
+                head = AuxHead(plan.layers[blk.stop - 1].out_shape[0], blk.head_width, num_classes, head_pool)
+            self.heads.append(head.to(self.device))
+        self.records: list[BlockRecord] = []
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def block(self, b: int) -> nn.Sequential:
+        """The units of block b as one module (shared with the model)."""
+        blk = self.plan.blocks[b]
+        return nn.Sequential(*self.units[blk.start:blk.stop])
+
+    def _fmt(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=self.memory_format) if x.dim() == 4 else x
+
+    def _cast(self) -> Any:
+        return _autocast(self.device, self.autocast_dtype)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.no_grad()
+    def _prefix(self, stop: int, x: torch.Tensor) -> torch.Tensor:
+        """Frozen units [0, stop) on x (eval mode)."""
+        with self._cast():
+            for m in self.units[:stop]:
+                x = m(x)
+        return x
+
+    # -- training ---------------------------------------------------------------------------------
+    def train(self, train_x: torch.Tensor, train_y: torch.Tensor, train_transform: Callable[[torch.Tensor], torch.Tensor],
+              views: Sequence[torch.Tensor], view_transform: Callable[[torch.Tensor], torch.Tensor],
+              epochs: int | Sequence[int],
+              on_epoch: Callable[[int, int, float, float], None] | None = None) -> list[BlockRecord]:
+        """Train every block in order; returns one record per block.
+
+        train_x (N, ...) raw samples on the device, train_y (N,) labels on the device;
+        train_transform(raw batch) -> block 0's augmented input. views: `plan`'s cache_views tensors
+        (N, ...) of raw samples from fixed augmentations (any device), view_transform(raw) -> input.
+        epochs: per block (an int for all). on_epoch(block, epoch, train_loss, seconds) after each
+        epoch (e.g. to evaluate the block's exit).
+        """
+        nb = len(self.plan.blocks)
+        ep = [int(epochs)] * nb if isinstance(epochs, (int, np.integer)) else [int(e) for e in epochs]
+        if len(ep) != nb or any(e < 1 for e in ep):
+            raise ValueError(f"epochs={epochs!r}: one integer >= 1, or {nb} of them (one per block)")
+        if not views:
+            raise ValueError("views: at least one fixed augmentation of the training set is needed")
+        n = int(train_x.shape[0])
+        if any(int(v.shape[0]) != n for v in views) or int(train_y.shape[0]) != n:
+            raise ValueError(f"views / train_y: each must have {n} rows, like train_x")
+        for m in self.units:
+            m.eval()
+            m.requires_grad_(False)
+        cache: list[torch.Tensor] | None = None
+        self.records = []
+        for b, blk in enumerate(self.plan.blocks):
+            if b == 0:
+                def fetch(idx: np.ndarray, _e: list[int]) -> Any:
+                    i = torch.as_tensor(idx, device=train_x.device)
+                    return self._fmt(train_transform(train_x.index_select(0, i))), train_y.index_select(0, i)
+            elif self.cache:
+                assert cache is not None
+                src = cache
+
+                def fetch(idx: np.ndarray, _e: list[int], src=src) -> Any:
+                    v = src[_e[0] % len(src)]
+                    x = v.index_select(0, torch.as_tensor(idx, device=v.device))
+                    return (self._fmt(x.to(self.device, non_blocking=True)),
+                            train_y.index_select(0, torch.as_tensor(idx, device=train_y.device)))
+            else:
+                def fetch(idx: np.ndarray, _e: list[int], start=blk.start) -> Any:
+                    v = views[_e[0] % len(views)]
+                    raw = v.index_select(0, torch.as_tensor(idx, device=v.device)).to(self.device)
+                    x = self._prefix(start, self._fmt(view_transform(raw)))
+                    return (self._fmt(x.to(self.cache_dtype) if self.cache_dtype != x.dtype else x),
+                            train_y.index_select(0, torch.as_tensor(idx, device=train_y.device)))
+            self.records.append(self._train_block(b, fetch, n, ep[b], on_epoch))
+            if self.cache and b + 1 < nb:
+                cache = self._build_cache(b, cache, views, view_transform)
+        for m in self.units:
+            m.requires_grad_(True)
+        return self.records
+
+    def _train_block(self, b: int, fetch: Callable[[np.ndarray, list[int]], Any], n: int, epochs: int,
+                     on_epoch: Any) -> BlockRecord:
+        blk = self.plan.blocks[b]
+        body, head = self.block(b), self.heads[b]
+        body.train().requires_grad_(True)
+        head.train().requires_grad_(True)
+        params = [*body.parameters(), *head.parameters()]
+        lr = self.lr * blk.batch / self.lr_batch
+        opt = torch.optim.SGD(params, lr=lr, momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.wd)
+        ladder = tuple(sorted({bb for bb in _halvings(blk.batch)}))
+        cfg = TriAccelConfig(batch_init=blk.batch, batch_min=ladder[0], batch_max=blk.batch, batch_buckets=ladder,
+                             lr_rule="accumulate", elastic_batch=False, adaptive_precision=False, curvature="off", batch_multiple=1,
+                             memory_budget=self.plan.memory_budget)
+        ctl = Controller(cfg, [f"block{b}"])
+        epoch_of = [0]
+        loader = _FnLoader(n, batch_size=blk.batch, seed=self.seed + 1000 * b,
+                           fetch_fn=lambda idx: fetch(idx, epoch_of))
+        total, seen = epochs * n, [0]
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: self.lr_factor(seen[0], total))
+
+        def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            x, y = batch
+            with self._cast():
+                return F.cross_entropy(head(body(x)), y)
+
+        rec = BlockRecord(index=b, batch=blk.batch)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        for e in range(epochs):
+            epoch_of[0] = e
+            self._sync()
+            t0 = time.perf_counter()
+            losses: list[torch.Tensor] = []
+            while True:
+                res = elastic_step(loader, ctl, loss_fn, opt, rec.steps)
+                seen[0] += res.samples
+                sched.step()
+                losses.append(res.loss * res.samples)
+                rec.steps += 1
+                rec.ooms += res.ooms
+                if res.end_of_epoch:
+                    break
+            self._sync()
+            rec.epoch_seconds.append(time.perf_counter() - t0)
+            rec.epoch_losses.append(float(torch.stack(losses).sum()) / n)
+            if on_epoch is not None:
+                on_epoch(b, e, rec.epoch_losses[-1], rec.epoch_seconds[-1])
+        if self.device.type == "cuda":
+            rec.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+        body.eval().requires_grad_(False)
+        head.eval().requires_grad_(False)
+        return rec
+
+    @torch.no_grad()
+    def _build_cache(self, b: int, cache: list[torch.Tensor] | None, views: Sequence[torch.Tensor],
+                     view_transform: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+        """Block b's outputs over every view of the training set, where the plan puts block b+1's input."""
+        nxt = self.plan.blocks[b + 1]
+        where = self.device if nxt.input_cache == "device" else torch.device("cpu")
+        pin = where.type == "cpu" and self.device.type == "cuda"
+        body = self.block(b)
+        bs = self.plan.infer_batch
+        self._sync()
+        t0 = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        out: list[torch.Tensor] = []
+        shape = self.plan.layers[nxt.start - 1].out_shape
+        for v, raw in enumerate(views):
+            n = int(raw.shape[0])
+            buf = torch.empty((n, *shape), dtype=self.cache_dtype, device=where, pin_memory=pin)
+            for i in range(0, n, bs):
+                if cache is None:
+                    x = self._fmt(view_transform(raw[i:i + bs].to(self.device)))
+                else:
+                    x = self._fmt(cache[v][i:i + bs].to(self.device, non_blocking=True))
+                with self._cast():
+                    y = body(x)
+                buf[i:i + bs].copy_(y, non_blocking=pin)
+            out.append(buf)
+        self._sync()
+        rec = self.records[b]
+        rec.cache_seconds = time.perf_counter() - t0
+        if self.device.type == "cuda":
+            rec.cache_peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+        return out
+
+    # -- exits ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate_exits(self, x: torch.Tensor, y: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor],
+                       upto: int | None = None, batch: int | None = None) -> list[float]:
+        """Top-1 accuracy of every exit (block heads, in order; only the first `upto` when given) on
+        raw samples x (N, ...) with labels y (N,), one forward pass through the prefix."""
+        nb = len(self.plan.blocks) if upto is None else int(upto)
+        bs = batch or self.plan.infer_batch
+        for m in [*self.units, *self.heads]:
+            m.eval()
+        correct = [0] * nb
+        for i in range(0, int(x.shape[0]), bs):
+            h = self._fmt(transform(x[i:i + bs].to(self.device)))
+            yb = y[i:i + bs].to(self.device)
+            with self._cast():
+                for b in range(nb):
+                    blk = self.plan.blocks[b]
+                    for m in self.units[blk.start:blk.stop]:
+                        h = m(h)
+                    correct[b] += int((self.heads[b](h).argmax(1) == yb).sum())
+        return [c / int(x.shape[0]) for c in correct]
+
+    def export(self, b: int) -> ExitModel:
+        """Exit b as a standalone module: deep copies of units [0, stop of block b) and block b's head,
+        in eval mode."""
+        if not 0 <= b < len(self.plan.blocks):
+            raise ValueError(f"b={b}: allowed [0, {len(self.plan.blocks) - 1}]")
+        stop = self.plan.blocks[b].stop
+        return ExitModel(copy.deepcopy(self.units[:stop]), copy.deepcopy(self.heads[b])).eval()
+
+    def exit_params(self) -> list[int]:
+        """Parameter count of every exit's exported model."""
+        out = []
+        for b, blk in enumerate(self.plan.blocks):
+            units = sum(p.numel() for m in self.units[:blk.stop] for p in m.parameters())
+            out.append(units + sum(p.numel() for p in self.heads[b].parameters()))
+        return out
+
+
+def _halvings(batch: int) -> list[int]:
+    """batch, batch/2, ... while whole and >= 1: the micro-batches an OOM can fall back to."""
+    out = [batch]
+    while out[-1] % 2 == 0 and out[-1] > 1:
+        out.append(out[-1] // 2)
+    return out

@@ -1,0 +1,131 @@
+"""triaccel.backends.torch.local: units, measured table, cached == recomputed training, export."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from triaccel.backends.torch.local import LocalTrainer, measure_layers, sequential_units
+from triaccel.backends.torch.models import create_model
+from triaccel.local_plan import LocalPlanConfig, plan_local
+
+N, K, S = 64, 4, 16
+
+
+def _data(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, 3, S, S, generator=g)
+    y = torch.randint(0, K, (N,), generator=g)
+    return x, y
+
+
+def _plan(units, min_blocks: int = 3):
+    """A plan of the tiny ResNet with at least `min_blocks` blocks: the largest budget (of a fixed
+    ladder) that splits it that far."""
+    table = measure_layers(units, torch.randn(2, 3, S, S), autocast_dtype=None)
+    for budget in [2 ** p for p in range(26, 14, -1)]:
+        cfg = LocalPlanConfig(memory_budget=budget, batch_buckets=(8, 16), act_bytes=4, cache_bytes=4,
+                              input_bytes=3 * S * S * 4, head_widths=(8, 16), max_blocks=4)
+        try:
+            plan = plan_local(table, cfg, num_samples=N, num_classes=K)
+        except ValueError:
+            continue
+        if len(plan.blocks) >= min_blocks:
+            return table, plan
+    raise AssertionError("no budget of the ladder splits the tiny model")
+
+
+def _model(seed: int = 0):
+    return create_model("resnet18", num_classes=K, width=0.125, seed=seed)
+
+
+def test_units_compose_to_the_model():
+    model = _model().eval()
+    units, clf = sequential_units(model)
+    assert [n for n, _ in units] == ["stem"] + [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)]
+    x, _ = _data()
+    h = x
+    for _, m in units:
+        h = m(h)
+    assert torch.equal(clf(h), model(x))
+
+
+def test_measured_table():
+    model = _model()
+    units, clf = sequential_units(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    table = measure_layers(units, torch.randn(2, 3, S, S), autocast_dtype=None)
+    assert [t.name for t in table] == [n for n, _ in units]
+    assert all(t.saved_bytes > 0 for t in table)
+    assert table[0].out_shape == (8, S, S) and table[-1].out_shape == (64, S // 8, S // 8)
+    assert sum(t.params for t in table) + sum(p.numel() for p in clf.parameters()) == \
+        sum(p.numel() for p in model.parameters())
+    # the stem (conv-BN-ReLU) keeps its input (conv), its conv output (BN) and its output (ReLU),
+    # fp32, per sample: 3*S*S*4 + 8*S*S*4 + 8*S*S*4 bytes (BN's own saved stats are per channel)
+    assert table[0].saved_bytes == (3 + 8 + 8) * S * S * 4
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # BN stats restored
+
+
+def _train(cache: bool):
+    model = _model()
+    units, clf = sequential_units(model)
+    _, plan = _plan(units)
+    tr = LocalTrainer(units, clf, plan, num_classes=K, device="cpu", lr=0.05, lr_batch=16, autocast_dtype=None,
+                      cache=cache, cache_dtype=torch.float32, seed=0,
+                      lr_factor=lambda seen, total: 1.0 - seen / total)
+    x, y = _data()
+    views = [torch.flip(x, dims=[3]), x + 0.1]        # two fixed "augmentations"
+    gen = torch.Generator().manual_seed(1)
+
+    def augment(xb):                                   # block 0: fresh noise every step
+        return xb + 0.01 * torch.randn(xb.shape, generator=gen)
+
+    recs = tr.train(x, y, augment, views, lambda v: v, epochs=2)
+    return tr, plan, recs
+
+
+def test_cached_equals_recomputed_fp32():
+    a, plan, ra = _train(cache=True)
+    b, _, rb = _train(cache=False)
+    assert len(plan.blocks) >= 3
+    for ma, mb in zip([*a.units, *a.heads], [*b.units, *b.heads]):
+        for (na, pa), (_, pb) in zip(ma.state_dict().items(), mb.state_dict().items()):
+            torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6, msg=na)
+    for x, y in zip(ra, rb):
+        assert x.steps == y.steps and x.batch == y.batch
+        assert x.epoch_losses == pytest.approx(y.epoch_losses, rel=1e-5)
+
+
+def test_export_matches_trained_prefix():
+    tr, plan, _ = _train(cache=True)
+    x, y = _data(1)
+    params = tr.exit_params()
+    for b, blk in enumerate(plan.blocks):
+        exported = tr.export(b)
+        assert exported.param_count == params[b]
+        with torch.no_grad():
+            h = x
+            for m in tr.units[:blk.stop]:
+                h = m.eval()(h)
+            ref = tr.heads[b].eval()(h)
+            torch.testing.assert_close(exported(x), ref, rtol=0, atol=0)
+    assert params == sorted(params) or len(set(params)) == len(params)
+    accs = tr.evaluate_exits(x, y, lambda v: v, batch=16)
+    assert len(accs) == len(plan.blocks) and all(0.0 <= a <= 1.0 for a in accs)
+    # the last block keeps the model's classifier: its exit is the whole model
+    assert params[-1] == sum(p.numel() for m in tr.units for p in m.parameters()) + \
+        sum(p.numel() for p in tr.heads[-1].parameters())
+
+
+def test_trainer_refuses_mismatched_units():
+    model = _model()
+    units, clf = sequential_units(model)
+    _, plan = _plan(units)
+    with pytest.raises(ValueError, match="units"):
+        LocalTrainer(units[:-1], clf, plan, num_classes=K, device="cpu", lr=0.1)
+    tr = LocalTrainer(units, clf, plan, num_classes=K, device="cpu", lr=0.1, autocast_dtype=None)
+    x, y = _data()
+    with pytest.raises(ValueError, match="epochs"):
+        tr.train(x, y, lambda v: v, [x], lambda v: v, epochs=[1])
+    with pytest.raises(ValueError, match="export|b="):
+        tr.export(len(plan.blocks))
