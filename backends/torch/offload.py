@@ -1,0 +1,459 @@
+"""Activation swap / recompute for a torch model under a VRAM budget: measures the cost table of
+:mod:`triaccel.swap_plan` at run time and applies a plan.
+
+```python
+off = ActivationOffload(model)                      # units: top-level children, Sequentials expanded
+tables = [off.measure(lambda: loss_of(x[:b], y[:b]), b) for b in (16, 32)]
+plan = plan_for_budget(CostModel(tables).at(96), 8 * 2**30)
+off.apply(plan)
+with off:                                           # saved tensors of swap units go to host
+    loss = loss_of(x, y)
+    loss.backward()
+```
+
+Mechanics on CUDA: inside a "swap" unit every saved tensor (not a parameter, at least `min_bytes`)
+is copied to a pinned host buffer on a device->host side stream as it is saved (the compute stream
+does not wait; the device memory is released once the copy ends, `record_stream`). At the backward
+start of the unit named by the plan's `prefetch_at` (a hook on that unit's output gradient) its
+buffers are copied back on a host->device stream; the compute stream waits on an event only when
+the tensor is used. "recompute" units run under `torch.utils.checkpoint` (non-reentrant); their
+BatchNorm running statistics are restored after the recomputation so they move once per step, as
+without a plan. On CPU there are no streams: a swap is a copy into a separate host tensor, so the
+same code paths run (and tests can compare gradients bit for bit).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from triaccel.swap_plan import ACTIONS, CostTable, LayerCost, SwapPlan
+
+__all__ = ["ActivationOffload", "OffloadError", "check_pinnable", "default_units", "measure_bandwidth"]
+
+
+class OffloadError(RuntimeError):
+    """Host memory for swapped activations cannot be pinned (no CUDA, or the host is out of pinnable
+    memory)."""
+
+
+def default_units(model: nn.Module) -> list[str]:
+    """Names of the swap units of `model`: its top-level children, with every `nn.Sequential`
+    replaced by its children (recursively), so a ResNet's units are its stem layers, its blocks and
+    its head."""
+    out: list[str] = []
+
+    def walk(prefix: str, m: nn.Module) -> None:
+        for name, child in m.named_children():
+            full = f"{prefix}{name}"
+            if isinstance(child, nn.Sequential):
+                walk(full + ".", child)
+            elif any(True for _ in child.parameters()) or any(True for _ in child.children()):
+                out.append(full)
+
+    walk("", model)
+    if not out:
+        raise ValueError("model has no child modules with parameters: give `units` explicitly")
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_bandwidth(device: torch.device | str, nbytes: int = 256 * 2**20, repeats: int = 3) -> tuple[float, float]:
+    """(device->host, host->device) copy bandwidth in bytes/s between `device` and pinned host
+    memory, the best of `repeats` copies of `nbytes`. On CPU: a host memcpy, both directions."""
+    device = torch.device(device)
+    if nbytes < 1 or repeats < 1:
+        raise ValueError(f"nbytes={nbytes!r}, repeats={repeats!r} are invalid: allowed integers >= 1")
+    n = nbytes // 4
+    if device.type != "cuda":
+        a, b = torch.empty(n), torch.empty(n)
+        best = min(_timed_cpu(lambda: b.copy_(a)) for _ in range(repeats))
+        return n * 4 / best, n * 4 / best
+    host = _pinned(torch.empty(0), (n,), None, "bandwidth probe")
+    dev = torch.empty(n, device=device)
+
+    def timed(dst: torch.Tensor, src: torch.Tensor) -> float:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        dst.copy_(src, non_blocking=True)  # warm
+        s.record()
+        dst.copy_(src, non_blocking=True)
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e) / 1e3
+
+    d2h = min(timed(host, dev) for _ in range(repeats))
+    h2d = min(timed(dev, host) for _ in range(repeats))
+    return n * 4 / d2h, n * 4 / h2d
+
+
+def _timed_cpu(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return max(time.perf_counter() - t0, 1e-9)
+
+
+def _pinned(like: torch.Tensor, size: Sequence[int], stride: Sequence[int] | None, what: str) -> torch.Tensor:
+    """An empty pinned host tensor; OffloadError with the cause when pinning fails."""
+    try:
+        if stride is None:
+            return torch.empty(tuple(size), dtype=like.dtype, pin_memory=True)
+        return torch.empty_strided(tuple(size), tuple(stride), dtype=like.dtype, pin_memory=True)
+    except RuntimeError as e:
+        nbytes = like.element_size() * int(torch.Size(size).numel())
+        raise OffloadError(
+            f"cannot pin {nbytes} bytes of host memory for {what}: {e}. Swapping activations needs a CUDA "
+            "device and pinnable host memory; use TriAccelConfig(offload='off'), a smaller batch, or free "
+            "host memory") from e
+
+
+def check_pinnable(nbytes: int = 4) -> None:
+    """Raise OffloadError (naming the cause and the way out) when `nbytes` of host memory cannot be
+    pinned here."""
+    _pinned(torch.empty(0), (max(nbytes // 4, 1),), None, "a pinning probe")
+
+
+def _dense_stride(t: torch.Tensor) -> tuple[int, ...] | None:
+    """t's strides when they describe a dense layout that the host copy can keep (contiguous or
+    channels_last), else None (the host copy is then contiguous)."""
+    if t.is_contiguous():
+        return None
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return tuple(t.stride())
+    return None
+
+
+class _Packed:
+    """A saved tensor living in host memory, and its copy back to the device once issued."""
+
+    __slots__ = ("host", "device", "stored", "fetched", "ready", "shape", "stride")
+
+    def __init__(self, host: torch.Tensor, device: torch.device, stored: Any, shape: torch.Size,
+                 stride: tuple[int, ...]) -> None:
+        self.host, self.device, self.stored = host, device, stored  # stored: d2h event (CUDA) or None
+        self.fetched: torch.Tensor | None = None
+        self.ready: Any = None
+        self.shape, self.stride = shape, stride
+
+
+class ActivationOffload:
+    """Swap / recompute the saved activations of a model's units per a SwapPlan.
+
+    model: the module; units: names of its submodules that form the units, in forward order
+    (default `default_units(model)`); min_bytes: saved tensors smaller than this stay on the device
+    (a copy of a few KiB costs more in launches than it frees). Use as a context manager around
+    forward (and backward) once a plan is applied; `measure` gives the cost table. `remove()` undoes
+    all hooks and recompute wrappers.
+
+    Raises OffloadError at `apply` when a plan swaps on a CUDA model but host memory cannot be pinned.
+    """
+
+    def __init__(self, model: nn.Module, units: Sequence[str] | None = None, *, min_bytes: int = 64 * 2**10) -> None:
+        if not (isinstance(min_bytes, int) and min_bytes >= 0):
+            raise ValueError(f"min_bytes={min_bytes!r} is invalid: allowed an integer >= 0 (bytes)")
+        self.model = model
+        self.units = tuple(default_units(model) if units is None else units)
+        mods = dict(model.named_modules())
+        missing = [u for u in self.units if u not in mods]
+        if missing or not self.units:
+            raise ValueError(f"units={list(self.units)!r} is invalid: allowed names of submodules of the model; "
+                             f"not found: {missing}")
+        self.modules = [mods[u] for u in self.units]
+        self.min_bytes = min_bytes
+        self.actions: tuple[str, ...] = ("keep",) * len(self.units)
+        self.prefetch_at: tuple[int | None, ...] = (None,) * len(self.units)
+        self._triggers: dict[int, list[int]] = {}
+        self._applied: SwapPlan | Sequence[str] = self.actions
+        self._params: set[int] = set()
+        self._stack: list[int] = []
+        self._packed: list[list[_Packed]] = [[] for _ in self.units]
+        self._orig_forward: dict[int, Any] = {}
+        self._recorder: Callable[[str, int], None] | None = None
+        self._hooks_ctx: Any = None
+        self._streams: tuple[Any, Any] | None = None
+        self.swapped_bytes = 0  # bytes copied to host in the last step
+        self._handles = []
+        for i, m in enumerate(self.modules):
+            self._handles.append(m.register_forward_pre_hook(self._make_pre(i)))
+            self._handles.append(m.register_forward_hook(self._make_post(i)))
+
+    # -- plan --------------------------------------------------------------------------------
+    @property
+    def plan_active(self) -> bool:
+        return any(a != "keep" for a in self.actions)
+
+    def apply(self, plan: SwapPlan | Sequence[str]) -> None:
+        """Apply a SwapPlan (or a list of per-unit actions, prefetched one unit ahead)."""
+        if isinstance(plan, SwapPlan):
+            if plan.names != self.units:
+                raise ValueError(f"plan names units {plan.names}, this offload has {self.units}")
+            acts, pf = tuple(plan.actions), tuple(plan.prefetch_at)
+        else:
+            acts = tuple(plan)
+            if len(acts) != len(self.units) or any(a not in ACTIONS for a in acts):
+                raise ValueError(f"plan={acts!r} is invalid: allowed {len(self.units)} actions from {ACTIONS}")
+            last = len(acts) - 1
+            pf = tuple(min(i + 1, last) if a == "swap" else None for i, a in enumerate(acts))
+        if "swap" in acts and self._device().type == "cuda":
+            check_pinnable()
+        for i, m in enumerate(self.modules):  # recompute wrappers follow the plan
+            if acts[i] == "recompute" and i not in self._orig_forward:
+                self._orig_forward[i] = m.forward
+                m.forward = self._recompute_forward(m, self._orig_forward[i])
+            elif acts[i] != "recompute" and i in self._orig_forward:
+                m.forward = self._orig_forward.pop(i)
+        self.actions, self.prefetch_at = acts, pf
+        self._applied = plan
+        self._triggers = {}
+        for j, k in enumerate(pf):
+            if k is not None:
+                self._triggers.setdefault(k, []).append(j)
+
+    def remove(self) -> None:
+        """Remove hooks and recompute wrappers."""
+        self.apply(("keep",) * len(self.units))
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _device(self) -> torch.device:
+        p = next(self.model.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+
+    @staticmethod
+    def _recompute_forward(module: nn.Module, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            calls = [0]
+
+            def run(*a: Any, **k: Any) -> Any:
+                calls[0] += 1
+                if calls[0] == 1:
+                    return orig(*a, **k)
+                # the recomputation in backward: BatchNorm's running statistics must not move twice
+                bufs = [b for b in module.buffers()]
+                saved = [b.clone() for b in bufs]
+                try:
+                    return orig(*a, **k)
+                finally:
+                    with torch.no_grad():
+                        for b, s in zip(bufs, saved):
+                            b.copy_(s)
+            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+        return forward
+
+    # -- hooks -------------------------------------------------------------------------------
+    def __enter__(self) -> "ActivationOffload":
+        self._packed = [[] for _ in self.units]
+        self.swapped_bytes = 0
+        self._params = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks_ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        ctx, self._hooks_ctx = self._hooks_ctx, None
+        ctx.__exit__(*exc)
+
+    def _make_pre(self, i: int) -> Callable[..., None]:
+        def pre(module: nn.Module, args: Any) -> None:
+            self._stack.append(i)
+            if self._recorder is not None:
+                self._recorder("fwd_start", i)
+                self._recorder_inputs(i, args)
+        return pre
+
+    def _make_post(self, i: int) -> Callable[..., None]:
+        def post(module: nn.Module, args: Any, out: Any) -> None:
+            if self._stack and self._stack[-1] == i:
+                self._stack.pop()
+            if self._recorder is not None:
+                self._recorder("fwd_end", i)
+            want = self._recorder is not None or (self._hooks_ctx is not None and i in self._triggers)
+            if want and torch.is_grad_enabled():
+                t = out if isinstance(out, torch.Tensor) else next(
+                    (o for o in (out if isinstance(out, (tuple, list)) else ()) if isinstance(o, torch.Tensor)), None)
+                if t is not None and t.requires_grad:
+                    t.register_hook(lambda g, i=i: self._backward_start(i))
+        return post
+
+    def _backward_start(self, i: int) -> None:
+        if self._recorder is not None:
+            self._recorder("bwd_start", i)
+        for j in self._triggers.get(i, ()):
+            for p in self._packed[j]:
+                self._fetch(p)
+            self._packed[j] = []
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        if not self._stack:
+            return t
+        i = self._stack[-1]
+        if self._recorder is not None:
+            self._record_saved(i, t)
+            return t
+        if self.actions[i] != "swap" or t.numel() * t.element_size() < self.min_bytes:
+            return t
+        if t.untyped_storage().data_ptr() in self._params:
+            return t
+        stride = _dense_stride(t)
+        nbytes = t.numel() * t.element_size()
+        self.swapped_bytes += nbytes
+        with torch.no_grad():
+            if t.device.type == "cuda":
+                if self._streams is None:
+                    self._streams = (torch.cuda.Stream(t.device), torch.cuda.Stream(t.device))
+                d2h, _ = self._streams
+                host = _pinned(t, t.shape, stride, f"unit {self.units[i]!r}")
+                d2h.wait_stream(torch.cuda.current_stream(t.device))
+                with torch.cuda.stream(d2h):
+                    host.copy_(t, non_blocking=True)
+                    ev = torch.cuda.Event()
+                    ev.record(d2h)
+                t.record_stream(d2h)  # the device block is reused only after the copy
+            else:
+                host = torch.empty(t.shape, dtype=t.dtype) if stride is None else torch.empty_strided(
+                    t.shape, stride, dtype=t.dtype)
+                host.copy_(t)
+                ev = None
+        p = _Packed(host, t.device, ev, t.shape, t.stride())
+        self._packed[i].append(p)
+        return p
+
+    def _fetch(self, p: _Packed) -> None:
+        if p.fetched is not None or p.device.type != "cuda":
+            return
+        _, h2d = self._streams
+        h2d.wait_event(p.stored)
+        with torch.cuda.stream(h2d):
+            dev = torch.empty_strided(p.host.shape, p.host.stride(), dtype=p.host.dtype, device=p.device)
+            dev.copy_(p.host, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(h2d)
+        p.fetched, p.ready = dev, ev
+
+    def _unpack(self, p: Any) -> torch.Tensor:
+        if not isinstance(p, _Packed):
+            return p
+        if p.device.type != "cuda":
+            return p.host
+        self._fetch(p)  # on demand when no prefetch was issued (exposed time)
+        cur = torch.cuda.current_stream(p.device)
+        cur.wait_event(p.ready)
+        t, p.fetched = p.fetched, None
+        t.record_stream(cur)
+        return t
+
+    # -- measurement ---------------------------------------------------------------------------
+    def _recorder_inputs(self, i: int, args: Any) -> None:
+        self._rec_inputs[i] = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+
+    def _record_saved(self, i: int, t: torch.Tensor) -> None:
+        nbytes = t.numel() * t.element_size()
+        if nbytes < self.min_bytes or t.untyped_storage().data_ptr() in self._params:
+            return
+        ptr = t.untyped_storage().data_ptr()
+        seen = self._rec_saved[i]
+        seen[ptr] = max(seen.get(ptr, 0), nbytes)  # the same storage saved twice frees its bytes once
+        self._rec_transfer[i] += nbytes
+
+    def measure(self, loss_fn: Callable[[], torch.Tensor], batch: int, repeats: int = 3,
+                bandwidth: tuple[float, float] | None = None) -> CostTable:
+        """The cost table at `batch` samples: runs `loss_fn()` (a forward on `batch` samples giving a
+        scalar loss) and its backward once to warm up, then `repeats` times with per-unit CUDA
+        events (timestamps on CPU) and saved-tensor hooks, with no plan applied; medians of the
+        times. Gradients accumulate into `.grad` as in training: zero them afterwards if needed.
+        bandwidth: (d2h, h2d) bytes/s, measured with `measure_bandwidth` when None.
+        """
+        if not (isinstance(batch, int) and batch >= 1) or not (isinstance(repeats, int) and repeats >= 1):
+            raise ValueError(f"batch={batch!r}, repeats={repeats!r} are invalid: allowed integers >= 1")
+        applied = self._applied
+        self.apply(("keep",) * len(self.units))
+        dev = self._device()
+        cuda = dev.type == "cuda"
+        L = len(self.units)
+        runs: list[dict[str, Any]] = []
+        try:
+            loss_fn().backward()  # warm-up: allocator, cuDNN algorithms, .grad buffers
+            for _ in range(repeats):
+                marks: list[tuple[str, int, Any]] = []
+
+                def mark(kind: str, i: int) -> None:
+                    if cuda:
+                        e = torch.cuda.Event(enable_timing=True)
+                        e.record()
+                        marks.append((kind, i, e))
+                    else:
+                        marks.append((kind, i, time.perf_counter()))
+
+                self._rec_inputs = [0] * L
+                self._rec_saved = [dict() for _ in range(L)]
+                self._rec_transfer = [0] * L
+                _sync(dev)
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(dev)
+                static = torch.cuda.memory_allocated(dev) if cuda else 0
+                self._recorder = mark
+                self.__enter__()
+                try:
+                    mark("start", -1)
+                    loss = loss_fn()
+                    mark("fwd_done", -1)
+                    loss.backward()
+                    mark("end", -1)
+                finally:
+                    self.__exit__(None, None, None)
+                    self._recorder = None
+                _sync(dev)
+                peak = torch.cuda.max_memory_allocated(dev) if cuda else 0
+                runs.append(self._times(marks, cuda) | {"static": static, "peak": peak})
+                del loss
+        finally:
+            self.apply(applied)
+        med = lambda key, i: statistics.median(r[key][i] for r in runs)  # noqa: E731
+        saved = [sum(d.values()) for d in self._rec_saved]
+        layers = tuple(LayerCost(self.units[i], saved[i], med("fwd", i), med("bwd", i),
+                                 input_bytes=self._rec_inputs[i], transfer_bytes=self._rec_transfer[i])
+                       for i in range(L))
+        d2h, h2d = bandwidth if bandwidth is not None else measure_bandwidth(dev)
+        static = min(r["static"] for r in runs)
+        peak = max(r["peak"] for r in runs)
+        other = statistics.median(r["other"] for r in runs)
+        transient = (peak - static - sum(saved)) if cuda else 0
+        return CostTable(batch, layers, d2h, h2d, static_bytes=static, transient_bytes=transient, other_ms=other)
+
+    def _times(self, marks: list[tuple[str, int, Any]], cuda: bool) -> dict[str, Any]:
+        t0 = marks[0][2]
+        ms = [(k, i, (t0.elapsed_time(v) if cuda else (v - t0) * 1e3)) for k, i, v in marks]
+        L = len(self.units)
+        fwd, bwd = [0.0] * L, [0.0] * L
+        starts: dict[int, float] = {}
+        bwd_marks = []
+        fwd_done = end = 0.0
+        for k, i, t in ms:
+            if k == "fwd_start":
+                starts[i] = t
+            elif k == "fwd_end" and i in starts:
+                fwd[i] += t - starts.pop(i)
+            elif k == "bwd_start":
+                bwd_marks.append((t, i))
+            elif k == "fwd_done":
+                fwd_done = t
+            elif k == "end":
+                end = t
+        # a unit's backward runs from its output gradient's hook to the next unit's hook
+        bwd_marks.sort()
+        for n, (t, i) in enumerate(bwd_marks):
+            nxt = bwd_marks[n + 1][0] if n + 1 < len(bwd_marks) else end
+            bwd[i] += nxt - t
+        bwd_begin = bwd_marks[0][0] if bwd_marks else end
+        other = max(fwd_done - sum(fwd), 0.0) + max(bwd_begin - fwd_done, 0.0)
+        return {"fwd": fwd, "bwd": bwd, "other": other}
+

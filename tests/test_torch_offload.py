@@ -1,0 +1,102 @@
+"""torch activation swap / recompute: measured cost table, bit-identical fp32 gradients with a plan."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from triaccel.backends.torch.models import create_model
+from triaccel.backends.torch.offload import (ActivationOffload, OffloadError, check_pinnable, default_units,
+                                             measure_bandwidth)
+from triaccel.swap_plan import CostModel, plan_for_budget, simulate
+
+
+def _model_and_batch():
+    model = create_model("resnet18", width=0.125, seed=0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 16, 16, generator=g)
+    y = torch.randint(0, 10, (4,), generator=g)
+    return model, x, y
+
+
+def _grads(model, x, y, off=None):
+    model.zero_grad(set_to_none=True)
+    if off is None:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+    else:
+        with off:
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, \
+        {n: b.clone() for n, b in model.named_buffers()}
+
+
+def test_default_units_are_resnet_blocks():
+    model, _, _ = _model_and_batch()
+    units = default_units(model)
+    assert units == ["conv1", "bn1", "layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1",
+                     "layer4.0", "layer4.1", "fc"]
+    with pytest.raises(ValueError, match="units"):
+        ActivationOffload(model, ["layer9.0"])
+
+
+def test_gradients_bit_identical_with_swap_and_recompute_plan():
+    model, x, y = _model_and_batch()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    ref_loss, ref_g, ref_b = _grads(model, x, y)
+    model.load_state_dict(state)
+    off = ActivationOffload(model, min_bytes=0)
+    acts = ["swap", "keep", "recompute", "swap", "recompute", "swap", "swap", "recompute", "swap", "keep", "swap"]
+    off.apply(acts)
+    loss, g, b = _grads(model, x, y, off)
+    assert off.swapped_bytes > 0  # the swap path ran: saved tensors went through host copies
+    assert torch.equal(loss, ref_loss)
+    for n in ref_g:
+        assert torch.equal(g[n], ref_g[n]), n
+    # recomputed blocks' BatchNorm statistics moved once, as without a plan
+    for n in ref_b:
+        assert torch.equal(b[n], ref_b[n]), n
+    off.remove()
+    assert "forward" not in vars(model.layer1[1])  # the recompute wrapper is gone
+
+
+def test_measured_table_feeds_the_planner_and_its_plan_keeps_gradients():
+    model, x, y = _model_and_batch()
+    off = ActivationOffload(model, min_bytes=0)
+    loss_of = lambda n: (lambda: F.cross_entropy(model(x[:n]), y[:n]))  # noqa: E731
+    t2, t4 = (off.measure(loss_of(n), n, repeats=1, bandwidth=(1e9, 1e9)) for n in (2, 4))
+    assert t4.names == tuple(off.units) and t4.batch == 4
+    assert all(u.saved_bytes > 0 and u.forward_ms >= 0 and u.backward_ms >= 0 for u in t4.layers)
+    # saved bytes scale with the batch (activations; BatchNorm's per-channel statistics do not)
+    assert 1.98 * t2.layers[2].saved_bytes < t4.layers[2].saved_bytes <= 2 * t2.layers[2].saved_bytes
+    table = CostModel((t2, t4)).at(4)
+    keep = simulate(table, ["keep"] * len(off.units))
+    plan = plan_for_budget(table, keep.peak_bytes - table.layers[2].saved_bytes)
+    assert plan.fits and plan.active
+    model.zero_grad(set_to_none=True)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    _, ref_g, _ = _grads(model, x, y)
+    model.load_state_dict(state)
+    off.apply(plan)
+    _, g, _ = _grads(model, x, y, off)
+    assert all(torch.equal(g[n], ref_g[n]) for n in ref_g)
+
+
+def test_apply_validates_the_plan():
+    model, _, _ = _model_and_batch()
+    off = ActivationOffload(model)
+    with pytest.raises(ValueError, match="plan"):
+        off.apply(["swap"])
+    with pytest.raises(ValueError, match="plan"):
+        off.apply(["move"] * len(off.units))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="pinning works where CUDA is present")
+def test_clear_error_when_host_memory_cannot_be_pinned():
+    with pytest.raises(OffloadError, match="cannot pin .*offload='off'"):
+        check_pinnable()
+
+
+def test_bandwidth_is_positive():
+    d2h, h2d = measure_bandwidth("cpu", nbytes=1 << 20, repeats=1)
+    assert d2h > 0 and h2d > 0
