@@ -6,6 +6,7 @@ controller never touches a framework. Same inputs -> same decisions, whichever b
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -17,6 +18,7 @@ from .curvature import CurvatureLaw
 from .layers import LayerSpec, as_specs
 from .noise import GradientNoise, split_measurement
 from .precision import EvidenceLaw, Precision, PrecisionLaw
+from .variants import group_precisions, precision_groups
 from .stats import variance_from_moments
 from .telemetry import Telemetry
 
@@ -110,6 +112,7 @@ class Controller:
         self._noise = GradientNoise(L, config.noise_beta)
         self._curvature = CurvatureLaw(L, config.top_k, alpha=config.alpha, tau_curv=config.tau_curv)
         self._batch = BatchLaw(config)
+        self._groups = precision_groups(pinned, config.precision_groups)
         self._mem_used: int | None = None   # peak bytes in use since the last batch decision
         self._mem_limit: int | None = None  # MemMax, bytes
         self._curv_pending = False
@@ -265,7 +268,7 @@ class Controller:
 
     def _make(self, step: int, changed: frozenset[str]) -> Decision:
         b = self._batch
-        return Decision(step=step, precisions=self._precision.effective(step),
+        return Decision(step=step, precisions=group_precisions(self._precision.effective(step), self._groups),
                         lr_scales=_frozen(self._curvature.scales), lr_batch_scale=b.lr_scale(step),
                         batch_size=b.batch, accumulation=b.accumulation(), logical_batch=b.logical_batch(),
                         changed=changed)
@@ -295,6 +298,28 @@ class Controller:
             "mem_used": self._mem_used, "mem_limit": self._mem_limit, "ooms": self._batch.ooms,
             "b_noise": self.b_noise,
         })
+
+    def likely_next(self, step: int) -> tuple[tuple[Precision, ...], tuple[int, ...]]:
+        """What the next decisions after `step` are likely to be, for backends that prepare
+        (compile) variants ahead: the precisions the next precision boundary would decide if no new
+        observation came (evidence that expires, promotions that end; the same law, on a copy),
+        and the batch sizes one grid step down and up from the current one (those the batch law
+        may move to; empty when the batch lever is off). Changes nothing."""
+        cfg = self.config
+        every = cfg.t_precision or cfg.t_ctrl
+        nxt = (step // every + 1) * every
+        law = copy.deepcopy(self._precision)
+        if cfg.adaptive_precision:
+            law.update_levels(nxt, warm=nxt >= cfg.warmup_steps)
+        precisions = group_precisions(law.effective(nxt), self._groups)
+        batches: tuple[int, ...] = ()
+        if cfg.elastic_batch:
+            grid = list(cfg.batch_buckets) if cfg.batch_buckets is not None else \
+                list(range(cfg.batch_min, cfg.batch_max + 1, cfg.batch_multiple))
+            b = self._decision.batch_size
+            below, above = [g for g in grid if g < b], [g for g in grid if g > b and g <= self._batch.ceiling]
+            batches = tuple(x for x in (below[-1] if below else None, above[0] if above else None) if x is not None)
+        return precisions, batches
 
     # -- reporting & state ------------------------------------------------------------------
     def report(self) -> dict[str, Any]:

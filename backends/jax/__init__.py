@@ -11,10 +11,11 @@ for step in ...:
 ```
 """
 
+from .compile_ahead import AheadCompiler, enable_compilation_cache
 from .curvature import FisherTopK, HessianTopK, NNXLoss, fisher_topk, nnx_loss, per_sample_grads
 from .flops import layer_flops
 from .layers import LayerMap, layer_map, layer_map_from_model, layer_map_from_params
-from .memory import MemoryProbe, MemorySample
+from .memory import MemoryProbe, MemorySample, limit_device_memory
 from .policy import (CountingJit, commit, counting_jit, current_policy, linen_precision, policy_names,
                      precision_policy)
 from .split_step import SplitStep
@@ -22,6 +23,7 @@ from .transform import (LossScaleConfig, TriAccel, TriAccelState, TriAccelTransf
                         loss_scale, wrap)
 
 __all__ = [
+    "AheadCompiler", "enable_compilation_cache", "limit_device_memory",
     "CountingJit", "FisherTopK", "HessianTopK", "LayerMap", "LossScaleConfig", "MemoryProbe", "MemorySample",
     "NNXLoss", "SplitStep", "TriAccel", "TriAccelState", "TriAccelTransformation", "commit", "counting_jit",
     "current_policy", "find_state", "fisher_topk", "layer_flops", "layer_map", "layer_map_from_model",

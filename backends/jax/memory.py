@@ -11,13 +11,14 @@ after one warning and the batch lever stays where the config puts it.
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 
-__all__ = ["MemorySample", "MemoryProbe", "nvml_total_bytes"]
+__all__ = ["MemorySample", "MemoryProbe", "fit_batch", "limit_device_memory", "nvml_total_bytes"]
 
 
 @dataclass(frozen=True)
@@ -120,3 +121,86 @@ class MemoryProbe:
                 self._warned = True
             return None
         return MemorySample(used=used, in_use=in_use, limit=int(limit), source=source)
+
+
+def _visible_gpu_index() -> int:
+    """NVML index of the first GPU this process sees (NVML ignores CUDA_VISIBLE_DEVICES)."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
+def _nvml_total_at(index: int) -> int | None:
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total)
+    except Exception:  # NVML present but no NVIDIA device/driver
+        return None
+
+
+def limit_device_memory(budget: int | str, device_total: int | None = None) -> float | None:
+    """Cap the XLA allocator's pool at `budget` for this process, so that its peak allocation
+    cannot exceed the budget: compile-time autotuning scratch and curvature passes come from the
+    same pool (on an H200 the first call of each new step variant set the process peak, 2-6 GB above
+    the step's own footprint), and autotuning skips the algorithms whose scratch does not fit.
+
+    budget: bytes or a string like "4GiB". device_total: the GPU's memory in bytes (default: NVML,
+    first visible GPU). Sets ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (and ``XLA_CLIENT_MEM_FRACTION``)
+    to budget / device_total and ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set (grow on demand
+    up to the cap). Must run before JAX starts its GPU backend (the first device query or
+    computation): RuntimeError after. A user-set fraction that is already smaller is kept.
+    Returns the fraction in force, or None where no GPU total is known (no NVIDIA GPU: nothing set).
+    """
+    from triaccel.config import parse_bytes
+
+    b = parse_bytes(budget, "budget")
+    total = device_total if device_total is not None else _nvml_total_at(_visible_gpu_index())
+    if total is None:
+        return None
+    if total <= 0:
+        raise ValueError(f"device_total={total!r}: must be a positive number of bytes")
+    if b > total:
+        raise ValueError(f"budget={budget!r} ({b} bytes) exceeds the device's {total} bytes: allowed (0, {total}]")
+    try:
+        from jax._src import xla_bridge
+
+        started = xla_bridge.backends_are_initialized()
+    except (ImportError, AttributeError):  # a jax without that query: trust the caller
+        started = False
+    if started:
+        raise RuntimeError("limit_device_memory: JAX's backend is already running (a device was queried or a "
+                           "computation ran); call it first thing, before any JAX device use")
+    fraction = b / total
+    user = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    if user:
+        try:
+            if float(user) <= fraction:
+                return float(user)
+        except ValueError:
+            raise ValueError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={user!r}: not a number") from None
+        warnings.warn(f"triaccel: XLA_PYTHON_CLIENT_MEM_FRACTION={user} replaced by {fraction:.4f} "
+                      f"(budget {b} bytes of {total})", RuntimeWarning, stacklevel=2)
+    value = f"{fraction:.6f}"
+    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = value
+    os.environ["XLA_CLIENT_MEM_FRACTION"] = value
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    return fraction
+
+
+def fit_batch(size: int, footprint_at: Any, in_use: int, budget: int) -> int:
+    """The largest of size, size/2, size/4, ... (>= 1) whose modelled peak ``in_use +
+    footprint_at(n)`` stays within `budget` bytes; 1 when none does (the caller reports it).
+    footprint_at(n): bytes a pass over n samples needs beyond its arguments (e.g. XLA's compiled
+    memory analysis), or None when unknown (then n is taken)."""
+    if size < 1:
+        raise ValueError(f"size={size}: must be >= 1 sample")
+    n = size
+    while n > 1:
+        fp = footprint_at(n)
+        if fp is None or in_use + fp <= budget:
+            return n
+        n //= 2
+    return 1

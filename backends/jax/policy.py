@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import jax.numpy as jnp
@@ -31,7 +32,7 @@ from triaccel.precision import Precision
 from .layers import LayerMap, layer_map_from_model
 
 __all__ = ["DTYPES", "precision_policy", "current_policy", "linen_precision", "policy_names", "CountingJit",
-           "commit", "compiled_footprint", "counting_jit"]
+           "commit", "compiled_footprint", "counting_jit", "executable_footprint"]
 
 DTYPES = {Precision.FP16: jnp.float16, Precision.BF16: jnp.bfloat16, Precision.FP32: jnp.float32}
 
@@ -163,7 +164,18 @@ def compiled_footprint(jitted: Any, *args: Any, **kwargs: Any) -> int | None:
     the step is lowered and compiled once more. None where the platform or version offers no
     analysis (callers then fall back to allocator counters)."""
     try:
-        stats = jitted.lower(*args, **kwargs).compile().memory_analysis()
+        compiled = jitted.lower(*args, **kwargs).compile()
+    except Exception:  # no lowering for these arguments on this platform/version
+        return None
+    return executable_footprint(compiled)
+
+
+def executable_footprint(compiled: Any) -> int | None:
+    """Bytes one run of a compiled executable (`jax.stages.Compiled`) needs beyond its arguments:
+    temporaries + outputs - outputs aliased to donated inputs (XLA's memory analysis); None where
+    the platform offers no analysis."""
+    try:
+        stats = compiled.memory_analysis()
     except Exception:  # no analysis on this platform/version
         return None
     if stats is None:
@@ -192,12 +204,16 @@ class CountingJit:
         self.traces = 0
         self.fn = fn
         self.footprints: dict[int | None, int] = {}
-        self._analysing = False
+        # Traces may run on a background compiler's thread (`compile`): the counter is locked and
+        # the footprint analysis' own lowering is excluded per thread.
+        self._local = threading.local()
+        self._lock = threading.Lock()
 
         @functools.wraps(fn)
         def counted(*args: Any, **kwargs: Any) -> Any:
-            if not self._analysing:
-                self.traces += 1  # runs only while tracing: a compiled call never executes Python
+            if not getattr(self._local, "analysing", False):
+                with self._lock:
+                    self.traces += 1  # runs only while tracing: a compiled call never executes Python
             return fn(*args, **kwargs)
 
         if use_nnx:
@@ -217,16 +233,30 @@ class CountingJit:
         return out
 
     def _record_footprint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._analysing = True
+        self._local.analysing = True
         try:
             fp = compiled_footprint(self._jitted, *args, **kwargs)
         finally:
-            self._analysing = False
+            self._local.analysing = False
+        self._store_footprint(args, fp)
+
+    def _store_footprint(self, args: tuple[Any, ...], fp: int | None) -> None:
         if fp is None:
             return
         key = next((int(a.shape[0]) for a in args if hasattr(a, "shape") and hasattr(a, "dtype")
                     and len(a.shape) > 0), None)
-        self.footprints[key] = max(fp, self.footprints.get(key, 0))
+        with self._lock:
+            self.footprints[key] = max(fp, self.footprints.get(key, 0))
+
+    def compile(self, *args: Any, compiler_options: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+        """Lower and compile the variant for `args` (arrays, or `jax.ShapeDtypeStruct`s for a call
+        not made yet) and return the executable (`jax.stages.Compiled`): calling it runs the
+        variant with no trace and no compilation. Its trace is counted as a call's, its footprint
+        recorded (class docstring). Thread-safe: a background compiler may call it."""
+        lowered = self._jitted.lower(*args, **kwargs)
+        compiled = lowered.compile(dict(compiler_options)) if compiler_options else lowered.compile()
+        self._store_footprint(args, executable_footprint(compiled))
+        return compiled
 
     def footprint(self, batch: int) -> int | None:
         """Bytes a call at micro-batch `batch` needs beyond its arguments (see the class docstring),

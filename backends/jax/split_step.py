@@ -10,13 +10,24 @@ does (a new precision policy at a control boundary); each one seen keeps its com
 by identity, so a policy seen before is not recompiled. `SplitStep.bind` runs further functions
 over part of the same state (e.g. an optimizer update over the parameters' state and the optimizer,
 which a new precision policy then does not recompile).
+
+Compilations off the critical path (`compile_ahead`, on by default): each variant (graph
+definition x argument shapes) runs as an ahead-of-time executable (`jax.jit(...).lower(...).compile()`);
+at control boundaries the variants the controller is likely to ask for next
+(`Controller.likely_next`: the batch buckets one step down and up, the gradient-noise half batch,
+the precision policy the next decision would take) are compiled on a background thread from
+abstract shapes, and the step takes them when the controller switches, with no trace. The
+persistent compilation cache is on by default (`compile_cache`, see `enable_compilation_cache`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
-from .policy import CountingJit, commit
+from .compile_ahead import AheadCompiler, abstract, enable_compilation_cache
+from .policy import CountingJit, commit, current_policy, policy_names, precision_policy
 
 __all__ = ["SplitStep"]
 
@@ -32,17 +43,28 @@ class SplitStep:
 
     fn: the train step; it may update the objects in place, as under `nnx.jit`. ta: the `TriAccel`
     whose `control` runs at boundaries; its `jit` counts each variant's compilation and memory
-    footprint (the micro-batch is the leading axis of the first array in ``args``). jit_kwargs:
-    passed to `jax.jit` (the state, argument 0, is donated unless ``donate_argnums`` is given).
+    footprint (the micro-batch is the leading axis of the first array in ``args``).
+    compile_ahead: compile the likely next variants on a background thread at control boundaries
+    (needs ``ta``; module docstring); False: each variant compiles at its first call.
+    compile_cache: JAX's persistent compilation cache: True (default) -> ``<cache>/jax`` unless
+    the user set a folder, a folder, or False/None -> off (`enable_compilation_cache`).
+    jit_kwargs: passed to `jax.jit` (the state, argument 0, is donated unless ``donate_argnums``
+    is given).
     """
 
     def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
+                 compile_ahead: bool = True, compile_cache: str | Path | bool | None = True,
                  **jit_kwargs: Any) -> None:
         import jax
         from flax import nnx
 
+        if not isinstance(compile_ahead, bool):
+            raise ValueError(f"compile_ahead={compile_ahead!r}: allowed True or False")
         self._nnx, self._tree_util = nnx, jax.tree_util
         self.objects, self.ta = (model, optimizer), ta
+        self.compile_cache = enable_compilation_cache(compile_cache)
+        self.ahead: AheadCompiler | None = AheadCompiler() if compile_ahead else None
+        self._prepare_after_first_call = False
         self._main = _Bound(self, fn, self.objects, {"donate_argnums": 0, **jit_kwargs}, everything=True)
         self._bound: list[_Bound] = [self._main]
         self.resplit()
@@ -155,6 +177,93 @@ class SplitStep:
             self.resplit()
         else:
             self._refresh(part)
+        if self.ahead is not None and ctl.is_control_step(step):
+            self.prepare(step)
+
+    # -- compilations ahead ------------------------------------------------------------------
+    def prepare(self, step: int) -> int:
+        """Queue the variants the controller is likely to need after `step` (`Controller.likely_next`):
+        the micro-batch buckets of the batch sizes one grid step down and up and of the
+        gradient-noise half batches, under the current policy, and the current ones under the
+        policy the next precision decision would take. Returns the number queued (0 before the
+        step's first call, which then triggers it)."""
+        ctl = self.ta.controller if self.ta is not None else None
+        if self.ahead is None or ctl is None:
+            return 0
+        cfg, d = ctl.config, ctl.decision
+        likely, near = ctl.likely_next(step)
+        noise = cfg.elastic_batch and cfg.batch_law == "noise"
+        sizes: list[int] = []
+        for n in (d.batch_size, *near):
+            for m in ((-(-n // 2),) if noise and n >= 2 else ()) + ((n,) if n != d.batch_size else ()):
+                b = _bucket(m, cfg.batch_buckets)
+                if b not in sizes:
+                    sizes.append(b)
+        policies = [likely] if policy_names(likely) != policy_names(d) else []
+        queued = self.compile_ahead(sizes, policies)
+        self._prepare_after_first_call = queued is None
+        return queued or 0
+
+    def compile_ahead(self, batches: Iterable[int] = (), policies: Sequence[Any] = ()) -> int | None:
+        """Queue background compilations of the step: at each micro-batch size in `batches` under the
+        current precision policy, and at the current size and those sizes under each of `policies`
+        (Decisions or per-layer precision sequences, in the wrapper's layer order). The argument
+        shapes are those of the last call with the leading (micro-batch) axis changed. Returns the
+        number queued; None before the first call (no shapes known yet)."""
+        if self.ahead is None:
+            return 0
+        main = self._main
+        if main.last_sig is None:
+            return None
+        template = main.templates[main.last_sig]
+        batched = next((a for a in template if hasattr(a, "shape") and len(a.shape) > 0), None)
+        cur = int(batched.shape[0]) if batched is not None else None
+        batches = [int(b) for b in batches]
+        if any(b < 1 for b in batches):
+            raise ValueError(f"batches={batches}: micro-batch sizes must be >= 1")
+        keys = [(main.key, batches)]
+        for policy in policies:
+            graphdef = self._graphdef_for(policy)
+            if graphdef is not None and (graphdef, self._treedef) != main.key:
+                keys.append(((graphdef, self._treedef), [cur, *batches] if cur is not None else batches))
+        leaves = [abstract(x) for x in self._leaves]
+        queued = 0
+        for key, sizes in keys:
+            done = main.exes.get(key, {})
+            for n in dict.fromkeys(sizes):
+                args = tuple(abstract(a, cur, n) for a in template)
+                sig = _signature(args)
+                if sig in done or self.ahead.pending((id(main), key, sig)):
+                    continue
+                step = main.step_for(key)
+                self.ahead.submit((id(main), key, sig), functools.partial(step.compile, leaves, *args))
+                queued += 1
+        return queued
+
+    def _graphdef_for(self, policy: Any) -> Any:
+        """The graph definition the objects would have under `policy` (set on the model, split,
+        and set back: the model's dtypes are static graph attributes)."""
+        ta = self.ta
+        if ta is None or ta.layers is None:
+            return None
+        model = self.objects[0]
+        now = current_policy(model, ta.layers)
+        precision_policy(model, policy_names(policy), ta.layers)
+        try:
+            graphdef, _ = self._nnx.split(self.objects)
+        finally:
+            precision_policy(model, now, ta.layers)
+        return graphdef
+
+    def wait_compiled(self) -> None:
+        """Block until the queued background compilations are done (tests, benchmarks)."""
+        if self.ahead is not None:
+            self.ahead.wait()
+
+    @property
+    def compiled_ahead(self) -> int:
+        """Variants the step took from the background compiler (no compilation on the critical path)."""
+        return self.ahead.compiled_ahead if self.ahead is not None else 0
 
     @property
     def traces(self) -> int:
@@ -171,13 +280,17 @@ class _Bound:
         self.owner, self.fn, self.objects, self.jit_kwargs = owner, fn, objects, jit_kwargs
         self.everything = everything
         self.steps: dict[Any, CountingJit] = {}   # (graph definition, treedef) -> its jitted function
+        # (graph definition, treedef) -> argument signature -> its executable (`jax.stages.Compiled`)
+        self.exes: dict[Any, dict[Any, Any]] = {}
+        self.templates: dict[Any, tuple[Any, ...]] = {}   # signature -> abstract arguments
+        self.last_sig: Any = None
         self.pos: list[int] | None = None         # positions of its leaves in the owner's (None: all)
-        self._step: CountingJit | None = None
+        self._cur: dict[Any, Any] | None = None   # exes of the current key (hashed once per re-split)
 
     def locate(self) -> None:
         """Find the objects' structure and leaf positions again (after the owner re-split)."""
         o = self.owner
-        self._step = None  # looked up at the next call
+        self._cur = None  # looked up at the next call
         if self.everything:
             self.key = (o._graphdef, o._treedef)
             return
@@ -191,10 +304,17 @@ class _Bound:
         self.pos = [pos[id(v)] for v in variables]
         self.key = (self.graphdef, o._tree_util.tree_structure(state))
 
-    def _jit(self) -> CountingJit:
+    def step_for(self, key: Any) -> CountingJit:
+        """The jitted function of the variant family `key` (graph definition, treedef)."""
+        step = self.steps.get(key)
+        if step is None:
+            step = self.steps[key] = self._jit(key)
+        return step
+
+    def _jit(self, key: Any) -> CountingJit:
         o, fn = self.owner, self.fn
         nnx, tree_util = o._nnx, o._tree_util
-        graphdef, treedef = self.key
+        graphdef, treedef = key
 
         def pure(leaves: list[Any], *args: Any) -> tuple[Any, list[Any]]:
             objects = nnx.merge(graphdef, tree_util.tree_unflatten(treedef, leaves))
@@ -209,19 +329,54 @@ class _Bound:
             return o.ta.jit(pure, use_nnx=False, **self.jit_kwargs)
         return CountingJit(pure, use_nnx=False, **self.jit_kwargs)
 
-    def __call__(self, *args: Any) -> Any:
-        if self._step is None:
-            step = self.steps.get(self.key)
-            if step is None:
-                step = self.steps[self.key] = self._jit()
-            self._step = step
+    def _obtain(self, sig: Any, leaves: list[Any], args: tuple[Any, ...]) -> Any:
+        """The executable for `sig` under the current key: from the background compiler when it
+        compiled it, else compiled now."""
         o = self.owner
+        exe = o.ahead.take((id(self), self.key, sig)) if o.ahead is not None else None
+        if exe is None:
+            exe = self.step_for(self.key).compile(leaves, *args)
+        self.templates[sig] = tuple(abstract(a) for a in args)
+        return exe
+
+    def __call__(self, *args: Any) -> Any:
+        cur = self._cur
+        if cur is None:
+            cur = self._cur = self.exes.setdefault(self.key, {})
+        o = self.owner
+        sig = _signature(args)
+        leaves = o._leaves if self.pos is None else [o._leaves[i] for i in self.pos]
+        exe = cur.get(sig)
+        if exe is None:
+            exe = cur[sig] = self._obtain(sig, leaves, args)
+        self.last_sig = sig
+        if self.everything and o._prepare_after_first_call and o.ta is not None and o.ta.controller is not None:
+            o.prepare(o.ta.controller.decision.step)
         if self.pos is None:
-            out, o._leaves = self._step(o._leaves, *args)
+            out, o._leaves = exe(leaves, *args)
             return out
-        out, new = self._step([o._leaves[i] for i in self.pos], *args)
+        out, new = exe(leaves, *args)
         leaves = list(o._leaves)
         for i, a in zip(self.pos, new):
             leaves[i] = a
         o._leaves = leaves
         return out
+
+
+def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What selects a variant among calls of one graph definition: each array's (shape, dtype),
+    the tree structure of anything else."""
+    import jax
+
+    return tuple((tuple(a.shape), a.dtype) if isinstance(a, (jax.Array, jax.ShapeDtypeStruct))
+                 else jax.tree_util.tree_structure(a) for a in args)
+
+
+def _bucket(n: int, buckets: Sequence[int] | None) -> int:
+    """The padded size of a micro-batch of `n` samples: the smallest bucket >= n (n without buckets
+    or above them all), as `ElasticLoader.bucket_for`."""
+    if buckets:
+        for b in buckets:
+            if b >= n:
+                return int(b)
+    return int(n)

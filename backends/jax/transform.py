@@ -38,7 +38,7 @@ from triaccel.stats import feed_statistics
 
 from .curvature import FisherTopK, HessianTopK, nnx_loss
 from .layers import LayerMap, layer_map
-from .memory import MemoryProbe
+from .memory import MemoryProbe, fit_batch
 from .policy import CountingJit, policy_names, precision_policy
 
 __all__ = ["TriAccelState", "TriAccel", "TriAccelTransformation", "wrap", "find_state", "loss_scale",
@@ -182,6 +182,8 @@ class TriAccel:
         # counter does.
         self._curv_footprint: int | None = None
         self._curv_ran = False
+        self._warned_pool = False
+        self.curvature_batch: int | None = None   # samples of the curvature pass (fit to the budget)
         self.rows_lost = 0          # steps overwritten in the ring before a boundary read them
         self.rows_skipped = 0       # non-finite steps fed (-> observe_nonfinite, not observe_grad_moments)
         # Read from the device at each read of the ring (boundaries and report()): non-finite
@@ -371,10 +373,33 @@ class TriAccel:
             self._curv = (key, est)
             self._curv_footprint = None
         est = self._curv[1]
+        batch = self._fit_curvature_batch(est, params, batch, aux)
         self.controller.observe_curvature(step, est(params, batch, aux))
         if self._curv_footprint is None:
             self._curv_footprint = est.footprint(params, batch, aux)  # compiled by the call above
         self._curv_ran = True
+
+    def _fit_curvature_batch(self, est: Any, params: Any, batch: Any, aux: Any) -> Any:
+        """`batch`, or its first n samples where the pass over all of them would take the device past
+        `memory_budget`: n = the largest of b_curv/2^i whose modelled peak (bytes in use now + the
+        pass's compiled footprint) fits (`memory.fit_batch`). Decided once per estimator, with a
+        warning naming the size (``curvature_batch`` holds it); no budget or no allocator
+        statistics (CPU): the whole batch."""
+        size = int(jax.tree_util.tree_leaves(batch)[0].shape[0])
+        if self.curvature_batch is None:
+            budget, stats = self.config.memory_budget, self.probe.stats()
+            n = size
+            if budget is not None and stats and "bytes_in_use" in stats:
+                def footprint_at(k: int) -> int | None:
+                    return est.footprint(params, _take(batch, k), aux)
+
+                n = fit_batch(size, footprint_at, int(stats["bytes_in_use"]), int(budget))
+                if n < size:
+                    warnings.warn(f"triaccel: the curvature pass over b_curv={size} samples would exceed "
+                                  f"memory_budget={budget} bytes; it runs on {n} samples", RuntimeWarning,
+                                  stacklevel=3)
+            self.curvature_batch = n
+        return batch if self.curvature_batch >= size else _take(batch, self.curvature_batch)
 
     def control(self, step: int, opt_state: Any, model: Any = None, batch: Any = None,
                 params: Any = None) -> Any:
@@ -411,6 +436,14 @@ class TriAccel:
                 sample = self.probe.read(batch=b, footprint=footprint)
                 if sample is not None:
                     ctl.observe_memory(step, sample.used, sample.limit)
+                    budget = cfg.memory_budget
+                    if budget is not None and sample.limit > budget and not self._warned_pool:
+                        self._warned_pool = True
+                        warnings.warn(f"triaccel: the XLA allocator may use {sample.limit} bytes, more than "
+                                      f"memory_budget={budget}: the batch follows the budget, but compilation "
+                                      "scratch (autotuning) can take the peak above it; call "
+                                      "triaccel.backends.jax.limit_device_memory(budget) before JAX starts",
+                                      RuntimeWarning, stacklevel=2)
             self._count_at_boundary = count
         if curv:
             self._curvature(step, params, model, batch)
@@ -525,6 +558,11 @@ class TriAccel:
         model = model if model is not None else self.model
         if model is not None and self.controller is not None:
             precision_policy(model, self.controller.decision, self.layers)
+
+
+def _take(batch: Any, n: int) -> Any:
+    """The first `n` samples of every array of `batch` (leading axis)."""
+    return jax.tree_util.tree_map(lambda a: a[:n], batch)
 
 
 def wrap(tx: optax.GradientTransformation, config: TriAccelConfig, model: Any = None,

@@ -1,0 +1,130 @@
+"""Compilations off the critical path: a background compiler and the persistent compilation cache.
+
+`AheadCompiler` runs `jax.jit(...).lower(...).compile()` calls on one background thread (XLA
+releases the GIL while it compiles and autotunes, so the training loop keeps dispatching steps);
+`SplitStep` queues the variants the controller is likely to ask for next (`Controller.likely_next`:
+the next batch bucket down and up, the noise measurement's half batch, the precision policy the next
+decision would take) and takes the finished executable when the controller switches, with no trace
+or compilation on the critical path. A variant needed while it is still queued is compiled at once
+on the caller's thread instead (cancelled in the queue); one already compiling is waited for.
+
+`enable_compilation_cache` turns on JAX's persistent compilation cache (a rerun loads its
+executables from disk instead of compiling them) under ``<cache>/jax``, ``<cache>`` being
+``$TRIACCEL_CACHE`` or ``~/.cache/triaccel`` (`triaccel.data.cifar.default_cache_dir`), unless the
+user has set a cache folder of their own.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Hashable
+
+import jax
+
+__all__ = ["AheadCompiler", "abstract", "default_compile_cache_dir", "enable_compilation_cache"]
+
+
+def abstract(x: Any, batch: int | None = None, new_batch: int | None = None) -> Any:
+    """`jax.ShapeDtypeStruct` of an array (its sharding kept where it is committed, so that the
+    executable accepts the same placement); anything else unchanged. With `batch` and `new_batch`,
+    an array whose leading axis is `batch` gets `new_batch` there instead."""
+    if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+        return x
+    shape = tuple(x.shape)
+    if batch is not None and new_batch is not None and shape and shape[0] == batch:
+        shape = (new_batch, *shape[1:])
+    sharding = x.sharding if getattr(x, "committed", isinstance(x, jax.ShapeDtypeStruct)) else None
+    weak = x.aval.weak_type if isinstance(x, jax.Array) else x.weak_type
+    return jax.ShapeDtypeStruct(shape, x.dtype, sharding=sharding, weak_type=weak)
+
+
+class AheadCompiler:
+    """One background thread running queued compilations, each under a hashable key.
+
+    `submit(key, fn)` queues ``fn()`` (returning an executable) unless the key is queued or done;
+    `take(key)` returns its result (waiting while it compiles; None when it was never queued or was
+    still waiting in the queue, which is then cancelled so that the caller compiles it itself).
+    A compilation that failed in the background is forgotten (None): the caller's own compilation
+    then raises the error where it belongs. ``compiled_ahead`` counts those taken from the thread.
+    """
+
+    def __init__(self) -> None:
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="triaccel-compile")
+        self._jobs: dict[Hashable, cf.Future[Any]] = {}
+        self._lock = threading.Lock()
+        self.compiled_ahead = 0
+
+    def submit(self, key: Hashable, fn: Callable[[], Any]) -> None:
+        with self._lock:
+            if key not in self._jobs:
+                self._jobs[key] = self._pool.submit(fn)
+
+    def pending(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._jobs
+
+    def take(self, key: Hashable) -> Any:
+        with self._lock:
+            job = self._jobs.pop(key, None)
+        if job is None or job.cancel():
+            return None
+        try:
+            out = job.result()
+        except Exception:  # the caller compiles again in the foreground and sees the error there
+            return None
+        self.compiled_ahead += 1
+        return out
+
+    def wait(self) -> None:
+        """Block until every queued compilation has finished (tests, benchmarks)."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        cf.wait(jobs)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def default_compile_cache_dir() -> Path:
+    """``<cache>/jax``: ``$TRIACCEL_CACHE`` or ``~/.cache/triaccel`` (the datasets' cache root)."""
+    from triaccel.data.cifar import default_cache_dir
+
+    return default_cache_dir() / "jax"
+
+
+_enabled_by_us: list[str] = []
+
+
+def enable_compilation_cache(path: str | os.PathLike[str] | bool | None = True) -> str | None:
+    """Turn JAX's persistent compilation cache on (or off); returns the folder in use (None: off).
+
+    path: True (default) -> `default_compile_cache_dir()`, unless the user already set
+    ``jax_compilation_cache_dir`` (theirs is kept); a folder -> that folder (created); False or
+    None -> off (``jax_enable_compilation_cache`` False). Every compilation that takes at least
+    ``jax_persistent_cache_min_compile_time_secs`` (JAX's default 1 s) is written there.
+    """
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    if path is False or path is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    if isinstance(path, bool):
+        current = jax.config.jax_compilation_cache_dir
+        if current and current not in _enabled_by_us:
+            jax.config.update("jax_enable_compilation_cache", True)
+            return str(current)
+        folder = default_compile_cache_dir()
+    else:
+        folder = Path(path).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = str(folder)
+    changed = jax.config.jax_compilation_cache_dir != target or not jax.config.jax_enable_compilation_cache
+    if changed:
+        jax.config.update("jax_enable_compilation_cache", True)
+        cc.set_cache_dir(target)
+        cc.reset_cache()  # JAX opens its cache once per process: the new folder takes effect now
+        _enabled_by_us.append(target)
+    return target
