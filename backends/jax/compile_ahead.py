@@ -109,7 +109,9 @@ def enable_compilation_cache(path: str | os.PathLike[str] | bool | None = True) 
     from jax.experimental.compilation_cache import compilation_cache as cc
 
     if path is False or path is None:
-        jax.config.update("jax_enable_compilation_cache", False)
+        if jax.config.jax_enable_compilation_cache:
+            jax.config.update("jax_enable_compilation_cache", False)
+            cc.reset_cache()  # JAX decides once per process whether its cache is used: decide again
         return None
     if isinstance(path, bool):
         current = jax.config.jax_compilation_cache_dir

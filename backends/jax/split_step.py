@@ -212,15 +212,15 @@ class SplitStep:
         number queued; None before the first call (no shapes known yet)."""
         if self.ahead is None:
             return 0
+        batches = [int(b) for b in batches]
+        if any(b < 1 for b in batches):
+            raise ValueError(f"batches={batches}: micro-batch sizes must be >= 1")
         main = self._main
         if main.last_sig is None:
             return None
         template = main.templates[main.last_sig]
         batched = next((a for a in template if hasattr(a, "shape") and len(a.shape) > 0), None)
         cur = int(batched.shape[0]) if batched is not None else None
-        batches = [int(b) for b in batches]
-        if any(b < 1 for b in batches):
-            raise ValueError(f"batches={batches}: micro-batch sizes must be >= 1")
         keys = [(main.key, batches)]
         for policy in policies:
             graphdef = self._graphdef_for(policy)
