@@ -227,38 +227,123 @@ class LRU:
 _OFFSETS = LRU(64)
 
 
-ALIGN = 16  # elements (flat mode) or bytes (pointer-table mode) of alignment of a full chunk
+ALIGN = 16  # elements: rows after a segment's first start at a multiple of this (vector loads)
 
 
-def aligned_chunk_rows(sizes: np.ndarray, heads: np.ndarray, chunk: int) -> tuple[np.ndarray, ...]:
-    """Split segments into a masked head, full aligned chunks and a masked tail.
+def segment_rows(sizes: np.ndarray, starts: np.ndarray, chunk: int, step_unit: int) -> tuple[np.ndarray, ...]:
+    """Split segments into rows (one program each) of at most about ``chunk`` elements.
 
-    sizes: elements per segment; heads: elements before the segment's first aligned element
-    (a head >= size makes the whole segment one masked run); chunk: elements per chunk, a multiple
-    of ``ALIGN``. Returns (seg, start, stop, full) per row, start/stop relative to the segment;
-    ``full`` rows hold exactly ``chunk`` elements starting at an aligned element, read unmasked.
-    Masked runs longer than ``chunk`` are split into several rows. Empty segments get no row.
+    sizes: elements per segment; starts: element offset of each segment's first element from its
+    (16-element-aligned) base pointer; chunk: target elements per row; step_unit: rows other than
+    a segment's last hold a multiple of this many elements past the head (a multiple of ``ALIGN``).
+    A segment's first row also holds the ``(-start) % ALIGN`` head elements before its first
+    aligned element, so every later row starts aligned. Rows of one segment are balanced in size.
+    An empty segment gets one empty row (its program writes zeros).
+    Returns (seg, row_start, row_len, nrows_of_seg) per row; row_start is relative to the base
+    pointer (``starts[seg]`` + offset in the segment).
     """
-    if chunk <= 0 or chunk % ALIGN:
-        raise ValueError(f"chunk={chunk}: must be a positive multiple of {ALIGN}")
-    seg_l, start_l, stop_l, full_l = [], [], [], []
+    if chunk <= 0 or step_unit <= 0 or step_unit % ALIGN:
+        raise ValueError(f"chunk={chunk}, step_unit={step_unit}: need chunk > 0 and step_unit a positive "
+                         f"multiple of {ALIGN}")
+    sizes = np.asarray(sizes, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
+    head = np.minimum((-starts) % ALIGN, sizes)
+    body = sizes - head
+    nr = np.maximum(1, -(-body // chunk))
+    step = -(-body // nr)
+    step = np.where(nr > 1, -(-step // step_unit) * step_unit, np.maximum(body, 1))
+    nr = np.maximum(1, -(-body // step))  # rounding the step up may leave fewer rows
+    seg = np.repeat(np.arange(sizes.size, dtype=np.int64), nr)
+    k = np.arange(seg.size, dtype=np.int64) - np.repeat(np.cumsum(nr) - nr, nr)
+    lo = np.where(k == 0, 0, head[seg] + k * step[seg])
+    hi = np.minimum(sizes[seg], head[seg] + (k + 1) * step[seg])
+    return seg, starts[seg] + lo, hi - lo, nr[seg]
 
-    def masked(s: int, a: int, b: int) -> None:
-        for lo in range(a, b, chunk):
-            seg_l.append(np.array([s])); start_l.append(np.array([lo]))
-            stop_l.append(np.array([min(lo + chunk, b)])); full_l.append(np.array([0]))
 
-    for s, (n, h) in enumerate(zip(np.asarray(sizes, dtype=np.int64).tolist(),
-                                   np.asarray(heads, dtype=np.int64).tolist())):
-        h = min(h, n)
-        masked(s, 0, h)
-        nfull = (n - h) // chunk
-        if nfull:
-            st = h + chunk * np.arange(nfull, dtype=np.int64)
-            seg_l.append(np.full(nfull, s)); start_l.append(st); stop_l.append(st + chunk)
-            full_l.append(np.ones(nfull, dtype=np.int64))
-        masked(s, h + nfull * chunk, n)
-    if not seg_l:
-        z = np.zeros(0, dtype=np.int64)
-        return z, z, z, z
-    return tuple(np.concatenate(v).astype(np.int64) for v in (seg_l, start_l, stop_l, full_l))
+def auto_chunk(total: int, sms: int, per_sm: int, unit: int) -> int:
+    """Elements per row so that ``total`` elements give about ``sms * per_sm`` rows (>= ``unit``,
+    a multiple of it): few, long programs for huge inputs, many short ones for small inputs."""
+    target = max(1, sms * per_sm)
+    return max(unit, -(-(-(-total // target)) // unit) * unit)
+
+
+_KEYFNS: tuple = ()
+
+
+def torch_layout_key(tensors: Sequence[Any]) -> tuple:
+    """Address, shape, strides and dtype of every tensor, as a hashable key (C-level ``map``s, no
+    Python loop: the per-call cost of a cached launch plan). Under CUDA's unified addressing an
+    address also fixes the device."""
+    global _KEYFNS
+    if not _KEYFNS:
+        import operator
+
+        import torch
+
+        _KEYFNS = (torch.Tensor.data_ptr, operator.attrgetter("shape"), torch.Tensor.stride,
+                   operator.attrgetter("dtype"))
+    f0, f1, f2, f3 = _KEYFNS
+    return (tuple(map(f0, tensors)), tuple(map(f1, tensors)), tuple(map(f2, tensors)),
+            tuple(map(f3, tensors)))
+
+
+_SMS: dict = {}
+
+
+def torch_sm_count(device: Any) -> int:
+    """Streaming multiprocessors of a torch CUDA device (cached); 16 stands in for a CPU."""
+    key = (device.type, device.index)
+    n = _SMS.get(key)
+    if n is None:
+        if device.type == "cuda":
+            import torch
+
+            n = torch.cuda.get_device_properties(device).multi_processor_count
+        else:
+            n = 16
+        _SMS[key] = n
+    return n
+
+
+def jax_sm_count(array: Any) -> int:
+    """Streaming multiprocessors of the GPU holding a JAX array (132 when unknown, an H100/H200)."""
+    try:
+        dev = next(iter(array.devices()))
+        return int(getattr(dev, "core_count", 0)) or 132
+    except Exception:  # tracers: no concrete device
+        return 132
+
+
+class Launcher:
+    """A Triton kernel launched at one grid with fixed meta-parameters, minus Triton's per-call
+    argument binding: the first call goes through ``kernel[grid](...)`` (which compiles and
+    returns the compiled kernel); later calls with the same ``spec`` (the caller's summary of what
+    Triton specialises on: pointer alignment of the arguments that vary) call the compiled
+    kernel's launcher directly. Under the Triton interpreter every call takes the ordinary path.
+    """
+
+    __slots__ = ("fn", "grid", "meta", "tail", "runners")
+
+    def __init__(self, fn: Any, grid: int, meta: dict) -> None:
+        """meta: the constexpr parameters, in signature order after all runtime parameters, plus
+        launch options (num_warps, ...)."""
+        self.fn = fn
+        self.grid = (grid, 1, 1)
+        self.meta = meta
+        # the compiled launcher takes every parameter in signature order, constexprs included
+        self.tail = tuple(v for n, v in meta.items() if n not in _LAUNCH_OPTIONS)
+        self.runners: dict = {}
+
+    def __call__(self, spec: Any, *args: Any) -> None:
+        run = self.runners.get(spec)
+        if run is not None:
+            run(*args, *self.tail)
+            return
+        k = self.fn[self.grid](*args, **self.meta)
+        if FAST_LAUNCH and k is not None and hasattr(k, "function") and not interpreter_enabled():
+            self.runners[spec] = k[self.grid]
+
+
+# off: every launch binds its arguments through Triton (for debugging a launcher mismatch)
+FAST_LAUNCH = os.environ.get("TRIACCEL_FAST_LAUNCH", "1") != "0"
+_LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg"})

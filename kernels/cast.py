@@ -104,14 +104,20 @@ def _layout(sizes: np.ndarray, codes: np.ndarray, src_base: np.ndarray, chunk: i
 
 
 _TABLES = D.LRU(128)
+_JTABLES = D.LRU(128)
 
 
-def _torch_cast(tensors: Sequence[Any], codes: list[int], out: Any, impl: str,
-                block: int, iters: int, num_warps: int, flat: Any = None,
-                offsets: np.ndarray | None = None) -> tuple[Any, list]:
+class _CastPlan:
+    """One layout's launch plan: device table, launcher, output layout, cached 16-bit views."""
+
+    __slots__ = ("n", "device", "triton", "table", "rows", "dst", "total", "codes", "half", "f32",
+                 "shapes", "strides", "launcher", "views")
+
+
+def _torch_plan(tensors: Sequence[Any], codes: list[int], impl: str, block: int, iters: int,
+                num_warps: int, flat: Any, offsets: np.ndarray | None) -> _CastPlan:
     import torch
 
-    dts = {D.PREC_FP16: torch.float16, D.PREC_BF16: torch.bfloat16}
     dev = tensors[0].device
     for i, t in enumerate(tensors):
         if t.dtype != torch.float32:
@@ -120,39 +126,77 @@ def _torch_cast(tensors: Sequence[Any], codes: list[int], out: Any, impl: str,
             raise ValueError(f"tensors[{i}]: on {t.device}, but tensors[0] is on {dev}; all must share a device")
         if not D.is_dense(t):
             raise ValueError(f"tensors[{i}]: not dense (strides {t.stride()} for shape {tuple(t.shape)})")
+    p = _CastPlan()
+    p.n, p.device, p.codes = len(tensors), dev, list(codes)
+    p.triton = D.use_triton_torch(triton is not None, dev, impl)
     sizes = np.array([t.numel() for t in tensors], dtype=np.int64)
     code_arr = np.array(codes, dtype=np.int64)
-    chunk = block * iters
+    src = offsets[:-1] if flat is not None else np.array([t.data_ptr() for t in tensors], dtype=np.int64)
+    table, dst, total = _layout(sizes, code_arr, src, block * iters)
+    p.dst, p.total, p.rows = dst, total, table.shape[0]
+    p.table = torch.from_numpy(table).to(dev)
+    p.half = [i for i, c in enumerate(codes) if c != D.PREC_FP32]
+    p.f32 = [i for i, c in enumerate(codes) if c == D.PREC_FP32]
+    p.shapes = [tuple(t.shape) for t in tensors]
+    p.strides = [t.stride() for t in tensors]
+    p.launcher = D.Launcher(_cast_kernel, p.rows, dict(MODE=0 if flat is not None else 1, BLOCK=block,
+                                                       ITERS=iters, num_warps=num_warps))
+    p.views = D.LRU(2)
+    return p
+
+
+def _half_views(p: _CastPlan, out: Any) -> list:
+    """Per-tensor views of the 16-bit buffer ``out`` (None at FP32 positions)."""
+    import torch
+
+    dts = {D.PREC_FP16: torch.float16, D.PREC_BF16: torch.bfloat16}
+    typed = {c: out.view(dt) for c, dt in dts.items()}
+    base = out.storage_offset()
+    res: list = [None] * p.n
+    for i in p.half:
+        res[i] = torch.as_strided(typed[p.codes[i]], p.shapes[i], p.strides[i], base + int(p.dst[i]))
+    return res
+
+
+def _torch_cast(tensors: Sequence[Any], dtypes: Any, out: Any, impl: str,
+                block: int, iters: int, num_warps: int, flat: Any = None,
+                offsets: np.ndarray | None = None) -> tuple[Any, list]:
+    import torch
+
+    T = torch.Tensor
+    dkey = tuple(dtypes) if isinstance(dtypes, (list, tuple)) else None
     if flat is not None:
-        src = offsets[:-1]
-        key = ("flat", dev, chunk, offsets.tobytes(), code_arr.tobytes())
+        key = ("flat", block, iters, num_warps, impl, flat.device, offsets.tobytes(), dkey)
     else:
-        src = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
-        key = (dev, chunk, src.tobytes(), sizes.tobytes(), code_arr.tobytes())
-    hit = _TABLES.get(key)
-    if hit is None:
-        table, dst, total = _layout(sizes, code_arr, src, chunk)
-        hit = (torch.from_numpy(table).to(dev), table.shape[0], dst, total)
-        _TABLES.put(key, hit)
-    table, nch, dst, total = hit
+        # as for grad_moments: address, shape, strides and dtype of every tensor
+        key = (block, iters, num_warps, impl, dkey, D.torch_layout_key(tensors))
+    p = _TABLES.get(key) if dkey is not None else None
+    if p is None:
+        codes = _codes(dtypes, len(tensors))
+        p = _torch_plan(tensors, codes, impl, block, iters, num_warps, flat, offsets)
+        _TABLES.put(key, p)
     if out is None:
-        out = torch.empty(total, dtype=torch.int16, device=dev)
-    elif not (isinstance(out, torch.Tensor) and out.dtype == torch.int16 and out.dim() == 1
-              and out.numel() == total and out.is_contiguous() and out.device == dev):
-        raise ValueError(f"out: need a contiguous 1-D int16 tensor of {total} elements on {dev}")
-    views = []
-    for t, c, d in zip(tensors, codes, dst):
-        if c == D.PREC_FP32:
-            views.append(t)
-        else:
-            views.append(out[int(d):int(d) + t.numel()].view(dts[c]).as_strided(t.shape, t.stride()))
-    if D.use_triton_torch(triton is not None, dev, impl):
-        if nch:
-            x = flat if flat is not None else out
-            _cast_kernel[(nch,)](x, table, out, MODE=0 if flat is not None else 1, BLOCK=block,
-                                 ITERS=iters, num_warps=num_warps)
+        out = torch.empty(p.total, dtype=torch.int16, device=p.device)
+        views = _half_views(p, out)
     else:
-        for v, t, c in zip(views, tensors, codes):
+        if not (isinstance(out, T) and out.dtype == torch.int16 and out.dim() == 1
+                and out.numel() == p.total and out.is_contiguous() and out.device == p.device):
+            raise ValueError(f"out: need a contiguous 1-D int16 tensor of {p.total} elements on {p.device}")
+        # cached views pin out's memory, so an address seen again is this very buffer
+        vkey = out.data_ptr()
+        views = p.views.get(vkey)
+        if views is None:
+            views = _half_views(p, out)
+            p.views.put(vkey, views)
+        views = list(views)
+    for i in p.f32:
+        views[i] = tensors[i]
+    if p.triton:
+        if p.rows:
+            x = flat if flat is not None else out
+            p.launcher((out.data_ptr() & 15, x.data_ptr() & 15), x, p.table, out)
+    else:
+        for v, t, c in zip(views, tensors, p.codes):
             if c != D.PREC_FP32:
                 v.copy_(t)  # copy_ rounds to nearest even, like .to()
     return out, views
@@ -181,10 +225,16 @@ def _jax_cast(flat: Any, off: np.ndarray, codes: list[int], impl: str,
 
     if off[-1] >= 2**31:
         raise ValueError(f"flat: {int(off[-1])} elements; the JAX path indexes with int32 (< 2**31)")
-    table, dst, total = _layout(sizes, code_arr, off[:-1], block * iters)
+    key = (block, iters, off.tobytes(), code_arr.tobytes())
+    hit = _JTABLES.get(key)
+    if hit is None:
+        table, dst, total = _layout(sizes, code_arr, off[:-1], block * iters)
+        hit = (jnp.asarray(table.astype(np.int32)), dst, total)  # int32: int64 needs jax_enable_x64
+        _JTABLES.put(key, hit)
+    table, dst, total = hit
     if table.shape[0] == 0:
         return None, segs
-    out = jt.triton_call(flat, jnp.asarray(table.astype(np.int32)), kernel=_cast_kernel,
+    out = jt.triton_call(flat, table, kernel=_cast_kernel,
                          out_shape=jax.ShapeDtypeStruct((total,), jnp.int16), grid=(table.shape[0],),
                          num_warps=num_warps, MODE=0, BLOCK=block, ITERS=iters)
     dts = {D.PREC_FP16: jnp.float16, D.PREC_BF16: jnp.bfloat16}
@@ -207,9 +257,9 @@ def cast_to(tensors: Any, dtypes: Sequence[Any], *, out: Any = None, impl: str =
     view into the shared 16-bit buffer, for FP32 the input itself.
     """
     leaves, fw = D.leaves_and_framework(tensors, "tensors")
-    codes = _codes(dtypes, len(leaves))
     if fw == "torch":
-        return _torch_cast(leaves, codes, out, impl, block, iters, num_warps)[1]
+        return _torch_cast(leaves, dtypes, out, impl, block, iters, num_warps)[1]
+    codes = _codes(dtypes, len(leaves))
     if out is not None:
         raise TypeError("out: only supported for torch tensors (JAX is functional)")
     import jax.numpy as jnp
@@ -242,7 +292,6 @@ def cast_flat(flat: Any, offsets: Sequence[int], dtypes: Sequence[Any], *, out: 
     per-segment results (FP32 segments are slices of ``flat``).
     """
     off = D.parse_offsets(offsets)
-    codes = _codes(dtypes, off.size - 1)
     if D.framework_of(flat) == "torch":
         if flat.dim() != 1 or not flat.is_contiguous():
             raise ValueError(f"flat: need a contiguous 1-D tensor, got shape {tuple(flat.shape)}")
@@ -251,7 +300,8 @@ def cast_flat(flat: Any, offsets: Sequence[int], dtypes: Sequence[Any], *, out: 
         segs = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
         if not segs:
             raise ValueError("offsets: need at least one segment")
-        return _torch_cast(segs, codes, out, impl, block, iters, num_warps, flat=flat, offsets=off)
+        return _torch_cast(segs, dtypes, out, impl, block, iters, num_warps, flat=flat, offsets=off)
+    codes = _codes(dtypes, off.size - 1)
     if out is not None:
         raise TypeError("out: only supported for torch tensors (JAX is functional)")
     return _jax_cast(flat, off, codes, impl, block, iters, num_warps)

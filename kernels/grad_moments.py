@@ -1,23 +1,39 @@
 """Per-segment gradient moments (sum, sum of squares, non-finite count) in one launch.
 
 One ``@triton.jit`` kernel serves torch (direct launch) and JAX (``jax_triton.triton_call``).
-It walks a *chunk table*: one row per program, ``(seg, base, start, stop, code, full)`` int64/int32.
-A segment (one layer's gradient) is split into a masked head up to the first 16-element-aligned
-element, *full* chunks of ``block * iters`` aligned elements read with unmasked 128-bit vector loads,
-and a masked tail, so that a few huge segments and many tiny ones load-balance over the GPU. Each
-program reduces its chunk in FP32 and adds its three partial results into ``out[seg, :]`` with
-atomics (so ``out`` is zeroed first; the order of those float additions is not fixed, so results
-may differ in the last bits from run to run).
+It walks a *row table*, one row per program: ``(seg, start, len, code, nrows)``. A segment (one
+layer's gradient) is split into rows of about ``chunk`` elements, ``chunk`` chosen from the total
+size and the GPU's SM count (a few long programs per SM for huge inputs, many short ones for small
+inputs); a row reads its first elements up to a 16-element boundary with a masked load, then
+unmasked 128-bit vector loads in an unrolled loop, then a masked tail.
+
+Fast path: without write-back, a row first sums ``x`` and ``x*x`` with no finiteness test (two
+FP32 operations per element); a non-finite value anywhere in the row makes that sum non-finite,
+and only then is the row read again with the exact test below (same result in every case, the
+extra read only on rows holding Inf/NaN or sums beyond FP32 range).
+
+Finishing a segment of several rows (torch): each program adds its partial results into a
+per-layout accumulator with atomics and counts itself in a per-segment counter; the segment's
+last program moves the totals into ``out`` and resets accumulator and counter to zero. So ``out``
+needs no zeroing launch, and single-row segments write ``out`` directly with no atomic. The
+accumulator belongs to the cached launch plan: one layout must not be reduced by two launches
+that run at the same time on different streams. JAX zeroes ``out`` (jax-triton ``zeroed_outputs``)
+and accumulates into it. The order of the float additions across rows is not fixed, so results
+may differ in the last bits from run to run.
 
 Two addressing modes share the kernel; both address memory as *typed pointer + element offset*
 (an ``int -> pointer`` cast would hide the alignment from the compiler and forbid vector loads):
 
-- ``MODE=0`` (flat): ``base`` is the element offset of the segment in one flat buffer ``x`` (the JAX
-  path, and torch when the gradients already live in one flat buffer);
-- ``MODE=1`` (torch list): ``base`` is the element offset of each tensor from a reference tensor of
-  the same dtype (``code`` 0 fp32, 1 fp16, 2 bf16; one reference pointer argument per dtype, offsets
-  may be negative), so a list of separate tensors, even of mixed dtypes, is read in place with no
-  ``torch.cat`` copy.
+- ``MODE=0`` (flat): ``start`` is the element offset in one flat buffer ``x`` (the JAX path, and
+  torch when the gradients already live in one flat buffer);
+- ``MODE=1`` (torch list): ``start`` is the element offset from a reference tensor of the same
+  dtype (``code`` 0 fp32, 1 fp16, 2 bf16; one reference pointer argument per dtype; offsets may be
+  negative), so a list of separate tensors, even of mixed dtypes, is read in place with no copy.
+  A list of one dtype compiles with that dtype fixed (no branch on ``code``).
+
+Launch plans (torch): the row table, accumulator and a prebuilt launcher are cached per layout,
+keyed by every tensor's address, shape, strides and dtype (a hit re-validates nothing else), so a
+call costs the key, a dictionary look-up and one launch.
 
 Semantics (shared by the kernel and both references):
 
@@ -53,12 +69,14 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     triton = None
     tl = None
 
-# Default launch configuration (chunk = BLOCK * ITERS elements per program): the fastest of the 7
-# configurations swept by benchmarks/kernels.py --sweep on an H200 (2026-11-21), for both the
-# ResNet-18 gradient set and 2**30 values, flat and pointer-table modes alike.
+# Default launch configuration: BLOCK elements per load, ITERS loads per unrolled step, rows of
+# at least BLOCK*ITERS elements, about PER_SM rows per SM (benchmarks/kernels.py --sweep).
 BLOCK = 1024
 ITERS = 4
 NUM_WARPS = 4
+PER_SM = 8
+# no-write-back rows sum without a finiteness test first (see the module docstring)
+FAST = True
 
 FP32_MAX = 3.4028234663852886e38
 
@@ -74,104 +92,151 @@ class Moments(NamedTuple):
 if triton is not None:
 
     @triton.jit
-    def _chunk_moments(p, q, start, stop, s, FULL: tl.constexpr, SCALE: tl.constexpr,
-                       WRITE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
-        # FULL: p/q point at a 16-element-aligned chunk of exactly BLOCK*ITERS elements, read with
-        # unmasked (vectorisable) loads. Else: p/q point at the segment's first element and the
-        # elements [start, stop) are read with masks.
+    def _row_pass(xp, yp, a0, n, s, SCALE: tl.constexpr, WRITE: tl.constexpr, EXACT: tl.constexpr,
+                  BLOCK: tl.constexpr, ITERS: tl.constexpr):
+        # Elements xp[a0 : a0+n] (typed pointer + element offset; xp is 16-byte aligned): a masked
+        # head up to the first multiple of 16, unmasked vector loads in steps of BLOCK*ITERS, a
+        # masked tail. EXACT: test each value for finiteness (count and exclude); else plain sums.
         offs = tl.arange(0, BLOCK)
         acc_s = tl.zeros([BLOCK], dtype=tl.float32)
         acc_q = tl.zeros([BLOCK], dtype=tl.float32)
         acc_n = tl.zeros([BLOCK], dtype=tl.int32)
-        for it in tl.static_range(ITERS):
-            if FULL:
-                idx = it * BLOCK + offs
-                x = tl.load(p + idx).to(tl.float32)
-            else:
-                idx = start + it * BLOCK + offs
-                m = idx < stop
-                x = tl.load(p + idx, mask=m, other=0.0).to(tl.float32)
+        head = tl.minimum((-a0) & 15, n)
+        if head > 0:
+            m = offs < head
+            x = tl.load(xp + a0 + offs, mask=m, other=0.0).to(tl.float32)
             if SCALE != 0:
                 x = x * s
             if WRITE:
-                if FULL:
-                    tl.store(q + idx, x.to(q.dtype.element_ty))
-                else:
-                    tl.store(q + idx, x.to(q.dtype.element_ty), mask=m)
-            fin = tl.abs(x) <= 3.4028234663852886e38  # False for NaN and ±Inf
-            xf = tl.where(fin, x, 0.0)
-            acc_s += xf
-            acc_q += xf * xf
-            if FULL:
+                tl.store(yp + a0 + offs, x.to(yp.dtype.element_ty), mask=m)
+            if EXACT:
+                fin = tl.abs(x) <= 3.4028234663852886e38  # False for NaN and ±Inf
+                x = tl.where(fin, x, 0.0)
+                acc_n += (~fin).to(tl.int32)  # masked lanes hold 0.0: finite
+            acc_s += x
+            acc_q += x * x
+        g = tl.multiple_of(a0 + head, 16)
+        body = n - head
+        nmain = body // (BLOCK * ITERS)
+        for i in range(nmain):
+            for u in tl.static_range(ITERS):
+                idx = g + i * (BLOCK * ITERS) + u * BLOCK + offs
+                x = tl.load(xp + idx).to(tl.float32)
+                if SCALE != 0:
+                    x = x * s
+                if WRITE:
+                    tl.store(yp + idx, x.to(yp.dtype.element_ty))
+                if EXACT:
+                    fin = tl.abs(x) <= 3.4028234663852886e38
+                    x = tl.where(fin, x, 0.0)
+                    acc_n += (~fin).to(tl.int32)
+                acc_s += x
+                acc_q += x * x
+        t0 = nmain * (BLOCK * ITERS)
+        for t in range(t0, body, BLOCK):
+            idx = g + t + offs
+            m = t + offs < body
+            x = tl.load(xp + idx, mask=m, other=0.0).to(tl.float32)
+            if SCALE != 0:
+                x = x * s
+            if WRITE:
+                tl.store(yp + idx, x.to(yp.dtype.element_ty), mask=m)
+            if EXACT:
+                fin = tl.abs(x) <= 3.4028234663852886e38
+                x = tl.where(fin, x, 0.0)
                 acc_n += (~fin).to(tl.int32)
-            else:
-                acc_n += (m & (~fin)).to(tl.int32)
+            acc_s += x
+            acc_q += x * x
         return tl.sum(acc_s, axis=0), tl.sum(acc_q, axis=0), tl.sum(acc_n, axis=0)
 
     @triton.jit
-    def _moments_kernel(x_ptr, h_ptr, b_ptr, table_ptr, scale, out_ptr, y_ptr,
-                        MODE: tl.constexpr, SCALE: tl.constexpr, WRITE: tl.constexpr,
-                        BLOCK: tl.constexpr, ITERS: tl.constexpr):
-        """One program per chunk row ``(seg, base, start, stop, code, full)`` of ``table_ptr``.
+    def _row_moments(xp, yp, a0, n, s, SCALE: tl.constexpr, WRITE: tl.constexpr, FAST: tl.constexpr,
+                     BLOCK: tl.constexpr, ITERS: tl.constexpr):
+        if FAST and not WRITE:
+            cs, cq, cn = _row_pass(xp, yp, a0, n, s, SCALE, False, False, BLOCK, ITERS)
+            # any Inf/NaN in the row made cs non-finite: read the row again, testing each value
+            if (cs != cs) | (tl.abs(cs) > 3.4028234663852886e38):
+                cs, cq, cn = _row_pass(xp, yp, a0, n, s, SCALE, False, True, BLOCK, ITERS)
+        else:
+            cs, cq, cn = _row_pass(xp, yp, a0, n, s, SCALE, WRITE, True, BLOCK, ITERS)
+        return cs, cq, cn
 
-        MODE 0: ``base`` = element offset of the segment in the flat input ``x_ptr``; unscaled
-        values go to ``y_ptr`` (WRITE). MODE 1: ``base`` = element offset of the tensor from the
-        reference pointer of its dtype (``code`` 0: ``x_ptr`` fp32, 1: ``h_ptr`` fp16, 2: ``b_ptr``
-        bf16; offsets may be negative), written back in place. ``full`` rows: ``base + start`` is
-        a multiple of 16 and the chunk is whole (unmasked vector loads). scale: pointer to one
-        FP32 value (SCALE 1), an FP32 value (SCALE 2) or unused (SCALE 0). out_ptr: (n, 3) FP32,
-        zeroed, accumulated with atomics.
+    @triton.jit
+    def _moments_kernel(x_ptr, h_ptr, b_ptr, table_ptr, scale, acc_ptr, cnt_ptr, out_ptr, y_ptr,
+                        MODE: tl.constexpr, DT: tl.constexpr, SCALE: tl.constexpr, WRITE: tl.constexpr,
+                        FAST: tl.constexpr, FINISH: tl.constexpr, BLOCK: tl.constexpr,
+                        ITERS: tl.constexpr):
+        """One program per row ``(seg, start, len, code, nrows)`` of ``table_ptr``.
+
+        MODE 0: ``start`` = element offset in the flat input ``x_ptr``; unscaled values go to
+        ``y_ptr`` (WRITE). MODE 1: ``start`` = element offset from the reference pointer of the
+        row's dtype (``code`` 0: ``x_ptr`` fp32, 1: ``h_ptr`` fp16, 2: ``b_ptr`` bf16), written back
+        in place. DT: the dtype code when all rows share it, 3 for mixed (branch on ``code``).
+        scale: pointer to one FP32 value (SCALE 1), an FP32 value (SCALE 2) or unused (SCALE 0).
+        out_ptr: (n, 3) FP32. FINISH 0: ``out`` zeroed by the caller, accumulated with atomics.
+        FINISH 1: single-row segments store into ``out``; others add into ``acc_ptr`` (n, 3) and
+        count in ``cnt_ptr`` (n,) int32, both zero at entry; a segment's last program moves the
+        totals to ``out`` and zeroes both again.
         """
         pid = tl.program_id(0).to(tl.int64)
-        row = table_ptr + pid * 6
+        row = table_ptr + pid * 5
         seg = tl.load(row).to(tl.int64)
-        base = tl.load(row + 1).to(tl.int64)
-        start = tl.load(row + 2).to(tl.int64)
-        stop = tl.load(row + 3).to(tl.int64)
-        full = tl.load(row + 5)
+        a0 = tl.load(row + 1).to(tl.int64)
+        n = tl.load(row + 2).to(tl.int64)
+        nrows = tl.load(row + 4).to(tl.int32)
         if SCALE == 1:
             s = tl.load(scale).to(tl.float32)
         elif SCALE == 2:
             s = scale  # an fp32 kernel argument
         else:
             s = 1.0
-        # Addresses are typed pointer + element offset (never int -> pointer casts), so that the
-        # compiler sees the pointer's 16-byte alignment and the hint below, and vectorises.
-        g = tl.multiple_of(base + start, 16)  # only used on full rows, where the host ensured it
         if MODE == 0:
-            if full != 0:
-                cs, cq, cn = _chunk_moments(x_ptr + g, y_ptr + g, start, stop, s, True,
-                                            SCALE, WRITE, BLOCK, ITERS)
-            else:
-                cs, cq, cn = _chunk_moments(x_ptr + base, y_ptr + base, start, stop, s, False,
-                                            SCALE, WRITE, BLOCK, ITERS)
+            cs, cq, cn = _row_moments(x_ptr, y_ptr, a0, n, s, SCALE, WRITE, FAST, BLOCK, ITERS)
+        elif DT == 0:
+            cs, cq, cn = _row_moments(x_ptr, x_ptr, a0, n, s, SCALE, WRITE, FAST, BLOCK, ITERS)
+        elif DT == 1:
+            cs, cq, cn = _row_moments(h_ptr, h_ptr, a0, n, s, SCALE, WRITE, FAST, BLOCK, ITERS)
+        elif DT == 2:
+            cs, cq, cn = _row_moments(b_ptr, b_ptr, a0, n, s, SCALE, WRITE, FAST, BLOCK, ITERS)
         else:
-            code = tl.load(row + 4)
+            code = tl.load(row + 3)
             if code == 0:
-                if full != 0:
-                    cs, cq, cn = _chunk_moments(x_ptr + g, x_ptr + g, start, stop, s, True,
-                                                SCALE, WRITE, BLOCK, ITERS)
-                else:
-                    cs, cq, cn = _chunk_moments(x_ptr + base, x_ptr + base, start, stop, s, False,
-                                                SCALE, WRITE, BLOCK, ITERS)
+                cs, cq, cn = _row_moments(x_ptr, x_ptr, a0, n, s, SCALE, WRITE, FAST, BLOCK, ITERS)
             elif code == 1:
-                if full != 0:
-                    cs, cq, cn = _chunk_moments(h_ptr + g, h_ptr + g, start, stop, s, True,
-                                                SCALE, WRITE, BLOCK, ITERS)
-                else:
-                    cs, cq, cn = _chunk_moments(h_ptr + base, h_ptr + base, start, stop, s, False,
-                                                SCALE, WRITE, BLOCK, ITERS)
+                cs, cq, cn = _row_moments(h_ptr, h_ptr, a0, n, s, SCALE, WRITE, FAST, BLOCK, ITERS)
             else:
-                if full != 0:
-                    cs, cq, cn = _chunk_moments(b_ptr + g, b_ptr + g, start, stop, s, True,
-                                                SCALE, WRITE, BLOCK, ITERS)
-                else:
-                    cs, cq, cn = _chunk_moments(b_ptr + base, b_ptr + base, start, stop, s, False,
-                                                SCALE, WRITE, BLOCK, ITERS)
+                cs, cq, cn = _row_moments(b_ptr, b_ptr, a0, n, s, SCALE, WRITE, FAST, BLOCK, ITERS)
+        cnf = cn.to(tl.float32)
         o = out_ptr + seg * 3
-        tl.atomic_add(o, cs)
-        tl.atomic_add(o + 1, cq)
-        tl.atomic_add(o + 2, cn.to(tl.float32))
+        if FINISH == 0:
+            tl.atomic_add(o, cs)
+            tl.atomic_add(o + 1, cq)
+            tl.atomic_add(o + 2, cnf)
+        elif nrows == 1:
+            tl.store(o, cs)
+            tl.store(o + 1, cq)
+            tl.store(o + 2, cnf)
+        else:
+            # scalar atomics run on one thread of the program, in program order: the counter's
+            # release orders the three adds before it; the last program's acquire sees them all
+            a = acc_ptr + seg * 3
+            tl.atomic_add(a, cs, sem="relaxed")
+            tl.atomic_add(a + 1, cq, sem="relaxed")
+            tl.atomic_add(a + 2, cnf, sem="relaxed")
+            done = tl.atomic_add(cnt_ptr + seg, 1, sem="acq_rel")
+            if done == nrows - 1:
+                # read through atomics (L2, after the acquire); nothing else touches these
+                # addresses in this launch, so plain stores reset them for the next one
+                ts = tl.atomic_add(a, 0.0, sem="relaxed")
+                tq = tl.atomic_add(a + 1, 0.0, sem="relaxed")
+                tn = tl.atomic_add(a + 2, 0.0, sem="relaxed")
+                tl.store(o, ts)
+                tl.store(o + 1, tq)
+                tl.store(o + 2, tn)
+                tl.store(a, 0.0)
+                tl.store(a + 1, 0.0)
+                tl.store(a + 2, 0.0)
+                tl.store(cnt_ptr + seg, 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,39 +290,45 @@ def moments_reference_jnp(flat: Any, offsets: Sequence[int], inv_scale: Any = No
 # torch launchers
 # ----------------------------------------------------------------------------------------------
 
-_TABLES = D.LRU(128)
+_PLANS = D.LRU(128)
 
 
-def _flat_table(off: np.ndarray, chunk: int) -> np.ndarray:
-    """Chunk table (rows, 6) int64 for a flat buffer with segment offsets ``off`` (elements)."""
-    base = off[:-1]
-    seg, start, stop, full = D.aligned_chunk_rows(np.diff(off), (-base) % D.ALIGN, chunk)
-    return np.ascontiguousarray(np.stack([seg, base[seg], start, stop, np.zeros_like(seg), full], axis=1))
-
-
-def _check_config(block: int, iters: int, num_warps: int) -> None:
+def _check_config(block: int, iters: int, num_warps: int, chunk: int | None) -> None:
     if block < D.ALIGN or block & (block - 1):
         raise ValueError(f"block={block}: must be a power of two >= {D.ALIGN}")
     if iters < 1:
         raise ValueError(f"iters={iters}: must be >= 1")
     if num_warps < 1 or num_warps & (num_warps - 1):
         raise ValueError(f"num_warps={num_warps}: must be a power of two >= 1")
+    if chunk is not None and (not isinstance(chunk, int) or chunk < D.ALIGN or chunk % D.ALIGN):
+        raise ValueError(f"chunk={chunk!r}: must be None (automatic) or a multiple of {D.ALIGN} >= {D.ALIGN}")
+
+
+def _rows_table(sizes: np.ndarray, starts: np.ndarray, codes: np.ndarray, total: int, sms: int,
+                cfg: tuple) -> np.ndarray:
+    """Row table (rows, 5) int64 ``(seg, start, len, code, nrows)`` for segments of ``sizes``
+    elements at element offsets ``starts`` (segments with code -1 get no row)."""
+    block, iters, _, chunk, per_sm = cfg[:5]
+    unit = block * iters
+    if chunk is None:
+        chunk = D.auto_chunk(total, sms, per_sm, unit)
+    keep = np.flatnonzero(codes >= 0)
+    seg, start, length, nrows = D.segment_rows(sizes[keep], starts[keep], chunk, unit if chunk >= unit else D.ALIGN)
+    seg = keep[seg]
+    return np.ascontiguousarray(np.stack([seg, start, length, codes[seg], nrows], axis=1).astype(np.int64))
 
 
 def _torch_scale(inv_scale: Any, device: Any) -> tuple[int, Any]:
     """(SCALE mode, kernel argument) for ``inv_scale`` given as None, a float or a 1-element tensor."""
-    import torch
-
     if inv_scale is None:
         return 0, 1.0
-    if isinstance(inv_scale, torch.Tensor):
-        if inv_scale.numel() != 1 or inv_scale.dtype != torch.float32 or inv_scale.device != device:
+    if isinstance(inv_scale, _T):
+        if inv_scale.numel() != 1 or inv_scale.dtype != _F32 or inv_scale.device != device:
             raise ValueError(
                 f"inv_scale: need a 1-element float32 tensor on {device}, got shape "
                 f"{tuple(inv_scale.shape)} {inv_scale.dtype} on {inv_scale.device}")
         return 1, inv_scale
-    v = _float_scale(inv_scale)
-    return 2, v
+    return 2, _float_scale(inv_scale)
 
 
 def _float_scale(inv_scale: Any) -> float:
@@ -270,130 +341,171 @@ def _float_scale(inv_scale: Any) -> float:
     return v
 
 
-def _check_out(out: Any, n: int, device: Any) -> None:
+def _out(out: Any, n: int, device: Any) -> Any:
     import torch
 
-    if not isinstance(out, torch.Tensor) or out.shape != (n, 3) or out.dtype != torch.float32 \
-            or not out.is_contiguous() or out.device != device:
-        desc = (tuple(out.shape), out.dtype, out.device) if isinstance(out, torch.Tensor) else type(out)
-        raise ValueError(f"out: need a contiguous float32 tensor of shape ({n}, 3) on {device}, got {desc}")
-
-
-def _torch_check(tensors: Sequence[Any]) -> None:
-    dev = tensors[0].device
-    for i, t in enumerate(tensors):
-        D.dtype_code(str(t.dtype), f"tensors[{i}]")
-        if t.device != dev:
-            raise ValueError(f"tensors[{i}]: on {t.device}, but tensors[0] is on {dev}; all must share a device")
-
-
-def _launch_torch(refs: list, table: Any, nchunks: int, scale: tuple[int, Any], out: Any, y: Any,
-                  mode: int, write: bool, block: int, iters: int, num_warps: int) -> None:
-    out.zero_()
-    if nchunks == 0:
-        return
-    smode, sarg = scale
-    _moments_kernel[(nchunks,)](refs[0], refs[1], refs[2], table, sarg, out, y, MODE=mode,
-                                SCALE=smode, WRITE=write,
-                                BLOCK=block, ITERS=iters, num_warps=num_warps)
-
-
-def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str,
-                block: int, iters: int, num_warps: int) -> Any:
-    import torch
-
-    dev = tensors[0].device
-    n = len(tensors)
-    if not D.use_triton_torch(triton is not None, dev, impl):
-        _torch_check(tensors)
-        if out is None:
-            out = torch.empty((n, 3), dtype=torch.float32, device=dev)
-        else:
-            _check_out(out, n, dev)
-        _torch_scale(inv_scale, dev)
-        out.copy_(moments_reference_torch(tensors, inv_scale))
-        return out
-    chunk = block * iters
-    T = torch.Tensor
-    # Layout key: address, shape, dtype and strides of every tensor (under CUDA's unified addressing
-    # an address also fixes the device). A hit means these tensors were validated when the table
-    # was built, so the per-call host cost is this key alone.
-    key = (chunk, tuple(map(T.data_ptr, tensors)), tuple(t.shape for t in tensors),
-           tuple(t.dtype for t in tensors), tuple(map(T.stride, tensors)))
-    hit = _TABLES.get(key)
-    if hit is None:
-        _torch_check(tensors)
-        for i, t in enumerate(tensors):
-            if not D.is_dense(t):
-                raise ValueError(f"tensors[{i}]: not dense (strides {t.stride()} for shape {tuple(t.shape)}); "
-                                 "the kernel reads numel consecutive elements")
-        sizes = np.array([t.numel() for t in tensors], dtype=np.int64)
-        addrs = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
-        codes = np.array([D.dtype_code(str(t.dtype), "tensors") for t in tensors], dtype=np.int64)
-        esize = np.array([t.element_size() for t in tensors], dtype=np.int64)
-        ref_idx = [-1, -1, -1]  # per kernel dtype code: index of its reference tensor (-1: none)
-        rel = np.zeros_like(addrs)
-        for c in range(3):
-            idx = np.flatnonzero((codes == c) & (sizes > 0))
-            if idx.size == 0:
-                continue
-            ref_idx[c] = int(idx[0])
-            d = addrs[idx] - addrs[idx[0]]
-            bad = idx[d % esize[idx] != 0]
-            if bad.size:
-                raise ValueError(f"tensors[{int(bad[0])}]: address not a multiple of its element size "
-                                 f"away from tensors[{int(idx[0])}] of the same dtype")
-            rel[idx] = d // esize[idx]
-        wide = np.flatnonzero(codes == D.CODE_FP64)  # no kernel rows: torch ops after the launch
-        seg, start, stop, full = D.aligned_chunk_rows(np.where(codes == D.CODE_FP64, 0, sizes),
-                                                      (-rel) % D.ALIGN, chunk)
-        tab = np.stack([seg, rel[seg], start, stop, codes[seg], full], axis=1)
-        # indices, not tensors: the cache must not keep gradients alive
-        hit = (torch.from_numpy(np.ascontiguousarray(tab)).to(dev), tab.shape[0], ref_idx,
-               wide.tolist(), torch.from_numpy(wide).to(dev))
-        _TABLES.put(key, hit)
     if out is None:
-        out = torch.empty((n, 3), dtype=torch.float32, device=dev)
-    else:
-        _check_out(out, n, dev)
-    scale = _torch_scale(inv_scale, dev)
-    table, nch, ref_idx, wide, wide_idx = hit
-    refs = [tensors[i] if i >= 0 else out for i in ref_idx]  # placeholders are never dereferenced
-    _launch_torch(refs, table, nch, scale, out, out, 1, inv_scale is not None, block, iters, num_warps)
-    if wide:
-        out.index_copy_(0, wide_idx, moments_reference_torch([tensors[i] for i in wide], inv_scale))
+        return torch.empty((n, 3), dtype=_F32, device=device)
+    if not isinstance(out, _T) or out.shape != (n, 3) or out.dtype != _F32 \
+            or not out.is_contiguous() or out.device != device:
+        desc = (tuple(out.shape), out.dtype, out.device) if isinstance(out, _T) else type(out)
+        raise ValueError(f"out: need a contiguous float32 tensor of shape ({n}, 3) on {device}, got {desc}")
     return out
 
 
-def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, impl: str,
-                block: int, iters: int, num_warps: int) -> Any:
+_T = None  # torch.Tensor, bound on first torch use (this module imports no framework at import)
+_F32 = None
+
+
+def _bind_torch() -> None:
+    global _T, _F32
     import torch
 
+    _T, _F32 = torch.Tensor, torch.float32
+
+
+class _TorchPlan:
+    """What one layout needs at launch: device tables, accumulator, launchers (per scale mode)."""
+
+    __slots__ = ("n", "device", "triton", "table", "rows", "acc", "cnt", "ref_idx", "wide", "wide_idx",
+                 "mode", "dt", "cfg", "launchers")
+
+    def launcher(self, smode: int, write: bool) -> D.Launcher:
+        lk = (smode, write)
+        la = self.launchers.get(lk)
+        if la is None:
+            block, iters, num_warps, _, _, fast = self.cfg
+            la = D.Launcher(_moments_kernel, self.rows, dict(
+                MODE=self.mode, DT=self.dt, SCALE=smode, WRITE=write, FAST=fast, FINISH=1,
+                BLOCK=block, ITERS=iters, num_warps=num_warps))
+            self.launchers[lk] = la
+        return la
+
+
+def _new_plan(n: int, device: Any, use_triton: bool, cfg: tuple) -> _TorchPlan:
+    p = _TorchPlan()
+    p.n, p.device, p.triton, p.cfg, p.launchers = n, device, use_triton, cfg, {}
+    p.wide, p.wide_idx, p.ref_idx = [], None, [-1, -1, -1]
+    return p
+
+
+def _device_tables(p: _TorchPlan, tab: np.ndarray) -> None:
+    import torch
+
+    p.rows = tab.shape[0]
+    p.table = torch.from_numpy(tab).to(p.device)
+    p.acc = torch.zeros((p.n, 3), dtype=torch.float32, device=p.device)
+    p.cnt = torch.zeros(p.n, dtype=torch.int32, device=p.device)
+
+
+def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple) -> _TorchPlan:
+    """Validate a list of tensors once and build its launch plan."""
+    import torch
+
+    dev = tensors[0].device
+    codes = np.empty(len(tensors), dtype=np.int64)
+    for i, t in enumerate(tensors):
+        codes[i] = D.dtype_code(str(t.dtype), f"tensors[{i}]")
+        if t.device != dev:
+            raise ValueError(f"tensors[{i}]: on {t.device}, but tensors[0] is on {dev}; all must share a device")
+    p = _new_plan(len(tensors), dev, D.use_triton_torch(triton is not None, dev, impl), cfg)
+    if not p.triton:
+        return p
+    for i, t in enumerate(tensors):
+        if not D.is_dense(t):
+            raise ValueError(f"tensors[{i}]: not dense (strides {t.stride()} for shape {tuple(t.shape)}); "
+                             "the kernel reads numel consecutive elements")
+    sizes = np.array([t.numel() for t in tensors], dtype=np.int64)
+    addrs = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
+    esize = np.array([t.element_size() for t in tensors], dtype=np.int64)
+    rel = np.zeros_like(addrs)
+    for c in range(3):
+        idx = np.flatnonzero((codes == c) & (sizes > 0))
+        if idx.size == 0:
+            continue
+        p.ref_idx[c] = int(idx[0])
+        d = addrs[idx] - addrs[idx[0]]
+        bad = idx[d % esize[idx] != 0]
+        if bad.size:
+            raise ValueError(f"tensors[{int(bad[0])}]: address not a multiple of its element size "
+                             f"away from tensors[{int(idx[0])}] of the same dtype")
+        rel[idx] = d // esize[idx]
+    wide = codes == D.CODE_FP64  # no kernel rows: torch ops after the launch
+    p.wide = np.flatnonzero(wide).tolist()
+    p.wide_idx = torch.from_numpy(np.flatnonzero(wide)).to(dev)
+    kcodes = np.where(wide, -1, codes)
+    # an empty tensor reads nothing: give it a dtype that has a reference pointer, so that a list
+    # of one dtype plus empty tensors of another still compiles with its dtype fixed
+    live = kcodes[(kcodes >= 0) & (sizes > 0)]
+    kcodes = np.where((sizes == 0) & (kcodes >= 0), int(live.min()) if live.size else 0, kcodes)
+    present = set(kcodes[kcodes >= 0].tolist())
+    p.mode, p.dt = 1, (present.pop() if len(present) == 1 else 3)
+    sms = D.torch_sm_count(dev)
+    _device_tables(p, _rows_table(sizes, rel, kcodes, int(sizes[~wide].sum()), sms, cfg))
+    return p
+
+
+def _launch(p: _TorchPlan, refs: Sequence[Any], y: Any, inv_scale: Any, out: Any) -> None:
+    smode, sarg = _torch_scale(inv_scale, p.device)
+    if p.rows == 0:
+        return
+    spec = (out.data_ptr() & 15, sarg.data_ptr() & 15 if smode == 1 else 0)
+    p.launcher(smode, inv_scale is not None)(spec, refs[0], refs[1], refs[2], p.table, sarg, p.acc, p.cnt, out, y)
+
+
+def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg: tuple) -> Any:
+    if _T is None:
+        _bind_torch()
+    # A hit means these tensors were validated when the plan was built, so the per-call host
+    # cost is this key and one launch.
+    key = (cfg, impl, D.torch_layout_key(tensors))
+    p = _PLANS.get(key)
+    if p is None:
+        p = _list_plan(tensors, impl, cfg)
+        _PLANS.put(key, p)  # indices, not tensors: the cache must not keep gradients alive
+    out = _out(out, p.n, p.device)
+    if not p.triton:
+        _torch_scale(inv_scale, p.device)
+        out.copy_(moments_reference_torch(tensors, inv_scale))
+        return out
+    r = p.ref_idx
+    ph = p.table  # placeholder for absent dtypes, never dereferenced
+    refs = (tensors[r[0]] if r[0] >= 0 else ph, tensors[r[1]] if r[1] >= 0 else ph,
+            tensors[r[2]] if r[2] >= 0 else ph)
+    _launch(p, refs, ph, inv_scale, out)
+    if p.wide:
+        out.index_copy_(0, p.wide_idx, moments_reference_torch([tensors[i] for i in p.wide], inv_scale))
+    return out
+
+
+def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, impl: str, cfg: tuple) -> Any:
+    if _T is None:
+        _bind_torch()
+    dev = flat.device
+    key = ("flat", cfg, impl, dev, flat.dtype, off.tobytes())
+    p = _PLANS.get(key)
+    if p is None:
+        if flat.dim() != 1 or not flat.is_contiguous():
+            raise ValueError(f"flat: need a contiguous 1-D tensor, got shape {tuple(flat.shape)}")
+        code = D.dtype_code(str(flat.dtype), "flat")
+        p = _new_plan(off.size - 1, dev, code != D.CODE_FP64 and D.use_triton_torch(triton is not None, dev, impl), cfg)
+        if p.triton:
+            p.mode, p.dt = 0, code
+            sizes = np.diff(off)
+            codes = np.full(sizes.size, code, dtype=np.int64)
+            _device_tables(p, _rows_table(sizes, off[:-1], codes, int(off[-1]), D.torch_sm_count(dev), cfg))
+        _PLANS.put(key, p)
     if flat.dim() != 1 or not flat.is_contiguous():
         raise ValueError(f"flat: need a contiguous 1-D tensor, got shape {tuple(flat.shape)}")
     if int(off[-1]) != flat.numel():
         raise ValueError(f"offsets: last offset {int(off[-1])} != flat.numel() {flat.numel()}")
-    D.dtype_code(str(flat.dtype), "flat")
-    dev = flat.device
-    n = off.size - 1
-    if out is None:
-        out = torch.empty((n, 3), dtype=torch.float32, device=dev)
-    else:
-        _check_out(out, n, dev)
-    scale = _torch_scale(inv_scale, dev)
-    if flat.dtype == torch.float64 or not D.use_triton_torch(triton is not None, dev, impl):
+    out = _out(out, p.n, dev)
+    if not p.triton:
+        _torch_scale(inv_scale, dev)
         views = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
         out.copy_(moments_reference_torch(views, inv_scale))
         return out
-    chunk = block * iters
-    key = ("flat", dev, chunk, off.tobytes())
-    hit = _TABLES.get(key)
-    if hit is None:
-        tab = _flat_table(off, chunk)
-        hit = (torch.from_numpy(np.ascontiguousarray(tab)).to(dev), tab.shape[0])
-        _TABLES.put(key, hit)
-    table, nch = hit
-    _launch_torch([flat] * 3, table, nch, scale, out, flat, 0, inv_scale is not None, block, iters, num_warps)
+    _launch(p, (flat, flat, flat), flat, inv_scale, out)
     return out
 
 
@@ -410,8 +522,7 @@ def _torch_moments(out: Any) -> Moments:
 _JTABLES = D.LRU(128)
 
 
-def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str,
-              block: int, iters: int, num_warps: int) -> tuple[Any, Any]:
+def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str, cfg: tuple) -> tuple[Any, Any]:
     """((n, 3) float32, unscaled flat or None) for a flat JAX buffer."""
     import jax
     import jax.numpy as jnp
@@ -421,7 +532,7 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str,
         raise ValueError(f"flat: need a 1-D array, got shape {flat.shape}")
     if int(off[-1]) != flat.size:
         raise ValueError(f"offsets: last offset {int(off[-1])} != flat.size {flat.size}")
-    D.dtype_code(str(flat.dtype), "flat")
+    code = D.dtype_code(str(flat.dtype), "flat")
     if isinstance(inv_scale, (int, float, np.floating)):
         inv_scale = _float_scale(inv_scale)
     elif inv_scale is not None:
@@ -433,20 +544,22 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str,
     gpu = D.jax_on_gpu([flat])
     if impl == "triton" and not gpu:
         raise RuntimeError("impl='triton': jax-triton needs a GPU; JAX arrays here are not on one")
-    if impl == "reference" or not gpu or triton is None or flat.dtype == jnp.float64:
+    if impl == "reference" or not gpu or triton is None or code == D.CODE_FP64:
         return moments_reference_jnp(flat, off, inv_scale)
     import jax_triton as jt  # lazy: cannot be imported without a GPU
 
     n = off.size - 1
     if off[-1] >= 2**31:
         raise ValueError(f"flat: {int(off[-1])} elements; the JAX path indexes with int32 (< 2**31)")
-    chunk = block * iters
-    key = (chunk, off.tobytes())
+    sms = D.jax_sm_count(flat)
+    key = (cfg, sms, off.tobytes())
     tab = _JTABLES.get(key)
     if tab is None:
-        tab = _flat_table(off, chunk).astype(np.int32)
+        sizes = np.diff(off)
+        t = _rows_table(sizes, off[:-1], np.zeros(sizes.size, dtype=np.int64), int(off[-1]), sms, cfg)
+        tab = jnp.asarray(t.astype(np.int32))  # int32: int64 arrays need jax_enable_x64
         _JTABLES.put(key, tab)
-    nch = tab.shape[0]
+    nrows = tab.shape[0]
     write = inv_scale is not None
     if inv_scale is None:
         smode, sarg = 0, np.float32(1.0)
@@ -454,13 +567,16 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str,
         smode, sarg = 2, np.float32(inv_scale)
     else:
         smode, sarg = 1, inv_scale.reshape(1)
-    if nch == 0:
+    if nrows == 0:
         return jnp.zeros((n, 3), jnp.float32), (flat if write else None)
+    block, iters, num_warps, _, _, fast = cfg
     out_shape = [jax.ShapeDtypeStruct((n, 3), jnp.float32),
                  jax.ShapeDtypeStruct(flat.shape if write else (1,), flat.dtype)]
-    out, y = jt.triton_call(flat, flat, flat, jnp.asarray(tab), sarg, kernel=_moments_kernel, out_shape=out_shape,
-                            grid=(nch,), num_warps=num_warps, zeroed_outputs=(0,),
-                            MODE=0, SCALE=smode, WRITE=write, BLOCK=block, ITERS=iters)
+    # FINISH 0 (atomics into a zeroed out): a functional call has no persistent accumulator
+    out, y = jt.triton_call(flat, flat, flat, tab, sarg, tab, tab, kernel=_moments_kernel,
+                            out_shape=out_shape, grid=(nrows,), num_warps=num_warps, zeroed_outputs=(0,),
+                            MODE=0, DT=code, SCALE=smode, WRITE=write, FAST=fast, FINISH=0,
+                            BLOCK=block, ITERS=iters)
     return out, (y if write else None)
 
 
@@ -475,8 +591,14 @@ def _jax_moments(out: Any) -> Moments:
 # ----------------------------------------------------------------------------------------------
 
 
+def _cfg(block: int, iters: int, num_warps: int, chunk: int | None) -> tuple:
+    _check_config(block, iters, num_warps, chunk)
+    return (block, iters, num_warps, chunk, PER_SM, FAST)
+
+
 def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: str = "auto",
-                 block: int = BLOCK, iters: int = ITERS, num_warps: int = NUM_WARPS) -> Any:
+                 block: int = BLOCK, iters: int = ITERS, num_warps: int = NUM_WARPS,
+                 chunk: int | None = None) -> Any:
     """Per-tensor (sum, sumsq, nonfinite) of gradients, in one kernel launch.
 
     tensors: list of torch tensors (any shapes, dense, FP32/FP16/BF16/FP64, one device; read in place
@@ -489,15 +611,18 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: 
         and no host sync.
     impl: "auto" (Triton on CUDA / interpreter / jax-triton on GPU, else reference), "triton" or
         "reference".
+    block, iters, num_warps: launch configuration (elements per load, loads per unrolled step,
+        warps per program); chunk: elements per program (a multiple of 16; None: from the total
+        size and the GPU's SM count).
 
     Returns :class:`Moments` of (n,) arrays of the input's framework (float32, float32, int32),
     ``out`` when given, and for JAX with ``inv_scale`` the pair ``(Moments, unscaled)`` where
     ``unscaled`` has the structure of ``tensors``. See the module docstring for non-finite handling.
     """
-    _check_config(block, iters, num_warps)
+    cfg = _cfg(block, iters, num_warps, chunk)
     leaves, fw = D.leaves_and_framework(tensors, "tensors")
     if fw == "torch":
-        res = _torch_list(leaves, inv_scale, out, impl, block, iters, num_warps)
+        res = _torch_list(leaves, inv_scale, out, impl, cfg)
         return res if out is not None else _torch_moments(res)
     if out is not None:
         raise TypeError("out: only supported for torch tensors (JAX is functional)")
@@ -511,7 +636,7 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: 
     flat_dtype = dtypes.pop() if len(dtypes) == 1 else jnp.float64 if np.dtype("float64") in dtypes else jnp.float32
     flat = jnp.concatenate([a.reshape(-1).astype(flat_dtype) for a in leaves])
     off = np.concatenate([[0], np.cumsum([a.size for a in leaves])]).astype(np.int64)
-    res, y = _jax_flat(flat, off, inv_scale, impl, block, iters, num_warps)
+    res, y = _jax_flat(flat, off, inv_scale, impl, cfg)
     moments = _jax_moments(res)
     if inv_scale is None:
         return moments
@@ -522,20 +647,20 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: 
 
 def grad_moments_flat(flat: Any, offsets: Sequence[int], *, inv_scale: Any = None, out: Any = None,
                       impl: str = "auto", block: int = BLOCK, iters: int = ITERS,
-                      num_warps: int = NUM_WARPS) -> Any:
+                      num_warps: int = NUM_WARPS, chunk: int | None = None) -> Any:
     """Segment-level entry: moments of ``flat[offsets[i]:offsets[i+1]]`` for each segment i.
 
     flat: 1-D contiguous torch tensor or JAX array (FP32/FP16/BF16/FP64). offsets: host (n+1,) integers,
     starting at 0, non-decreasing, ending at ``flat`` size (cached per layout). Other arguments and
     the result as in :func:`grad_moments`; for JAX with ``inv_scale`` returns ``(Moments, unscaled_flat)``.
     """
-    _check_config(block, iters, num_warps)
+    cfg = _cfg(block, iters, num_warps, chunk)
     off = D.parse_offsets(offsets)
     fw = D.framework_of(flat)
     if fw == "torch":
-        res = _torch_flat(flat, off, inv_scale, out, impl, block, iters, num_warps)
+        res = _torch_flat(flat, off, inv_scale, out, impl, cfg)
         return res if out is not None else _torch_moments(res)
     if out is not None:
         raise TypeError("out: only supported for torch tensors (JAX is functional)")
-    res, y = _jax_flat(flat, off, inv_scale, impl, block, iters, num_warps)
+    res, y = _jax_flat(flat, off, inv_scale, impl, cfg)
     return _jax_moments(res) if inv_scale is None else (_jax_moments(res), y)

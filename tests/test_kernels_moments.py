@@ -192,24 +192,30 @@ def test_errors():
         grad_moments([torch.zeros(4, 4)[:, ::2]], impl="triton")
 
 
-def test_aligned_chunk_rows_cover_segments_exactly_once():
-    from triaccel.kernels._dispatch import ALIGN, aligned_chunk_rows
+@pytest.mark.parametrize("chunk,unit", [(64, 64), (48, 16), (4096, 1024)])
+def test_segment_rows_cover_segments_exactly_once(chunk, unit):
+    from triaccel.kernels._dispatch import ALIGN, segment_rows
 
     rng = np.random.default_rng(8)
-    sizes = rng.integers(0, 300, size=40)
-    bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]) + 5
-    chunk = 64
-    seg, start, stop, full = aligned_chunk_rows(sizes, (-bases) % ALIGN, chunk)
+    sizes = np.concatenate([rng.integers(0, 300, size=40), [0, 1, 15, 16, 17, 10000]])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) + 5
+    seg, start, length, nrows = segment_rows(sizes, starts, chunk, unit)
     for s, n in enumerate(sizes):
         rows = np.flatnonzero(seg == s)
+        assert rows.size == nrows[rows[0]] >= 1  # every segment, empty ones too, has its rows
         cover = np.zeros(n, dtype=int)
-        for r in rows:
-            cover[start[r]:stop[r]] += 1
-            assert stop[r] - start[r] <= chunk and stop[r] > start[r]
-            if full[r]:
-                assert stop[r] - start[r] == chunk and (bases[s] + start[r]) % ALIGN == 0
+        for k, r in enumerate(rows):
+            lo = start[r] - starts[s]
+            cover[lo:lo + length[r]] += 1
+            if k > 0:  # later rows start aligned, hold whole steps but for the last
+                assert start[r] % ALIGN == 0 and length[r] > 0
+                if k < rows.size - 1:
+                    assert length[r] % unit == 0
+            if n > 0:
+                assert length[r] > 0
+            assert length[r] <= max(chunk, unit) + ALIGN
         assert np.all(cover == 1)
-    assert full.sum() > 0
+    assert nrows.max() > 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
