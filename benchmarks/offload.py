@@ -1,0 +1,367 @@
+"""Activation swap / recompute under a VRAM budget (issue 17): ResNet-152 at 224x224 on synthetic data.
+
+One run, one process, ratios against baselines measured in the same run:
+
+  measure   the cost table at two batches (`ActivationOffload.measure`: per-block CUDA-event times,
+            saved-tensor bytes, pinned-host bandwidth) -> CostModel.
+  plain     the largest batch B0 whose measured peak (torch.cuda.max_memory_allocated over a step,
+            SGD-momentum included) stays within --budget without a plan.
+  plan      the largest batch Bp that a plan (triaccel.swap_plan.plan_for_budget) fits into the
+            budget; its measured peak is checked and the plan re-made with the budget lowered by the
+            model's error until it fits (at most 3 tries, then one grid step down).
+  same B    at Bp: no plan and no budget (the device's 80 GB), torch.autograd.graph.save_on_cpu(
+            pin_memory=True), and every block under torch.utils.checkpoint (our recompute path):
+            samples/s and peak for each.
+  joint     triaccel.swap_plan.choose_batch (TriAccelConfig(offload="auto")): the modelled best of
+            (B0, no plan) and (planned batches), measured.
+
+Prints a table, writes JSON (default benchmarks/results/offload/offload-<device>.json).
+GPU (lead):  python3 benchmarks/offload.py --budget 8GiB --out $OUT/offload.json
+CPU smoke:   python benchmarks/offload.py --device cpu --model resnet18 --width 0.125 --image 16 \
+               --budget 2MiB --steps 2 --max-batch 48 --measure-batches 4,8 --lr-batch 8 --min-bytes 0 \
+               --out /tmp/offload.json
+On CPU nothing measures memory: peaks are the model's (marked "model"), so the smoke test checks the
+mechanics and the table, not the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from triaccel import TriAccelConfig, parse_bytes
+from triaccel.backends.torch.models import create_model
+from triaccel.backends.torch.offload import ActivationOffload, measure_bandwidth
+from triaccel.swap_plan import CostModel, SwapPlan, choose_batch, plan_for_budget, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Bottleneck(nn.Module):
+    """ImageNet ResNet bottleneck: 1x1 -> 3x3 (stride) -> 1x1 (x4), BN after each, projection shortcut."""
+
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        cout = width * 4
+        self.conv1, self.bn1 = nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2, self.bn2 = nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return F.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+class Stem(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(F.relu(self.bn(self.conv(x))), 3, 2, 1)
+
+
+class Head(nn.Module):
+    def __init__(self, cin: int, classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(x.mean(dim=(2, 3)), 1))
+
+
+def resnet152(classes: int = 1000) -> nn.Sequential:
+    """ResNet-152 (He et al. 2016; stages 3, 8, 36, 3), 60.2M parameters, as a flat Sequential of
+    stem, 50 bottleneck blocks and head: those 52 modules are the swap units."""
+    mods: list[nn.Module] = [Stem()]
+    cin = 64
+    for width, n, stride in ((64, 3, 1), (128, 8, 2), (256, 36, 2), (512, 3, 2)):
+        for i in range(n):
+            mods.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            cin = width * 4
+    mods.append(Head(cin, classes))
+    return nn.Sequential(*mods)
+
+
+def nbytes(v: int | None) -> str:
+    if v is None:
+        return "n/a (cpu)"
+    return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.2f} MiB"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+class Bench:
+    """Runs timed SGD steps of one model at a batch under one memory mode."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
+        self.args, self.device = args, device
+        torch.manual_seed(0)
+        if args.model == "resnet152":
+            self.model = resnet152(args.classes)
+        else:
+            self.model = create_model("resnet18", num_classes=args.classes, width=args.width, seed=0)
+        self.model.to(device)
+        if args.channels_last:
+            self.model.to(memory_format=torch.channels_last)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.off = ActivationOffload(self.model, min_bytes=args.min_bytes)
+        self.cuda = device.type == "cuda"
+
+    def data(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator(device="cpu").manual_seed(b)
+        x = torch.randn(b, 3, self.args.image, self.args.image, generator=g).to(self.device)
+        if self.args.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, torch.randint(0, self.args.classes, (b,), generator=g).to(self.device)
+
+    def loss_fn(self, x: torch.Tensor, y: torch.Tensor) -> Callable[[], torch.Tensor]:
+        def f() -> torch.Tensor:
+            with torch.autocast(self.device.type, torch.bfloat16, enabled=self.args.amp == "bf16"):
+                return F.cross_entropy(self.model(x), y)
+        return f
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def run(self, b: int, mode: str, steps: int, plan: SwapPlan | list[str] | None = None) -> dict[str, Any] | None:
+        """`steps` timed steps (after 2 untimed) at batch b; mode: plain | plan | save_on_cpu |
+        checkpoint. Returns samples/s (median step), peak allocated/reserved bytes, or None on OOM."""
+        x, y = self.data(b)
+        f = self.loss_fn(x, y)
+        if mode == "plan":
+            self.off.apply(plan)
+        elif mode == "checkpoint":
+            self.off.apply(["recompute"] * len(self.off.units))
+        else:
+            self.off.apply(["keep"] * len(self.off.units))
+
+        def step() -> None:
+            self.opt.zero_grad(set_to_none=True)
+            if mode == "save_on_cpu":
+                with torch.autograd.graph.save_on_cpu(pin_memory=self.cuda):
+                    loss = f()
+                    loss.backward()
+            elif mode == "plan":
+                with self.off:
+                    loss = f()
+                loss.backward()
+            else:
+                loss = f()
+                loss.backward()
+            self.opt.step()
+
+        times: list[float] = []
+        try:
+            for _ in range(2):
+                step()
+            self.sync()
+            if self.cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                step()
+                self.sync()
+                times.append(time.perf_counter() - t0)
+        except torch.OutOfMemoryError:
+            self.opt.zero_grad(set_to_none=True)
+            return None
+        finally:
+            self.off.apply(["keep"] * len(self.off.units))
+            del x, y, f
+            if self.cuda:
+                torch.cuda.empty_cache()
+        med = statistics.median(times)
+        out = {"batch": b, "mode": mode, "step_s": med, "samples_per_s": b / med}
+        if self.cuda:
+            out["peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            out["reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
+        return out
+
+    def peak(self, b: int, mode: str, plan: Any = None, model_peak: int | None = None) -> int | None:
+        """Measured peak bytes of one step at b (on CPU: `model_peak`, the plan's modelled peak)."""
+        r = self.run(b, mode, 1, plan)
+        if r is None:
+            return None
+        return r["peak_bytes"] if self.cuda else model_peak
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=("resnet152", "resnet18"), default="resnet152")
+    ap.add_argument("--width", type=float, default=1.0, help="resnet18 channel width factor")
+    ap.add_argument("--image", type=int, default=224)
+    ap.add_argument("--classes", type=int, default=1000)
+    ap.add_argument("--budget", default="8GiB")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--amp", choices=("off", "bf16"), default="off", help="off: fp32 (TF32 convs, torch's default)")
+    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--min-bytes", type=int, default=64 * 2**10, help="saved tensors below this stay on the device")
+    ap.add_argument("--multiple", type=int, default=8, help="batch grid step")
+    ap.add_argument("--max-batch", type=int, default=512)
+    ap.add_argument("--measure-batches", default="16,32", help="two batches for the cost model")
+    ap.add_argument("--lr-batch", type=int, default=32,
+                    help="batch the LR is set for (TriAccelConfig.batch_init): the joint choice's LR scale is relative to it")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    budget = parse_bytes(args.budget, "--budget")
+    mb = [int(v) for v in args.measure_batches.split(",")]
+    if len(mb) != 2 or mb[0] == mb[1]:
+        raise ValueError(f"--measure-batches={args.measure_batches!r}: allowed two distinct batches")
+    grid = list(range(args.multiple, args.max_batch + 1, args.multiple))
+    bench = Bench(args, device)
+    L = len(bench.off.units)
+    t_start = time.perf_counter()
+
+    # 1. cost model from two measured batches
+    bw = measure_bandwidth(device)
+    tables = []
+    for b in mb:
+        x, y = bench.data(b)
+        tables.append(bench.off.measure(bench.loss_fn(x, y), b, bandwidth=bw))
+        bench.opt.zero_grad(set_to_none=True)
+        del x, y
+    model = CostModel(tuple(tables))
+
+    # 2. largest batch without a plan (modelled, then checked by measurement)
+    keep = ["keep"] * L
+    fit_model = [b for b in grid if simulate(model.at(b), keep).peak_bytes <= budget]
+    b0 = fit_model[-1] if fit_model else None
+    while b0 is not None:
+        p = bench.peak(b0, "plain", model_peak=simulate(model.at(b0), keep).peak_bytes)
+        if p is not None and p <= budget:
+            nxt = b0 + args.multiple  # the model may be conservative: try one step up
+            q = bench.peak(nxt, "plain", model_peak=simulate(model.at(nxt), keep).peak_bytes) if nxt <= args.max_batch else None
+            if q is not None and q <= budget:
+                b0 = nxt
+                continue
+            break
+        b0 = b0 - args.multiple if b0 > args.multiple else None
+    plain_b0 = bench.run(b0, "plain", args.steps) if b0 else None
+
+    # 3. largest batch with a plan, checked by measurement
+    def planned(b: int) -> tuple[SwapPlan, int | None, list[dict[str, Any]]]:
+        target, tries = budget, []
+        for _ in range(3):
+            plan = plan_for_budget(model.at(b), target)
+            if not plan.fits:
+                return plan, None, tries
+            p = bench.peak(b, "plan", plan, model_peak=plan.peak_bytes)
+            tries.append({"target": target, "modelled_peak": plan.peak_bytes, "measured_peak": p,
+                          "swap": plan.count("swap"), "recompute": plan.count("recompute")})
+            if p is not None and p <= budget:
+                return plan, p, tries
+            target -= (p - plan.peak_bytes) if p is not None and p > plan.peak_bytes else budget // 20
+        return plan, None, tries
+
+    lo, hi, top = 0, len(grid) - 1, None  # bisect the modelled feasibility
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if plan_for_budget(model.at(grid[mid]), budget).fits:
+            top, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    bp, plan_bp, peak_bp, replans = None, None, None, []
+    i = top
+    while i is not None and i >= 0:
+        plan, p, tries = planned(grid[i])
+        replans.append({"batch": grid[i], "tries": tries})
+        if p is not None:
+            bp, plan_bp, peak_bp = grid[i], plan, p
+            break
+        i -= 1
+    rows: dict[str, Any] = {"plain_b0": plain_b0}
+    if bp is not None:
+        rows["plan_bp"] = bench.run(bp, "plan", args.steps, plan_bp)
+        rows["nobudget_bp"] = bench.run(bp, "plain", args.steps)
+        rows["save_on_cpu_bp"] = bench.run(bp, "save_on_cpu", args.steps)
+        rows["checkpoint_bp"] = bench.run(bp, "checkpoint", args.steps)
+
+    # 4. joint choice (modelled), measured at its batch
+    cfg = TriAccelConfig(offload="auto", batch_init=args.lr_batch, batch_min=args.multiple, batch_max=args.max_batch,
+                         batch_multiple=args.multiple)
+    try:
+        choice = choose_batch(model, budget, cfg, batches=grid)
+        rows["joint"] = bench.run(choice.batch, "plan" if choice.plan.active else "plain", args.steps, choice.plan)
+    except ValueError as e:
+        choice = None
+        rows["joint"] = None
+        print(f"joint choice: {e}", file=sys.stderr)
+
+    # table
+    def fmt(r: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
+        if r is None:
+            return "OOM / none"
+        pk = r.get("peak_bytes")
+        ratio = f"{r['samples_per_s'] / base['samples_per_s']:.2f}x" if base else "-"
+        return (f"bs {r['batch']:>4}  {r['samples_per_s']:8.1f} samples/s  {ratio:>6}  "
+                f"peak {nbytes(pk)}")
+
+    base = rows.get("nobudget_bp")
+    print(f"\nResNet ({args.model}) {args.image}x{args.image}, {args.amp}, budget {nbytes(budget)}, "
+          f"{device_name(device)}; d2h {bw[0] / 1e9:.1f} GB/s, h2d {bw[1] / 1e9:.1f} GB/s")
+    print(f"largest batch without plan B0 = {b0}; with plan Bp = {bp}"
+          + (f" ({bp / b0:.2f}x)" if bp and b0 else ""))
+    if plan_bp is not None:
+        print(f"plan at Bp: {plan_bp.count('swap')} swap, {plan_bp.count('recompute')} recompute, "
+              f"{plan_bp.count('keep')} keep of {L} units; modelled peak {nbytes(plan_bp.peak_bytes)}, "
+              f"measured {nbytes(peak_bp if bench.cuda else None)}; modelled step "
+              f"{plan_bp.step_ms:.1f} ms (exposed {plan_bp.exposed_ms:.1f} ms)")
+    print("ratios: samples/s against 'no budget' at Bp")
+    for key, label in (("plain_b0", "no plan, B0"), ("plan_bp", "plan, Bp"), ("nobudget_bp", "no budget, Bp"),
+                       ("save_on_cpu_bp", "save_on_cpu(pin), Bp"), ("checkpoint_bp", "checkpoint all, Bp"),
+                       ("joint", "joint choice")):
+        print(f"  {label:<22} {fmt(rows.get(key), base)}")
+    if choice is not None:
+        print(f"joint choice: batch {choice.batch}, plan {'on' if choice.plan.active else 'off'}, lr x{choice.lr_scale:.2f},"
+              f" modelled {choice.goodput:.1f} samples/s (no-plan B0 modelled "
+              f"{choice.baseline.samples_per_s if choice.baseline else float('nan'):.1f})")
+
+    result = {
+        "issue": 17, "benchmark": "offload", "model": args.model, "image": args.image, "amp": args.amp,
+        "budget_bytes": budget, "device": device_name(device), "torch": torch.__version__,
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        "bandwidth_bytes_per_s": {"d2h": bw[0], "h2d": bw[1]},
+        "cost_tables": [{"batch": t.batch, "static_bytes": t.static_bytes, "transient_bytes": t.transient_bytes,
+                         "other_ms": t.other_ms, "layers": [u.__dict__ for u in t.layers]} for t in tables],
+        "b0": b0, "bp": bp, "bp_over_b0": (bp / b0) if bp and b0 else None,
+        "plan_bp": plan_bp.to_dict() if plan_bp else None, "measured_peak_bp": peak_bp, "replans": replans,
+        "runs": rows, "joint": choice.to_dict() if choice else None,
+        "peaks_are": "measured (max_memory_allocated)" if bench.cuda else "modelled (cpu)",
+        "wall_s": time.perf_counter() - t_start,
+    }
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / "offload" / (
+        f"offload-{args.model}-{device_name(device).split(' ')[0].lower()}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
