@@ -253,7 +253,9 @@ class ActivationOffload:
     def __enter__(self) -> "ActivationOffload":
         self._packed = [[] for _ in self.units]
         self.swapped_bytes = 0
-        self._params = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        # parameters and buffers are resident anyway: swapping them would copy without freeing
+        self._params = {p.untyped_storage().data_ptr()
+                        for p in (*self.model.parameters(), *self.model.buffers())}
         self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks_ctx.__enter__()
         return self
