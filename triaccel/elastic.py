@@ -222,6 +222,7 @@ class ElasticStepReport(Generic[T]):
     sizes: list[int] = field(default_factory=list)
     ooms: int = 0
     replayed: int = 0
+    step_samples: int | None = None   # the global step's samples when this is one rank's part
 
     def weighted_sum(self) -> Any:
         """Sum of weight x output over the micro-batches (framework scalars stay on the device)."""
@@ -252,7 +253,8 @@ class ElasticStepOutcome:
     @staticmethod
     def fields(report: "ElasticStepReport[Any]", decision: Any, epoch: int) -> dict[str, Any]:
         """The common fields of a step that just finished (end_of_epoch set by the caller after)."""
-        return {"samples": report.num_samples, "micro_sizes": list(report.sizes), "ooms": report.ooms,
+        samples = report.num_samples if report.step_samples is None else report.step_samples
+        return {"samples": samples, "micro_sizes": list(report.sizes), "ooms": report.ooms,
                 "replayed": report.replayed, "decision": decision, "epoch": epoch, "end_of_epoch": False}
 
 
@@ -472,6 +474,7 @@ def controlled_step(
     free_memory: Callable[[], None],
     read_memory: Callable[[], tuple[int, int] | None] | None = None,
     split: int = 1,
+    local: Any = None,
 ) -> R:
     """One optimizer step under the controller, shared by the torch and JAX `elastic_step`.
 
@@ -482,6 +485,9 @@ def controlled_step(
     If anything raises, the step's indices are put back (replayed first next time) and the error
     propagates, so no sample is lost. split: run the step as at least that many micro-batches
     (the gradient noise measurement's two halves, `Controller.is_noise_step`).
+    local: a `triaccel.distributed.RankShard` under data parallelism: the step's (global) indices
+    are the same on every rank, this rank runs its part at its micro-batch, and an OOM shrinks
+    this rank only (the controllers of all ranks shrink together at the next boundary).
     """
     cfg = getattr(controller, "config", None)
     if cfg is not None and not getattr(loader, "_bounds_checked", False):
@@ -490,19 +496,29 @@ def controlled_step(
     decision = controller.decide(step)
     loader.apply(decision)
     idx = loader.next_indices()
-    micro = decision.batch_size
-    parts = split if split > 1 and len(idx) >= split else 1
+    mine = idx if local is None else local.part(idx)
+    micro = decision.batch_size if local is None else local.micro(decision.batch_size)
+    parts = split if split > 1 and len(mine) >= split else 1
     if parts > 1:
-        micro = min(micro, -(-len(idx) // parts))
+        micro = min(micro, -(-len(mine) // parts))
+    cur = [micro]
 
     def on_oom() -> int:
         # A split step keeps its split at the shrunken size, so each retry is strictly smaller.
+        if local is not None:
+            cur[0] = -(-local.oom(cur[0] * parts) // parts)
+            return cur[0]
         return -(-controller.observe_oom(step).batch_size // parts)
 
     try:
-        report = run_elastic_step(
-            idx, micro_batch=micro, run_micro=run_micro, is_oom=is_oom,
-            on_oom=on_oom, free_memory=free_memory)
+        if len(mine):
+            report = run_elastic_step(
+                mine, micro_batch=micro, run_micro=run_micro, is_oom=is_oom,
+                on_oom=on_oom, free_memory=free_memory)
+        else:   # an epoch's last step with fewer samples than ranks: this rank only takes part in the sync
+            report = ElasticStepReport(num_samples=0, micro_batch=micro)
+        if local is not None:
+            report.step_samples = int(len(idx))
         result = finish(decision, report)
     except BaseException:
         loader.put_back(idx)

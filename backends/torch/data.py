@@ -21,6 +21,7 @@ addition make CUDA's caching allocator refuse to grow past it
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -167,7 +168,8 @@ class ElasticStepResult(ElasticStepOutcome):
 def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any], torch.Tensor],
                  optimizer: torch.optim.Optimizer, step: int, *, scaler: Any = None,
                  probe: Any = None, apply_lr_batch_scale: bool = True,
-                 optimizer_step: Callable[[Any], None] | None = None) -> ElasticStepResult:
+                 optimizer_step: Callable[[Any], None] | None = None,
+                 distributed: Any = None) -> ElasticStepResult:
     """One optimizer step over the controller's logical batch, surviving out-of-memory errors.
 
     loss_fn(batch) -> 0-dim mean loss over the micro-batch `batch` (as produced by `loader.fetch`);
@@ -192,7 +194,15 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
     `controller.observe_gradient_noise` (one host read of 2 x 3 x n_params floats on such steps,
     every t_noise steps). Tensors map to layers through `optimizer.layer_index(params)` (the
     triaccel wrapper); with a plain optimizer the controller must have a single layer.
+
+    distributed: a `triaccel.backends.torch.distributed.Distributed` (default: the wrapper's
+    `optimizer.distributed`). The loader's order and the decided batch are global; this rank runs
+    its part of the step, OOMs are replayed on this rank alone, gradients are reduced once after
+    its micro-batches, and `samples` counts the whole step (see that module).
     """
+    if distributed is None:
+        distributed = getattr(optimizer, "distributed", None)
+    sharded = distributed is not None and distributed.sharded
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     done = [0]
     split = noise_split(controller, step)
@@ -201,7 +211,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
     sq: list[torch.Tensor] = []   # per successful micro-batch: (n_params,) squared norms
 
     def sqnorms(grads: list[torch.Tensor | None]) -> torch.Tensor:
-        gs = [g for g in grads if g is not None]
+        gs = [g if distributed is None else _local(g) for g in grads if g is not None]
         norms = torch.stack(torch._foreach_norm(gs)).float() if gs else torch.zeros(0)
         if len(gs) != len(grads):   # unused parameters: zero norm, kept in place
             full = torch.zeros(len(grads), device=norms.device)
@@ -214,12 +224,18 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
             optimizer.zero_grad(set_to_none=True)   # also wipes partial grads of a failed first try
         loss = loss_fn(loader.fetch(chunk))
         scaled = loss * weight
+        if sharded:   # FSDP averages over ranks: weigh this rank by its share of the step
+            scaled = scaled * distributed.loss_factor(n_local[0], n_step[0])
         if scaler is not None:
             scaled = scaler.scale(scaled)
-        if done[0] == 0:
+        if done[0] == 0 or sharded:   # FSDP reduces in backward's hooks: always into .grad
+            before = [_local(p.grad).clone() if p.grad is not None else None for p in params] \
+                if measure and done[0] else None
             scaled.backward()
             if measure:
-                sq.append(sqnorms([p.grad for p in params]))
+                sq.append(sqnorms([p.grad for p in params]) if before is None else sqnorms(
+                    [None if p.grad is None else _local(p.grad) - (0 if b is None else b)
+                     for p, b in zip(params, before)]))
         else:
             grads = torch.autograd.grad(scaled, params, allow_unused=True)
             if measure:
@@ -235,8 +251,10 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
         return loss.detach()
 
     def finish(decision: Any, report: ElasticStepReport[torch.Tensor]) -> ElasticStepResult:
-        if measure and len(report.sizes) >= 2:
-            _observe_noise(controller, step, params, report, sq, sqnorms, scaler, tensor_layer)
+        if measure and (len(report.sizes) >= 2 or distributed is not None):
+            _observe_noise(controller, step, params, report, sq, sqnorms, scaler, tensor_layer, distributed)
+        if distributed is not None:
+            distributed.sync_gradients(params, report.num_samples, report.step_samples or 0, step)
         saved = [g["lr"] for g in optimizer.param_groups]
         if apply_lr_batch_scale:
             for g in optimizer.param_groups:
@@ -252,23 +270,62 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
         finally:
             for g, lr in zip(optimizer.param_groups, saved):
                 g["lr"] = lr
-        return ElasticStepResult(loss=report.weighted_sum(),
-                                 **ElasticStepOutcome.fields(report, decision, loader.epoch))
+        loss = report.weighted_sum() if report.outputs else torch.zeros((), device=_device(params))
+        return ElasticStepResult(loss=loss, **ElasticStepOutcome.fields(report, decision, loader.epoch))
 
     def read_memory() -> tuple[int, int] | None:
         if probe is None:
             return None
         return memory_pair(probe.read() if hasattr(probe, "read") else probe())
 
+    n_local, n_step = [0], [0]
+    local = None
+    if distributed is not None:
+        local = _SizedShard(distributed.shard, n_local, n_step)
     try:
-        result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
-                                 is_oom=is_oom, free_memory=free_memory, read_memory=read_memory,
-                                 split=split)
+        with contextlib.nullcontext() if distributed is None else distributed.no_sync():
+            result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
+                                     is_oom=is_oom, free_memory=free_memory,
+                                     read_memory=read_memory if distributed is None else None,
+                                     split=split, local=local)
     except BaseException:
         optimizer.zero_grad(set_to_none=True)
         raise
     result.end_of_epoch = loader.end_of_epoch
+    if distributed is not None and getattr(optimizer, "distributed", None) is not distributed \
+            and controller.is_control_step(step + 1):
+        # a plain optimizer has no boundary of its own: exchange memory and OOMs here
+        reading = read_memory()
+        view = distributed.exchange_boundary(None, None, reading, 0, step + 1)
+        distributed.observe_boundary(controller, step + 1, view)
     return result
+
+
+class _SizedShard:
+    """A `RankShard` that also records the sizes of this rank's part and of the whole step."""
+
+    def __init__(self, shard: Any, n_local: list[int], n_step: list[int]) -> None:
+        self._shard, self._n_local, self._n_step = shard, n_local, n_step
+
+    def part(self, indices: np.ndarray) -> np.ndarray:
+        mine = self._shard.part(indices)
+        self._n_local[0], self._n_step[0] = len(mine), len(indices)
+        return mine
+
+    def micro(self, batch: int) -> int:
+        return self._shard.micro(batch)
+
+    def oom(self, micro: int) -> int:
+        return self._shard.oom(micro)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)   # an FSDP gradient: this rank's slice
+    return to_local() if to_local is not None else t
+
+
+def _device(params: list[torch.Tensor]) -> torch.device:
+    return params[0].device if params else torch.device("cpu")
 
 
 def _tensor_layer(controller: Any, optimizer: Any, params: list[torch.Tensor]) -> np.ndarray:
@@ -282,8 +339,13 @@ def _tensor_layer(controller: Any, optimizer: Any, params: list[torch.Tensor]) -
 
 
 def _observe_noise(controller: Any, step: int, params: list[torch.Tensor], report: ElasticStepReport[torch.Tensor],
-                   sq: list[torch.Tensor], sqnorms: Any, scaler: Any, tensor_layer: np.ndarray) -> None:
-    """The noise measurement of a split step: one device->host read, then the shared core."""
+                   sq: list[torch.Tensor], sqnorms: Any, scaler: Any, tensor_layer: np.ndarray,
+                   distributed: Any = None) -> None:
+    """The noise measurement of a split step: one device->host read, then the shared core.
+    Data parallel: every rank calls it at the step; the ranks' measurements are combined."""
+    if distributed is not None and len(report.sizes) < 2:
+        distributed.reduce_noise(report.sizes, None, len(params), step)   # the others wait for this rank's part
+        return
     rows = torch.stack([*sq, sqnorms([p.grad for p in params])])
     scale = 1.0
     if scaler is not None:
@@ -292,4 +354,10 @@ def _observe_noise(controller: Any, step: int, params: list[torch.Tensor], repor
     host = rows.double().cpu().numpy()          # the one sync of a measured step
     if scaler is not None:
         host, scale = host[:-1].reshape(len(sq) + 1, len(params)), float(host[-1])
-    observe_split_step(controller, step, report.sizes, report.weights, host, tensor_layer, scale)
+    sizes = report.sizes
+    if distributed is not None:
+        got = distributed.reduce_noise(sizes, host, len(params), step)
+        if got is None:
+            return
+        sizes, host = got
+    observe_split_step(controller, step, sizes, report.weights, host, tensor_layer, scale)

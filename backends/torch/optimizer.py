@@ -50,6 +50,7 @@ from torch.nn import functional as F
 from triaccel import Controller, Decision, Precision, TriAccelConfig
 from triaccel.stats import feed_statistics
 
+from .distributed import local_tensor, unwrap_parallel
 from .curvature import (DEFAULT_HESSIAN_ITERS, DEFAULT_LAYERS_PER_EVENT, DEFAULT_PACK, CurvatureEstimator,
                         split_batch)
 from .layers import TorchLayer, discover_layers, tensor_layer_index
@@ -147,13 +148,14 @@ class TriAccelOptimizer(torch.optim.Optimizer):
                  hessian_iters_cold: int = 8,
                  hessian_layers_per_event: int | None = DEFAULT_LAYERS_PER_EVENT,
                  hessian_pack: int = DEFAULT_PACK, memory_probe: MemoryProbe | None = None,
-                 host_check: bool = False) -> None:
+                 host_check: bool = False, distributed: Any = None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, TriAccelOptimizer):
             raise ValueError("optimizer: already wrapped")
         if not isinstance(config, TriAccelConfig):
             raise ValueError(f"config: expected a TriAccelConfig, got {type(config).__name__}")
+        model = unwrap_parallel(model)  # DDP: its module (layer names as in a single process)
         if not isinstance(optimizer, LR_LINEAR_OPTIMIZERS):
             raise ValueError(f"optimizer: {type(optimizer).__name__} is not supported; per-layer LR "
                              f"multipliers need an update linear in lr, allowed: "
@@ -221,6 +223,13 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self._device_guard = self._device_guard or self._sgd_as_fused
         self._device_guard_ready = False
         self.host_check = bool(host_check)
+        # data parallelism (backends/torch/distributed.py): the ranks' statistics are combined at
+        # boundaries so that every rank's controller takes the same decisions
+        self.distributed = distributed
+        if distributed is not None:
+            distributed.bind(config)
+            if distributed.sharded:   # fused kernels would get a plain found_inf next to DTensors
+                self._device_guard = self._sgd_as_fused = False
         self.nonfinite_steps = 0   # unguarded steps found non-finite at a flush (see step())
         self._nonfinite_warned = False
         self._prev: list[torch.Tensor] | None = None
@@ -300,6 +309,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if any(g is None for g in grads):
             grads = [g if g is not None else self._zero_like(i, p)
                      for i, (p, g) in enumerate(zip(self._params, grads))]
+        if self.distributed is not None and self.distributed.sharded:
+            grads = [local_tensor(g) for g in grads]   # FSDP: this rank's slice (summed at boundaries)
         return grads
 
     @torch.no_grad()
@@ -352,6 +363,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             # exactly 0.0 / 1.0: fused kernels skip only on == 1.0, Adam subtracts it from its step count
             torch.sum(row[:, 2:3], dim=0, out=found)
             found.clamp_(max=1.0)
+            if self.distributed is not None:
+                self.distributed.reduce_found_inf(found)   # FSDP: any rank's slice
         if self._device_guard and self._device_guard_ready:
             code = _ROW_DEVICE
             # the GradScaler protocol of fused optimizers: 0-dim, as GradScaler passes it (fused
@@ -433,25 +446,37 @@ class TriAccelOptimizer(torch.optim.Optimizer):
     def _boundary(self, step: int) -> None:
         ctl = self.controller
         control = ctl.is_control_step(step)
+        reading = self.memory.read() if control else None
         if control or len(self._rows) == self._buf.shape[0]:
-            self._flush()
+            self._flush(memory=reading, exchange=self.distributed is not None)
         if control:
-            reading = self.memory.read()
             self.last_memory = reading
-            if reading is not None:
+            if self.distributed is None and reading is not None:
                 ctl.observe_memory(step, reading.used_bytes, reading.limit_bytes)
         d = ctl.decide(step)
         if d is not self._applied:
             self._apply(d)
 
-    def _flush(self) -> None:
-        """Read the statistics ring (one device->host copy) and feed it to the controller."""
+    def _flush(self, memory: MemoryReading | None = None, exchange: bool = False) -> None:
+        """Read the statistics ring (one device->host copy) and feed it to the controller.
+
+        exchange (data parallel, at boundaries on every rank): one all-gather combines the ranks'
+        rings, loss scales, memory readings and OOM counts (`Distributed.exchange_boundary`)."""
         n = len(self._rows)
-        if n == 0:
+        if n == 0 and not exchange:
             return
         host = self._buf[:n].double().cpu().numpy()               # (n, tensors, 3)
         # rows of this window ran under the policy in force (it changes only at boundaries)
         scale = self.scaler.scale if self.fp16_active else None
+        if exchange:
+            dist = self.distributed
+            view = dist.exchange_boundary(host, scale, None if memory is None else
+                                          (memory.used_bytes, memory.limit_bytes), len(self._params), self.step_count)
+            host = view.ring if view.ring is not None else host
+            scale = view.loss_scale if scale is not None else None
+            dist.observe_boundary(self.controller, self.step_count, view)
+            if n == 0:
+                return
         bad = feed_statistics(self.controller, [step for step, _ in self._rows], host, self._tensor_layer,
                               self._tensor_numel, scale)
         for i, (step, code) in enumerate(self._rows):
@@ -504,12 +529,16 @@ class TriAccelOptimizer(torch.optim.Optimizer):
                 warnings.warn(f"step {step}: curvature={self.config.curvature!r} but no curvature data; pass "
                               "curvature_data= to wrap() or call opt.curvature_batch(batch) before the step. "
                               "Curvature is skipped.", RuntimeWarning, stacklevel=3)
+            if self.distributed is not None:   # the other ranks wait for this rank's (empty) part
+                self.distributed.reduce_eigvals(None, (len(self.layers), self.config.top_k), step)
             return
         x, y = split_batch(batch)
         b = self.config.b_curv
         x, y = x[:b].to(self.device, non_blocking=True), y[:b].to(self.device, non_blocking=True)
         with torch.enable_grad():
             eig = self.curvature((x, y))
+        if self.distributed is not None:   # every rank observes the mean over ranks
+            eig = self.distributed.reduce_eigvals(eig, (len(self.layers), self.config.top_k), step)
         if not np.isfinite(eig).all():
             warnings.warn(f"step {step}: non-finite curvature eigenvalues; not observed", RuntimeWarning,
                           stacklevel=3)
@@ -612,8 +641,10 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         """Latest per-layer precision, LR scale, eigenvalues, variance EMA; batch; memory; loss scale.
 
         Current at read time: pending statistics are read first (one host sync), so
-        `skipped_steps` and `nonfinite_steps` count every step taken so far."""
-        self._flush()
+        `skipped_steps` and `nonfinite_steps` count every step taken so far (data parallel: as of the
+        last boundary, since reading the ring there is a collective and this may run on one rank)."""
+        if self.distributed is None:
+            self._flush()
         rep = self.controller.report()
         for i, layer in enumerate(self.layers):
             entry = rep["layers"][layer.name]
@@ -646,6 +677,8 @@ def wrap(optimizer: torch.optim.Optimizer, model: nn.Module, config: TriAccelCon
     loss_scaler: a LossScaler; hessian_iters / hessian_iters_cold / hessian_layers_per_event /
     hessian_pack: the Hessian estimator's options (see `CurvatureEstimator`);
     memory_probe: a MemoryProbe; host_check: check every step for non-finite gradients on the host
-    (one sync per step) even when no layer is FP16 and the optimizer is not fused (see `step`).
+    (one sync per step) even when no layer is FP16 and the optimizer is not fused (see `step`);
+    distributed: a `triaccel.backends.torch.distributed.Distributed` whose model (DDP or FSDP2) is
+    `model`: the ranks' statistics are combined at each boundary, so all ranks decide alike.
     """
     return TriAccelOptimizer(optimizer, model, config if config is not None else TriAccelConfig(), **kwargs)
