@@ -15,8 +15,8 @@ Mechanics on CUDA: inside a "swap" unit every saved tensor (not a parameter, at 
 is copied to a pinned host buffer on a device->host side stream as it is saved (the compute stream
 does not wait; the device memory is released once the copy ends, `record_stream`). At the backward
 start of the unit named by the plan's `prefetch_at` (a hook on that unit's output gradient) its
-buffers are copied back on a host->device stream; the compute stream waits on an event only when
-the tensor is used. "recompute" units run under `torch.utils.checkpoint` (non-reentrant); their
+buffers are copied back on a host->device stream into blocks of the compute stream's pool; the
+compute stream waits on an event only when the tensor is used. "recompute" units run under `torch.utils.checkpoint` (non-reentrant); their
 BatchNorm running statistics are restored after the recomputation so they move once per step, as
 without a plan. On CPU there are no streams: a swap is a copy into a separate host tensor, so the
 same code paths run (and tests can compare gradients bit for bit).
@@ -333,9 +333,14 @@ class ActivationOffload:
         if p.fetched is not None or p.device.type != "cuda":
             return
         _, h2d = self._streams
+        # allocated on the compute stream, whose pool the swapped-out tensors returned to (a block of
+        # the copy stream's own pool would not be reused by the compute stream); the copy waits for
+        # the compute work queued so far, which may still read the block's previous tensor
+        cur = torch.cuda.current_stream(p.device)
+        dev = torch.empty_strided(p.host.shape, p.host.stride(), dtype=p.host.dtype, device=p.device)
+        h2d.wait_stream(cur)
         h2d.wait_event(p.stored)
         with torch.cuda.stream(h2d):
-            dev = torch.empty_strided(p.host.shape, p.host.stride(), dtype=p.host.dtype, device=p.device)
             dev.copy_(p.host, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(h2d)
@@ -350,7 +355,6 @@ class ActivationOffload:
         cur = torch.cuda.current_stream(p.device)
         cur.wait_event(p.ready)
         t, p.fetched = p.fetched, None
-        t.record_stream(cur)
         return t
 
     # -- measurement ---------------------------------------------------------------------------
