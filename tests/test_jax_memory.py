@@ -146,3 +146,123 @@ def test_reading_after_a_curvature_pass_covers_its_footprint_once(curvature):
     # Curvature at steps 4 and 8 (after the reading of the same boundary): only the reading at 6
     # follows a pass.
     assert seen == [(2, 1000 + step_fp), (4, 1000 + step_fp), (6, 1000 + curv_fp), (8, 1000 + step_fp)]
+
+
+# -- the budget held: pool cap, decided batch and curvature batch ------------------------------
+
+def test_limit_device_memory_sets_the_pool_fraction(monkeypatch):
+    from jax._src import xla_bridge
+
+    from triaccel.backends.jax.memory import limit_device_memory
+
+    for var in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(RuntimeError, match="already running"):      # this process computed on CPU
+        limit_device_memory("4GiB", device_total=80 * 2**30)
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+    assert limit_device_memory("4GiB", device_total=80 * 2**30) == pytest.approx(0.05)
+    import os
+
+    assert float(os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == pytest.approx(0.05)
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.01")      # the user's smaller cap stays
+    assert limit_device_memory("4GiB", device_total=80 * 2**30) == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="exceeds the device"):
+        limit_device_memory("100GiB", device_total=80 * 2**30)
+
+
+def test_fit_batch_halves_until_the_modelled_peak_fits():
+    from triaccel.backends.jax.memory import fit_batch
+
+    table = {64: 900, 32: 500, 16: 260, 8: 140, 4: 80, 2: 50}
+    fp = table.get
+    assert fit_batch(64, fp, in_use=100, budget=1000) == 64
+    assert fit_batch(64, fp, in_use=100, budget=700) == 32
+    assert fit_batch(64, fp, in_use=100, budget=300) == 8       # 100 + 140 <= 300
+    assert fit_batch(64, fp, in_use=100, budget=100) == 1         # none fits: the caller reports it
+    assert fit_batch(64, lambda n: None, in_use=100, budget=100) == 64   # unknown footprint: as asked
+    with pytest.raises(ValueError, match="size=0"):
+        fit_batch(0, fp, 0, 1)
+
+
+def _wide_net(cfg, loss_fn=None):
+    """`_probed_net`'s set-up with a net whose activations grow with the batch (4 -> 4096 -> 2), the
+    fake allocator holding nothing and a large device."""
+    import optax
+    from flax import nnx
+
+    from triaccel.backends.jax import TriAccel
+
+    class Net(nnx.Module):
+        def __init__(self):
+            self.fc1 = nnx.Linear(4, 4096, rngs=nnx.Rngs(0))
+            self.fc2 = nnx.Linear(4096, 2, rngs=nnx.Rngs(1))
+
+        def __call__(self, x):
+            return self.fc2(jnp.tanh(self.fc1(x)))
+
+    model = Net()
+    ta = TriAccel(cfg, model, loss_fn=loss_fn)
+    opt = nnx.Optimizer(model, ta.wrap(optax.sgd(1e-4)), wrt=nnx.Param)
+    dev = FakeDevice()
+    dev.stats.update(bytes_in_use=0, peak_bytes_in_use=0, bytes_limit=10**12)
+    ta.probe = MemoryProbe(dev)
+
+    @ta.jit
+    def step(x, model, opt):
+        g = nnx.grad(lambda m: (m(x) ** 2).mean())(model)
+        opt.update(model, g)
+
+    return model, ta, opt, step
+
+
+def test_decided_batch_keeps_the_modelled_peak_under_the_budget():
+    """Fake allocator reading: the budget lies just below the step's footprint at batch 64. The
+    memory law grows the batch from 8 and every decided batch's modelled peak (in use + its
+    compiled footprint) stays within the budget: 64 is never taken."""
+    from triaccel import TriAccelConfig
+
+    base = dict(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=8, batch_max=64,
+                batch_buckets=(8, 16, 32, 64), batch_law="memory", rho_low=0.9, rho_high=0.95)
+    model, ta, opt, step = _wide_net(TriAccelConfig(**base))
+    for n in (8, 16, 32, 64):
+        step(jnp.ones((n, 4)), model, opt)
+    fp = {n: ta.footprint(n) for n in (8, 16, 32, 64)}
+    assert fp[8] < fp[16] < fp[32] < fp[64]
+    budget = fp[64] - 1
+    model, ta, opt, step = _wide_net(TriAccelConfig(**base, memory_budget=budget))
+    batches = []
+    with pytest.warns(RuntimeWarning, match="allocator may use"):   # the fake pool is not capped
+        for s in range(16):
+            ta.control(s, opt, model)
+            batches.append(ta.decision.batch_size)
+            step(jnp.full((batches[-1], 4), 0.01), model, opt)
+    assert 8 < max(batches) < 64                                   # grown, and held below the budget
+    assert all(fp[b] <= budget for b in batches), (batches, fp, budget)
+
+
+def test_curvature_batch_keeps_the_modelled_peak_under_the_budget():
+    """The Fisher pass over b_curv=64 would exceed the budget: it runs on the largest halving of the
+    batch whose compiled footprint fits, with a warning naming the size."""
+    from triaccel import TriAccelConfig
+    from triaccel.backends.jax import FisherTopK, nnx_loss
+
+    def loss_fn(m, batch):
+        return (m(batch[0]) ** 2).mean()
+
+    base = dict(curvature="fisher", t_ctrl=2, t_curv=2, warmup_steps=2, top_k=1, b_curv=64, batch_init=8,
+                batch_min=8, batch_max=8, elastic_batch=False)
+    model, ta, opt, step = _wide_net(TriAccelConfig(**base), loss_fn)
+    pure = nnx_loss(model, loss_fn)
+    fisher = FisherTopK(pure.fn, ta.layers, 1)
+    curv = {n: fisher.footprint(pure.params, (jnp.ones((n, 4)), jnp.zeros((n,), jnp.int32)), pure.aux)
+            for n in (16, 32, 64)}
+    assert curv[16] < curv[32] < curv[64]
+    budget = curv[32] - 1                                          # 16 fits, 32 and 64 do not
+    model, ta, opt, step = _wide_net(TriAccelConfig(**base, memory_budget=budget), loss_fn)
+    batch = (jnp.ones((64, 4)), jnp.zeros((64,), jnp.int32))
+    with pytest.warns(RuntimeWarning, match="curvature pass over b_curv=64 .* runs on 16 samples"):
+        for s in range(5):
+            ta.control(s, opt, model, batch=batch)
+            step(jnp.full((8, 4), 0.01), model, opt)
+    assert ta.curvature_batch == 16 and curv[16] <= budget
