@@ -59,7 +59,8 @@ class RunOptions:
     device: str = "auto"
     out: str = ""
     progress: bool = True
-    compile_cache: str | None = None  # JAX: persistent compilation cache folder (reruns skip compiling)
+    compile_cache: str | None = None  # JAX: persistent compilation cache folder; None: <cache>/jax; "off"
+    compile_ahead: bool = True        # JAX: compile the likely next step variants on a background thread
     cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)
     extra: dict[str, Any] = field(default_factory=dict)
 

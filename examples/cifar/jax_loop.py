@@ -38,8 +38,7 @@ def _cross_entropy(logits: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Arra
 
 
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
-    if opts.compile_cache:
-        jax.config.update("jax_compilation_cache_dir", opts.compile_cache)
+    t_start = time.perf_counter()
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed)
     cfg = opts.triaccel_config()
     mean = jnp.asarray(data.mean, jnp.float32)
@@ -102,7 +101,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     # a whole bs-96 step on the GPU (docs/benchmarks.md). No donation: a micro-batch that runs out of
     # memory must leave the state intact for its retry. The update sees only the parameters' state
     # and the optimizer, not the model's graph: a new precision policy does not recompile it.
-    split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=())
+    cache = False if opts.compile_cache == "off" else (opts.compile_cache or True)
+    split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=(), compile_ahead=opts.compile_ahead,
+                      compile_cache=cache)
     update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
 
     @nnx.jit
@@ -176,4 +177,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             "final_batch": controller.decision.batch_size, "device": str(dev),
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": getattr(dev, "device_kind", str(dev)),
-            "report": ta.report(split) if ta is not None else None}
+            "report": ta.report(split) if ta is not None else None,
+            "wall_seconds": time.perf_counter() - t_start, "train_seconds": sum(epoch_times),
+            "step_traces": split.traces, "compiled_ahead": split.compiled_ahead,
+            "compile_cache": split.compile_cache, "memory_budget": cfg.memory_budget,
+            "bytes_limit": stats.get("bytes_limit")}

@@ -90,8 +90,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "AMP bs 96, bs 192 and triaccel slower over 10 epochs, 70.6/38.8/45.9 s vs "
                         "63.5/35.9/41.4 s, the first epoch paying the tuning; docs/results.md)")
     p.add_argument("--compile-cache", default=None, metavar="DIR",
-                   help="JAX: keep XLA compilations in DIR (created) and reuse them on later runs; most of a "
-                        "first JAX run's long epochs are compilation (docs/results.md)")
+                   help="JAX: keep XLA compilations in DIR (created) and reuse them on later runs (default: "
+                        "$TRIACCEL_CACHE/jax or ~/.cache/triaccel/jax; 'off': no persistent cache)")
+    p.add_argument("--compile-ahead", choices=["on", "off"], default="on",
+                   help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
+                        "down/up, noise half batch, next precision policy) on a background thread (default on)")
     a = p.parse_args(argv)
     if a.compile_cache is not None and a.backend != "jax":
         p.error(f"--compile-cache={a.compile_cache!r}: only for --backend jax")
@@ -101,6 +104,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         p.error(f"--levers: unknown {bad}; allowed {list(LEVERS)}")
     if not a.warmup_epochs >= 0:
         p.error(f"--warmup-epochs={a.warmup_epochs}: allowed [0, inf)")
+    if a.backend == "jax" and a.budget is not None:
+        # Before JAX starts its GPU backend (_has_gpu below): the XLA pool is capped at the budget,
+        # so that compilation scratch cannot take the peak above it.
+        from triaccel.backends.jax.memory import limit_device_memory
+
+        limit_device_memory(a.budget)
     gpu = _has_gpu(a.backend) if a.device in ("auto", "cuda") else False
     batch = a.batch if a.batch is not None else (96 if gpu else 32)
     data = a.data or ""  # "": resolved when loading (triaccel.data.resolve_data)
@@ -113,7 +122,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         test_subset=a.test_subset if a.test_subset is not None else (None if gpu else 512),
         budget=a.budget, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
-        compile_cache=a.compile_cache, cudnn_benchmark=a.cudnn_benchmark == "on", extra=_parse_set(a.set))
+        compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.triaccel_config()  # validate every knob before any data is loaded
     return opts
