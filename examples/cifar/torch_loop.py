@@ -13,8 +13,10 @@ import torch.nn.functional as F
 from triaccel import Controller
 from triaccel.backends.torch import augment, wrap
 from triaccel.backends.torch.data import ElasticLoader, elastic_step
+from triaccel.backends.torch.distributed import unwrap_parallel
 from triaccel.backends.torch.flops import layer_flops
 from triaccel.backends.torch.layers import discover_layers
+from triaccel.distributed import decision_digest
 from triaccel.backends.torch.models import create_model
 from triaccel.flops import FlopShare
 
@@ -50,8 +52,11 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mean: tor
     return correct / len(x)
 
 
-def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
-    device = pick_device(opts)
+def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
+          distributed: Any = None) -> dict[str, Any]:
+    """distributed: this rank of a torchrun launch (`triaccel.backends.torch.distributed.Distributed`):
+    the model runs under DDP, each step's global batch is split across ranks (every method)."""
+    device = pick_device(opts) if distributed is None else distributed.device
     torch.manual_seed(opts.seed)
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
     if device.type == "cuda":
@@ -59,6 +64,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         # cuDNN autotuning runs once per new input shape: the batch moves on a few buckets, and the
         # epoch's short last step adds one shape per bucket; the same setting for every method.
         torch.backends.cudnn.benchmark = opts.cudnn_benchmark
+    if distributed is not None:
+        model = distributed.prepare(model)   # DistributedDataParallel; rank 0's weights everywhere
     inner = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum, nesterov=True,
                             weight_decay=opts.weight_decay)
     cfg = opts.triaccel_config()
@@ -68,7 +75,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     ytr = torch.from_numpy(data.train_y).to(device)
     xte = torch.from_numpy(data.test_x).to(device)
     yte = torch.from_numpy(data.test_y).to(device)
-    gen = torch.Generator(device=device).manual_seed(opts.seed)
+    # each rank its own augmentation stream (rank 0's is the single-process one)
+    gen = torch.Generator(device=device).manual_seed(opts.seed + 7919 * (distributed.rank if distributed else 0))
 
     def transform(xb: torch.Tensor) -> torch.Tensor:
         return _prep(augment.random_crop_flip(xb, gen), mean, std, opts.image_size)
@@ -85,7 +93,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                 idx = torch.from_numpy(curv_idx.choice(len(xtr), cfg.b_curv, replace=False)).to(device)
                 yield transform(xtr[idx]), ytr[idx]
 
-        opt: Any = wrap(inner, model, cfg, curvature_data=curvature_batches())
+        opt: Any = wrap(inner, model, cfg, curvature_data=curvature_batches(), distributed=distributed)
         controller: Controller = opt.controller
         cast = opt.autocast
         step_kwargs = dict(scaler=opt, apply_lr_batch_scale=False,
@@ -98,12 +106,13 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                 return torch.autocast(device.type, dtype=torch.bfloat16)
         else:
             cast = contextlib.nullcontext
-        step_kwargs = {}
+        step_kwargs = {"distributed": distributed}
     log.write("layers", names=list(controller.layer_names))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: lr_factor(seen[0], total_samples, warmup_samples))
     # conv/linear FLOPs per precision: the wrapper's layers, or all of AMP's/FP32's at one precision
-    tlayers = opt.layers if opts.method == "triaccel" else discover_layers(model)
-    flops = FlopShare(layer_flops(model, tlayers, transform(xtr[:1])))
+    net = unwrap_parallel(model)   # layer names and FLOPs of the module itself (DDP: its .module)
+    tlayers = opt.layers if opts.method == "triaccel" else discover_layers(net)
+    flops = FlopShare(layer_flops(net, tlayers, transform(xtr[:1])))
     static_prec = None if opts.method == "triaccel" else precision_record(opts.method, [l.spec for l in tlayers])
 
     def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -142,6 +151,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             torch.cuda.synchronize(device)
         epoch_times.append(time.perf_counter() - t0)
         bar.close()
+        if distributed is not None:
+            distributed.sync_buffers()   # rank 0's BatchNorm statistics on every rank
         acc = evaluate(model, xte, yte, mean, std, opts.image_size, cast)
         accs.append(acc)
         log.end_epoch(controller, epoch, records, torch.stack(losses).float().cpu().tolist(), acc,
@@ -150,7 +161,12 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     if device.type == "cuda":  # the wrapper's probe resets torch's peak counter at each read
         peak = max(torch.cuda.max_memory_allocated(device),
                    opt.memory.peak_bytes if opts.method == "triaccel" else 0)
-    return {"final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
+    ranks: dict[str, Any] = {"world_size": 1}
+    if distributed is not None:   # equal digests: every rank took the same decisions
+        digests = distributed.gather_objects(decision_digest(controller.telemetry.records))
+        ranks = {"world_size": distributed.world_size, "rank_decision_digests": digests,
+                 "ranks_agree": len(set(digests)) == 1}
+    return {**ranks, "final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times), "peak_alloc_bytes": peak,
             "steps": step, "final_batch": controller.decision.batch_size, "device": str(device),
             "flop_share": flops.shares(), "b_noise": controller.b_noise,

@@ -145,11 +145,23 @@ def run(opts: RunOptions) -> dict[str, Any]:
     """Train once as `opts` says; returns the summary (also written to <out>/summary.json)."""
     from .datasets import load
 
+    # torchrun: every rank trains (DDP); rank 0 writes log.jsonl, the summary and the plots, rank r > 0
+    # its own log.rank<r>.jsonl (triaccel.backends.torch.distributed)
+    dp = None
+    if opts.backend == "torch" and "WORLD_SIZE" in os.environ:
+        from triaccel.backends.torch.distributed import init_distributed
+
+        dp = init_distributed()
+    rank = 0 if dp is None else dp.rank
     t_load = time.perf_counter()
+    if rank:
+        dp.all_sum(0)   # rank 0 decodes and caches the images first
     data = load(opts.dataset, opts.data, opts.train_subset, opts.test_subset, opts.seed)
+    if dp is not None and not rank:
+        dp.all_sum(0)
     load_s = time.perf_counter() - t_load
     out = Path(opts.out)
-    log = RunLog(out / "log.jsonl")
+    log = RunLog(out / ("log.jsonl" if not rank else f"log.rank{rank}.jsonl"))
     if opts.backend == "torch":
         from .torch_loop import train
     else:
@@ -161,10 +173,13 @@ def run(opts: RunOptions) -> dict[str, Any]:
           f"{len(data.train_x)} train / {len(data.test_x)} test images (loaded in {load_s:.1f}s) -> {out}",
           flush=True)
     try:
-        summary = train(opts, data, log, _progress_factory(opts.progress))
+        summary = train(opts, data, log, _progress_factory(opts.progress and not rank),
+                        **({} if dp is None else {"distributed": dp}))
     finally:
         log.close()
     summary.update(options=options_record(opts), data_load_seconds=load_s)
+    if rank:
+        return summary
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     pngs = plot_run(out / "log.jsonl", out)
     print(f"final test accuracy {100 * summary['final_acc']:.2f}%; median s/epoch "
