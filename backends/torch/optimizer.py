@@ -51,6 +51,7 @@ from triaccel import Controller, Decision, Precision, TriAccelConfig
 from triaccel.stats import feed_statistics
 
 from .distributed import local_tensor, unwrap_parallel
+from .compile import uncompiled
 from .curvature import (DEFAULT_HESSIAN_ITERS, DEFAULT_LAYERS_PER_EVENT, DEFAULT_PACK, CurvatureEstimator,
                         split_batch)
 from .layers import TorchLayer, discover_layers, tensor_layer_index
@@ -155,6 +156,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             raise ValueError("optimizer: already wrapped")
         if not isinstance(config, TriAccelConfig):
             raise ValueError(f"config: expected a TriAccelConfig, got {type(config).__name__}")
+        model = uncompiled(model)  # a torch.compile'd model: its module (names, hooks, curvature)
         model = unwrap_parallel(model)  # DDP: its module (layer names as in a single process)
         if not isinstance(optimizer, LR_LINEAR_OPTIMIZERS):
             raise ValueError(f"optimizer: {type(optimizer).__name__} is not supported; per-layer LR "
@@ -190,7 +192,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self._tensor_layer = np.asarray(index, dtype=np.int64)
         self._tensor_numel = np.array([p.numel() for p in params], dtype=np.float64)
         self.device = params[0].device
-        self.plan = PrecisionPlan(layers, self.device.type, strict_norm=strict_norm)
+        self.plan = PrecisionPlan(layers, self.device.type, strict_norm=strict_norm, root=model)
         self.scaler = loss_scaler if loss_scaler is not None else LossScaler()
         self.scaler.bind(self.device)
         self.memory = memory_probe if memory_probe is not None else MemoryProbe(self.device)
@@ -285,6 +287,10 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if self.fp16_active:
             loss = loss * self.scaler.scale_tensor.view(())
         acc = self.decision.accumulation
+        if acc != 1 and self.micro_count == 0:
+            for p in self._params:   # accumulation buffers outside CUDA graphs (see zero_grad)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         (loss * (1.0 / acc) if acc != 1 else loss).backward(**kwargs)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -535,7 +541,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         x, y = split_batch(batch)
         b = self.config.b_curv
         x, y = x[:b].to(self.device, non_blocking=True), y[:b].to(self.device, non_blocking=True)
-        with torch.enable_grad():
+        # eagerly, whether or not the model was compiled (double backward, functorch transforms)
+        with torch.enable_grad(), torch.compiler.set_stance("force_eager"):
             eig = self.curvature((x, y))
         if self.distributed is not None:   # every rank observes the mean over ranks
             eig = self.distributed.reduce_eigvals(eig, (len(self.layers), self.config.top_k), step)
@@ -569,11 +576,13 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         adding into the old ones (one add launch per parameter), and the caching allocator gives
         them the same addresses step after step, so the statistics kernel's table stays cached.
         set_to_none=False zeroes all gradients with one foreach launch (torch's default
-        optimizers zero them one tensor at a time unless built with foreach=True).
+        optimizers zero them one tensor at a time unless built with foreach=True) and allocates
+        the missing ones; so does set_to_none=True before a step of several micro-batches
+        (`_next_step_splits`: CUDA-graph safety).
         """
         if self.micro_count != 0:
             return
-        if set_to_none:
+        if set_to_none and not self._next_step_splits():
             self.optimizer.zero_grad(set_to_none=True)
             return
         grads = []
@@ -585,8 +594,19 @@ class TriAccelOptimizer(torch.optim.Optimizer):
                 else:
                     g.requires_grad_(False)
                 grads.append(g)
+            else:
+                p.grad = torch.zeros_like(p)
         if grads:
             torch._foreach_zero_(grads)
+
+    def _next_step_splits(self) -> bool:
+        """The next step runs several micro-batches (accumulation or a noise-measurement split).
+
+        Its gradients must then accumulate in buffers allocated here, outside any CUDA graph: a
+        backward under torch.compile(mode="reduce-overhead") hands over gradients in the graphs'
+        pool, which the next micro-batch's forward overwrites (torch's cudagraph trees). Zeroed
+        buffers cost one foreach launch, on these steps only; the sums are the same."""
+        return self.decision.accumulation > 1 or self.controller.is_noise_step(self.step_count)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise ValueError("add_param_group: the controller's layers are fixed at wrap(); add every param "

@@ -21,6 +21,17 @@ are FP32 (costs one hook pair per norm layer, see above).
 The hooks act only while `PrecisionPlan.region()` is active, so curvature passes and user code
 outside `opt.autocast()` run in plain FP32.
 
+torch.compile (default mode and CUDA graphs): dynamo inlines the hooks (autocast's setters trace
+without a graph break), but it does not guard on a module's hook dictionaries
+(`torch._dynamo.config.skip_nnmodule_hook_guards`, on by default): hooks added or removed after a
+compilation are not noticed and the first compiled policy would keep running (checked here: a
+layer switched to FP32 still computed in BF16). So when the plan is given the model's `root`, it
+installs one permanent forward pre-hook there that branches on `PrecisionPlan.key`, a string naming
+the autocast majority and every hooked layer's dtype; dynamo guards on that value, so each policy
+compiles once and a policy seen before reuses its compiled graph. The hook costs one Python call per
+eager forward (no autocast switch). `keys_seen` lists the policies applied so far: the compiled
+variants of one input shape are at most `len(keys_seen)` (see `triaccel.backends.torch.compile`).
+
 Float64 layers (any float64 parameter) keep float64 whatever the controller decides: torch's autocast
 never casts float64 tensors (its eligibility test excludes them: float64 inputs of a linear or conv
 stay float64 inside a bf16/fp16 region, checked on CPU), and the plan installs no hook on them and
@@ -70,18 +81,39 @@ class PrecisionPlan:
     """Holds the applied per-layer precisions of one model and the hooks that realise them.
 
     layers: the discovered layers (the controller's order); device_type: "cuda" | "cpu" | ...;
-    strict_norm: hook norm layers to FP32 inputs/outputs (see the module docstring).
+    strict_norm: hook norm layers to FP32 inputs/outputs (see the module docstring); root: the
+    model the layers belong to; given, it carries the policy guard that makes the plan safe under
+    torch.compile (module docstring). `key` names the policy in force, `keys_seen` every one applied.
     """
 
-    def __init__(self, layers: Sequence[TorchLayer], device_type: str, *, strict_norm: bool = False) -> None:
+    def __init__(self, layers: Sequence[TorchLayer], device_type: str, *, strict_norm: bool = False,
+                 root: nn.Module | None = None) -> None:
         self.layers = list(layers)
         self.device_type = device_type
         self.strict_norm = strict_norm
         self.precisions: tuple[Precision, ...] = ()
         self.majority: Precision = Precision.FP32
         self.hooked: tuple[str, ...] = ()
+        self.key = ""
+        self.keys_seen: dict[str, int] = {}   # policy key -> times applied (insertion order)
         self._handles: list[RemovableHandle] = []
+        # One save stack per hook pair. The post-hooks are not `always_call`: dynamo guards on
+        # the hook ids in a module's always-called set, which would recompile every re-installed
+        # policy; a forward that raises leaves its saved state here, cleared when the region exits
+        # (whose autocast exit restores the state the region was entered with).
+        self._stacks: list[list[tuple[bool, torch.dtype]]] = []
         self._active = False
+        self._guard: RemovableHandle | None = None
+        if root is not None:
+            if not isinstance(root, nn.Module):
+                raise ValueError(f"root: expected a torch.nn.Module, got {type(root).__name__}")
+            self._guard = root.register_forward_pre_hook(self._policy_guard)
+
+    def _policy_guard(self, mod: nn.Module, args: Any) -> None:
+        # Under dynamo this comparison installs an equality guard on `key` (a value that is only
+        # read installs none), so a new policy recompiles and a known one reuses its graph.
+        if self.key is None:
+            raise RuntimeError("PrecisionPlan.key is None")
 
     # -- applying decisions -------------------------------------------------------------------
     def apply(self, precisions: Sequence[Any]) -> bool:
@@ -102,7 +134,7 @@ class PrecisionPlan:
             majority = Precision.FP32
         for h in self._handles:
             h.remove()
-        self._handles = []
+        self._handles, self._stacks = [], []
         hooked = []
         for p, layer in zip(precs, self.layers):
             if layer.is_float64:
@@ -112,9 +144,12 @@ class PrecisionPlan:
                 continue  # norm layers follow autocast's norm policy (see module docstring)
             if not is_norm and p == majority:
                 continue
-            self._install(layer.module, Precision.FP32 if is_norm else p, majority)
-            hooked.append(layer.name)
-        self.precisions, self.majority, self.hooked = precs, majority, tuple(hooked)
+            applied = Precision.FP32 if is_norm else p
+            self._install(layer.module, applied, majority)
+            hooked.append((layer.name, applied))
+        self.precisions, self.majority, self.hooked = precs, majority, tuple(n for n, _ in hooked)
+        self.key = "|".join([majority.short, *(f"{n}={p.short}" for n, p in hooked)])
+        self.keys_seen[self.key] = self.keys_seen.get(self.key, 0) + 1
         return True
 
     def _install(self, module: nn.Module, prec: Precision, majority: Precision) -> None:
@@ -125,6 +160,7 @@ class PrecisionPlan:
         # inside the region (the region's own exit clears the weight-cast cache) for a fraction of
         # the Python cost, which a launch-bound eager step pays per hooked module per forward.
         stack: list[tuple[bool, torch.dtype]] = []
+        self._stacks.append(stack)
         outer_fp32 = majority == Precision.FP32
         is_enabled, get_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
         set_enabled, set_dtype = torch.set_autocast_enabled, torch.set_autocast_dtype
@@ -145,7 +181,7 @@ class PrecisionPlan:
                 return None
 
             self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-            self._handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+            self._handles.append(module.register_forward_hook(post, with_kwargs=True))
             return
 
         def pre16(mod: nn.Module, args: Any) -> Any:
@@ -168,14 +204,18 @@ class PrecisionPlan:
             return None
 
         self._handles.append(module.register_forward_pre_hook(pre16))
-        self._handles.append(module.register_forward_hook(post16, always_call=True))
+        self._handles.append(module.register_forward_hook(post16))
 
     def remove(self) -> None:
-        """Remove every hook (the model computes in FP32 outside autocast afterwards)."""
+        """Remove every hook, the policy guard included (the model computes in FP32 outside autocast
+        afterwards)."""
         for h in self._handles:
             h.remove()
-        self._handles = []
-        self.precisions, self.hooked = (), ()
+        if self._guard is not None:
+            self._guard.remove()
+            self._guard = None
+        self._handles, self._stacks = [], []
+        self.precisions, self.hooked, self.key = (), (), ""
 
     # -- the region ---------------------------------------------------------------------------
     def region(self) -> "_Region":
@@ -201,6 +241,9 @@ class _Region:
 
     def __exit__(self, *exc: Any) -> None:
         self.plan._active = self.prev_active
+        if exc[0] is not None:
+            for stack in self.plan._stacks:   # states saved by pre-hooks whose module raised
+                stack.clear()
         assert self.ctx is not None
         self.ctx.__exit__(*exc)
 

@@ -62,6 +62,7 @@ class RunOptions:
     compile_cache: str | None = None  # JAX: persistent compilation cache folder; None: <cache>/jax; "off"
     compile_ahead: bool = True        # JAX: compile the likely next step variants on a background thread
     cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)
+    compile: str = "off"              # torch: torch.compile mode of the model, off | default | reduce-overhead
     extra: dict[str, Any] = field(default_factory=dict)
 
     def triaccel_config(self) -> TriAccelConfig:

@@ -86,8 +86,9 @@ def plot_run(log_path: str | Path, out_dir: str | Path) -> list[Path]:
         mem = [r.get("mem_used") for r in st]
         if any(m is not None for m in mem):
             ax2 = ax1.twinx()
-            ax2.plot(x, [np.nan if m is None else m / 2**30 for m in mem], color="#d1495b", lw=0.8,
-                     label="peak memory")
+            # memory is read every few steps (None between reads): plot the reads only
+            ax2.plot([s for s, m in zip(x, mem) if m is not None], [m / 2**30 for m in mem if m is not None],
+                     color="#d1495b", lw=0.8, label="peak memory")
             lim = [d.get("mem_limit") for d in decisions if d.get("mem_limit")]
             if lim:
                 ax2.axhline(lim[-1] / 2**30, color="#d1495b", ls="--", lw=0.8, label="MemMax")

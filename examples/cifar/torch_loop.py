@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from triaccel import Controller
 from triaccel.backends.torch import augment, wrap
+from triaccel.backends.torch.compile import compile_model
 from triaccel.backends.torch.data import ElasticLoader, elastic_step
 from triaccel.backends.torch.distributed import unwrap_parallel
 from triaccel.backends.torch.flops import layer_flops
@@ -22,6 +23,11 @@ from triaccel.flops import FlopShare
 
 from .common import RunLog, RunOptions, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
+
+
+# Steps between peak-memory reads in the step records (a read builds torch's whole allocator-stats
+# dict: ~0.3 ms of host time, measured under cProfile on an H100); a read is the peak since the last.
+MEM_EVERY = 10
 
 
 def pick_device(opts: RunOptions) -> torch.device:
@@ -108,6 +114,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             cast = contextlib.nullcontext
         step_kwargs = {"distributed": distributed}
     log.write("layers", names=list(controller.layer_names))
+    # Training steps run the compiled forward; evaluation, FLOP counting and curvature the module.
+    fwd = model if opts.compile == "off" else compile_model(
+        model, opt if opts.method == "triaccel" else None, mode=opts.compile)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: lr_factor(seen[0], total_samples, warmup_samples))
     # conv/linear FLOPs per precision: the wrapper's layers, or all of AMP's/FP32's at one precision
     net = unwrap_parallel(model)   # layer names and FLOPs of the module itself (DDP: its .module)
@@ -118,7 +127,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         xb, yb = batch
         with cast():
-            return F.cross_entropy(model(xb), yb)
+            return F.cross_entropy(fwd(xb), yb)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -143,7 +152,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             # Step records are written at the epoch's end: reading the loss now would sync the host.
             records.append(dict(step=step, epoch=epoch, batch_size=res.decision.batch_size, samples=res.samples,
                                 ooms=res.ooms, lr=opt.param_groups[0]["lr"],
-                                mem_used=(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)))
+                                mem_used=(torch.cuda.max_memory_allocated(device)
+                                          if device.type == "cuda" and (step % MEM_EVERY == 0 or res.end_of_epoch)
+                                          else None)))
             step += 1
             if res.end_of_epoch:
                 break
@@ -171,4 +182,6 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             "steps": step, "final_batch": controller.decision.batch_size, "device": str(device),
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "compiled_graphs": (None if opts.compile == "off"
+                                else int(torch._dynamo.utils.counters["stats"]["unique_graphs"])),
             "report": opt.report() if opts.method == "triaccel" else None}

@@ -95,7 +95,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--compile-ahead", choices=["on", "off"], default="on",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
                         "down/up, noise half batch, next precision policy) on a background thread (default on)")
+    p.add_argument("--compile", choices=["off", "default", "reduce-overhead"], default="off",
+                   help="torch: torch.compile the model (every method; reduce-overhead = CUDA graphs). One "
+                        "compilation per precision policy, the batch dim dynamic (triaccel.backends.torch.compile)")
     a = p.parse_args(argv)
+    if a.compile != "off" and a.backend != "torch":
+        p.error(f"--compile={a.compile}: only for --backend torch")
     if a.compile_cache is not None and a.backend != "jax":
         p.error(f"--compile-cache={a.compile_cache!r}: only for --backend jax")
     levers = tuple(x for x in a.levers.split(",") if x)
@@ -122,7 +127,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         test_subset=a.test_subset if a.test_subset is not None else (None if gpu else 512),
         budget=a.budget, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
-        compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", extra=_parse_set(a.set))
+        compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
+        extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.triaccel_config()  # validate every knob before any data is loaded
     return opts

@@ -1,0 +1,176 @@
+"""torch.compile with the wrapper (CPU, dynamo's eager / aot_eager backends): no graph break, one
+compilation per (batch shape, precision policy) visited, results as the uncompiled wrapped model."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
+
+from triaccel import Precision, TriAccelConfig
+from triaccel.backends.torch import wrap
+from triaccel.backends.torch.compile import compile_model, uncompiled
+
+BF16, FP32 = Precision.BF16, Precision.FP32
+
+
+def _net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(4, 3))
+
+
+def _wrapped(model: nn.Module, **cfg) -> object:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # CPU: the memory probe does not measure
+        return wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model,
+                    TriAccelConfig(elastic_batch=False, **cfg))
+
+
+def _batch(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 6, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _policy(opt, fp32_layers: set[str]) -> list[Precision]:
+    return [FP32 if layer.name in fp32_layers else BF16 for layer in opt.layers]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dynamic_batch", [True, False])
+def test_compiles_once_per_shape_and_policy_without_breaks(dynamic_batch: bool) -> None:
+    model = _net()
+    opt = _wrapped(model)
+    cnt = CompileCounterWithBackend("eager")   # graphs, breaks and guards are dynamo's, whatever the backend
+    cmodel = compile_model(model, opt, backend=cnt, dynamic_batch=dynamic_batch)
+    # (batch, layers in FP32): policies change, come back, batches change and come back
+    schedule = [(8, set()), (4, set()), (8, {"7"}), (8, {"0", "7"}), (4, {"7"}), (8, set()), (4, set())]
+    visited: set[tuple[int, str]] = set()
+    for i, (n, fp32) in enumerate(schedule):
+        opt.plan.apply(_policy(opt, fp32))
+        visited.add((n, opt.plan.key))
+        x, y = _batch(n, i)
+        with opt.autocast():
+            out = cmodel(x)
+            loss = F.cross_entropy(out, y)
+        # the output layer's dtype follows the policy in force (a stale graph would not)
+        assert out.dtype == (torch.float32 if "7" in fp32 else torch.bfloat16), (i, fp32)
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+    assert dict(counters["graph_break"]) == {}
+    policies = {key for _, key in visited}
+    assert len(policies) == 3 and set(opt.plan.keys_seen) == policies
+    expected = len(policies) if dynamic_batch else len(visited)
+    assert cnt.frame_count == expected, (cnt.frame_count, sorted(visited))
+
+
+def _train(model_call, opt, steps: int) -> list[float]:
+    losses = []
+    for i in range(steps):
+        x, y = _batch(8, 100 + i)
+        with opt.autocast():
+            loss = F.cross_entropy(model_call(x), y)
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_fp32_matches_uncompiled_wrapped_model() -> None:
+    ref_model, model = _net(1), _net(1)
+    ref_opt = _wrapped(ref_model, base_precision="fp32")
+    opt = _wrapped(model, base_precision="fp32")
+    cmodel = compile_model(model, opt, backend="aot_eager")
+    ref = _train(ref_model, ref_opt, 3)
+    got = _train(cmodel, opt, 3)
+    assert got == pytest.approx(ref, rel=1e-5, abs=1e-6)
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert dict(counters["graph_break"]) == {}
+
+
+def test_mixed_policy_matches_uncompiled_wrapped_model() -> None:
+    ref_model, model = _net(2), _net(2)
+    ref_opt, opt = _wrapped(ref_model), _wrapped(model)
+    for o in (ref_opt, opt):
+        o.plan.apply(_policy(o, {"3"}))          # BF16 majority, the second conv in FP32
+    cmodel = compile_model(model, opt, backend="aot_eager")
+    x, _ = _batch(8, 7)
+    with opt.autocast():
+        got = cmodel(x)
+    with ref_opt.autocast():
+        ref = ref_model(x)
+    assert got.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert dict(counters["graph_break"]) == {}
+
+
+def test_plain_compiled_instance_of_same_class_does_not_capture_wrapped_graphs() -> None:
+    cnt = CompileCounterWithBackend("eager")
+    plain, model = _net(0), _net(1)
+    x, _ = _batch(8, 0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert compile_model(plain, None, backend=cnt)(x).dtype == torch.bfloat16
+    opt = _wrapped(model)
+    opt.plan.apply(_policy(opt, {"7"}))
+    cmodel = compile_model(model, opt, backend=cnt)
+    with opt.autocast():
+        assert cmodel(x).dtype == torch.float32      # its own graph, with the FP32 output layer
+    assert cnt.frame_count == 2 and uncompiled(cmodel) is model
+
+
+def test_wrap_accepts_compiled_model_and_keeps_names() -> None:
+    model = _net()
+    opt = _wrapped(torch.compile(model, backend="eager"))
+    assert opt.model is model and uncompiled(opt.model) is model
+    assert [layer.name for layer in opt.layers] == ["0", "1", "3", "7"]
+
+
+def test_split_steps_keep_gradients_out_of_graph_memory() -> None:
+    # The evidence law (16-bit base) measures gradient noise at step 0 when warm-up is 0: that step
+    # runs as two micro-batches, so zero_grad allocates the gradient buffers before it.
+    model = _net()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model,
+                   TriAccelConfig(warmup_steps=0, t_ctrl=5, batch_init=8, batch_min=8, batch_max=16))
+    assert opt.controller.is_noise_step(0)
+    opt.zero_grad()
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    x, y = _batch(8, 3)
+    with opt.autocast():
+        loss = F.cross_entropy(model(x), y)
+    opt.backward(loss)
+    opt.step()
+    assert not opt.controller.is_noise_step(opt.step_count)
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("kwargs", [dict(mode="fast"), dict(max_variants=0), dict(dynamic=True),
+                                    dict(dynamic_batch=1)])
+def test_compile_model_rejects_bad_options(kwargs) -> None:
+    with pytest.raises(ValueError):
+        compile_model(_net(), None, backend="eager", **kwargs)
+
+
+def test_compile_model_rejects_foreign_optimizer() -> None:
+    opt = _wrapped(_net(0))
+    with pytest.raises(ValueError, match="optimizer"):
+        compile_model(_net(1), opt, backend="eager")
