@@ -24,8 +24,10 @@ Variants (compilations of the forward), bounded by what the run visits:
   distinct policies is bounded by design: the controller changes precisions only at precision
   decisions (every `t_precision` steps), at curvature steps and when a curvature promotion expires,
   so a run of S steps visits at most 1 + S / t_precision policies without curvature (+ 2 per
-  curvature event with it); `opt.plan.keys_seen` lists them. Policies that differ only in norm or
-  float64 layers share a key (those layers' computation does not change).
+  curvature event with it), and `TriAccelConfig.precision_groups = G` caps them at 2^G under the
+  evidence law (3^G under the variance law) whatever the run's length; `opt.plan.keys_seen` lists
+  them. Policies that differ only in norm or float64 layers share a key (those layers' computation
+  does not change).
 - batch: `dynamic_batch=True` (default) marks dim 0 of every tensor input dynamic, so one graph per
   policy serves every batch size (the elastic buckets, the half batches of noise-measurement steps,
   an epoch's short last batch); a batch of one sample specialises once more (dynamo specialises
