@@ -12,12 +12,20 @@ One run, one process, ratios against baselines measured in the same run:
   same B    at Bp: no plan and no budget (the device's 80 GB), torch.autograd.graph.save_on_cpu(
             pin_memory=True), and every block under torch.utils.checkpoint (our recompute path):
             samples/s and peak for each.
-  joint     triaccel.swap_plan.choose_batch (TriAccelConfig(offload="auto")): the modelled best of
+  joint     triaccel.swap_plan.OffloadPlanner.decide (choose_batch, TriAccelConfig(offload="auto"),
+            planning below the budget by the model error measured above): the modelled best of
             (B0, no plan) and (planned batches), measured.
+  jax       (--jax) the same net in JAX (weights copied, triaccel.backends.jax.offload) at Bp under the
+            torch plan's actions and with no plan: samples/s, compiled step footprint, peak in use.
 
 Prints a table, writes JSON (default benchmarks/results/offload/offload-<device>.json).
-GPU (lead):  python3 benchmarks/offload.py --budget 8GiB --out $OUT/offload.json
-CPU smoke:   python benchmarks/offload.py --device cpu --model resnet18 --width 0.125 --image 16 \
+GPU (lead):  python3 benchmarks/offload.py --budget 8GiB --jax --out $OUT/offload.json
+CPU smoke (bottleneck net + JAX):
+             python benchmarks/offload.py --device cpu --depths 1,1,1,1 --base-width 8 --image 32 \
+               --classes 10 --budget 4MiB --steps 2 --max-batch 32 --measure-batches 4,8 --lr-batch 8 \
+               --min-bytes 0 --jax --out /tmp/offload-b.json
+CPU smoke (ResNet-18):
+             python benchmarks/offload.py --device cpu --model resnet18 --width 0.125 --image 16 \
                --budget 2MiB --steps 2 --max-batch 48 --measure-batches 4,8 --lr-batch 8 --min-bytes 0 \
                --out /tmp/offload.json
 On CPU nothing measures memory: peaks are the model's (marked "model"), so the smoke test checks the
@@ -44,7 +52,7 @@ from torch import nn
 from triaccel import TriAccelConfig, parse_bytes
 from triaccel.backends.torch.models import create_model
 from triaccel.backends.torch.offload import ActivationOffload, measure_bandwidth
-from triaccel.swap_plan import CostModel, SwapPlan, choose_batch, plan_for_budget, simulate
+from triaccel.swap_plan import CostModel, OffloadPlanner, SwapPlan, plan_for_budget, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,9 +78,9 @@ class Bottleneck(nn.Module):
 
 
 class Stem(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, cout: int = 64) -> None:
         super().__init__()
-        self.conv, self.bn = nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64)
+        self.conv, self.bn = nn.Conv2d(3, cout, 7, 2, 3, bias=False), nn.BatchNorm2d(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.max_pool2d(F.relu(self.bn(self.conv(x))), 3, 2, 1)
@@ -87,17 +95,143 @@ class Head(nn.Module):
         return self.fc(torch.flatten(x.mean(dim=(2, 3)), 1))
 
 
-def resnet152(classes: int = 1000) -> nn.Sequential:
-    """ResNet-152 (He et al. 2016; stages 3, 8, 36, 3), 60.2M parameters, as a flat Sequential of
-    stem, 50 bottleneck blocks and head: those 52 modules are the swap units."""
-    mods: list[nn.Module] = [Stem()]
-    cin = 64
-    for width, n, stride in ((64, 3, 1), (128, 8, 2), (256, 36, 2), (512, 3, 2)):
+RESNET152 = (3, 8, 36, 3)
+
+
+def bottleneck_stages(depths: tuple[int, ...], base: int) -> list[tuple[int, int, int]]:
+    """(cin, width, stride) of every bottleneck block, in order."""
+    out, cin = [], base
+    for s, n in enumerate(depths):
+        width = base * 2**s
         for i in range(n):
-            mods.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            out.append((cin, width, 2 if (i == 0 and s > 0) else 1))
             cin = width * 4
-    mods.append(Head(cin, classes))
+    return out
+
+
+def resnet152(classes: int = 1000, depths: tuple[int, ...] = RESNET152, base: int = 64) -> nn.Sequential:
+    """ResNet-152 (He et al. 2016; stages 3, 8, 36, 3; 60.2M parameters) as a flat Sequential of
+    stem, 50 bottleneck blocks and head: those 52 modules are the swap units. `depths` / `base`
+    give smaller bottleneck nets of the same shape (CPU smoke tests)."""
+    blocks = bottleneck_stages(depths, base)
+    mods: list[nn.Module] = [Stem(base), *(Bottleneck(c, w, s) for c, w, s in blocks)]
+    mods.append(Head(blocks[-1][1] * 4, classes))
     return nn.Sequential(*mods)
+
+
+def jax_bottleneck_net(model: nn.Sequential) -> tuple[list[Callable[..., Any]], list[Any]]:
+    """The torch bottleneck net as JAX unit functions fn(params, x) (NHWC, batch-statistics BN,
+    activations tagged for offload) and their parameters, copied from the torch weights."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from triaccel.backends.jax.offload import tag
+
+    def conv(x: Any, w: Any, stride: int) -> Any:
+        k = w.shape[0]
+        pad = (k - 1) // 2
+        return lax.conv_general_dilated(x, w, (stride, stride), [(pad, pad), (pad, pad)],
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def bn(x: Any, p: tuple[Any, Any]) -> Any:
+        m = x.mean((0, 1, 2))
+        v = jnp.mean(jnp.square(x - m), (0, 1, 2))
+        return (x - m) * lax.rsqrt(v + 1e-5) * p[0] + p[1]
+
+    def w_of(c: nn.Conv2d) -> Any:
+        return jnp.asarray(c.weight.detach().cpu().numpy().transpose(2, 3, 1, 0))  # OIHW -> HWIO
+
+    def bn_of(b: nn.BatchNorm2d) -> tuple[Any, Any]:
+        return jnp.asarray(b.weight.detach().cpu().numpy()), jnp.asarray(b.bias.detach().cpu().numpy())
+
+    def stem(p: Any, x: Any) -> Any:
+        h = jnp.maximum(bn(tag(conv(tag(x), p["w"], 2)), p["bn"]), 0)
+        return lax.reduce_window(tag(h), -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1),
+                                 [(0, 0), (1, 1), (1, 1), (0, 0)])
+
+    def block(stride: int) -> Callable[..., Any]:
+        def f(p: Any, x: Any) -> Any:
+            x = tag(x)
+            h = tag(jnp.maximum(bn(tag(conv(x, p["w1"], 1)), p["bn1"]), 0))
+            h = tag(jnp.maximum(bn(tag(conv(h, p["w2"], stride)), p["bn2"]), 0))
+            h = bn(tag(conv(h, p["w3"], 1)), p["bn3"])
+            sc = x if "wd" not in p else bn(tag(conv(x, p["wd"], stride)), p["bnd"])
+            return jnp.maximum(h + sc, 0)
+        return f
+
+    def head(p: Any, x: Any) -> Any:
+        return tag(x.mean((1, 2))) @ p["w"] + p["b"]
+
+    units: list[Callable[..., Any]] = []
+    params: list[Any] = []
+    for m in model:
+        if isinstance(m, Stem):
+            units.append(stem)
+            params.append({"w": w_of(m.conv), "bn": bn_of(m.bn)})
+        elif isinstance(m, Bottleneck):
+            p = {"w1": w_of(m.conv1), "bn1": bn_of(m.bn1), "w2": w_of(m.conv2), "bn2": bn_of(m.bn2),
+                 "w3": w_of(m.conv3), "bn3": bn_of(m.bn3)}
+            if m.downsample is not None:
+                p["wd"], p["bnd"] = w_of(m.downsample[0]), bn_of(m.downsample[1])
+            units.append(block(m.conv2.stride[0]))
+            params.append(p)
+        else:
+            units.append(head)
+            params.append({"w": jnp.asarray(m.fc.weight.detach().cpu().numpy().T),
+                           "b": jnp.asarray(m.fc.bias.detach().cpu().numpy())})
+    return units, params
+
+
+def jax_runs(bench: "Bench", plan: SwapPlan, batch: int, steps: int) -> dict[str, Any]:
+    """JAX at `batch` under the torch plan's actions, then with no plan: samples/s (median step),
+    the compiled step's device footprint (arguments + outputs + temporaries - aliased) and, for the
+    plan run, the device's peak bytes in use."""
+    import jax
+    import jax.numpy as jnp
+
+    from triaccel.backends.jax.offload import PlannedSequential
+
+    units, params = jax_bottleneck_net(bench.model)
+    seq = PlannedSequential(units, names=bench.off.units)
+    x = jax.random.normal(jax.random.PRNGKey(0), (batch, bench.args.image, bench.args.image, 3))
+    y = jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, bench.args.classes)
+    out: dict[str, Any] = {"jax": jax.__version__, "device": str(jax.devices()[0])}
+    for name, p in (("plan", plan), ("nobudget", None)):
+        f = seq.apply(p)
+
+        def loss(ps: Any, xb: Any, yb: Any, f: Any = f) -> Any:
+            logp = jax.nn.log_softmax(f(ps, xb))
+            return -jnp.mean(jnp.take_along_axis(logp, yb[:, None], axis=1))
+
+        def sgd(ps: Any, mom: Any, xb: Any, yb: Any, loss: Any = loss) -> Any:
+            l, g = jax.value_and_grad(loss)(ps, xb, yb)
+            mom = jax.tree_util.tree_map(lambda m, gi: 0.9 * m + gi, mom, g)
+            return jax.tree_util.tree_map(lambda pi, m: pi - 0.01 * m, ps, mom), mom, l
+
+        step = jax.jit(sgd, donate_argnums=(0, 1))
+        ps = jax.tree_util.tree_map(jnp.array, params)
+        mom = jax.tree_util.tree_map(jnp.zeros_like, params)
+        try:
+            compiled = step.lower(ps, mom, x, y).compile()
+            ma = compiled.memory_analysis()
+            footprint = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+                         - ma.alias_size_in_bytes) if ma is not None else None
+            times = []
+            for k in range(2 + steps):
+                t0 = time.perf_counter()
+                ps, mom, l = compiled(ps, mom, x, y)
+                jax.block_until_ready(l)
+                if k >= 2:
+                    times.append(time.perf_counter() - t0)
+        except Exception as e:  # XLA reports out-of-memory as a generic runtime error
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            continue
+        med = statistics.median(times)
+        stats = jax.devices()[0].memory_stats() or {}
+        out[name] = {"batch": batch, "step_s": med, "samples_per_s": batch / med, "compiled_bytes": footprint,
+                     "peak_bytes_in_use": stats.get("peak_bytes_in_use") if name == "plan" else None,
+                     "plans_built": seq.plans_built}
+    return out
 
 
 def nbytes(v: int | None) -> str:
@@ -119,7 +253,7 @@ class Bench:
         self.args, self.device = args, device
         torch.manual_seed(0)
         if args.model == "resnet152":
-            self.model = resnet152(args.classes)
+            self.model = resnet152(args.classes, args.depths, args.base_width)
         else:
             self.model = create_model("resnet18", num_classes=args.classes, width=args.width, seed=0)
         self.model.to(device)
@@ -212,6 +346,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=("resnet152", "resnet18"), default="resnet152")
     ap.add_argument("--width", type=float, default=1.0, help="resnet18 channel width factor")
+    ap.add_argument("--depths", default="3,8,36,3", help="resnet152: blocks per stage (smaller for smoke tests)")
+    ap.add_argument("--base-width", type=int, default=64, help="resnet152: stem/first-stage width")
+    ap.add_argument("--jax", action="store_true",
+                    help="also run the same bottleneck net in JAX at Bp under the torch plan (resnet152 only)")
     ap.add_argument("--image", type=int, default=224)
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--budget", default="8GiB")
@@ -227,6 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="batch the LR is set for (TriAccelConfig.batch_init): the joint choice's LR scale is relative to it")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    args.depths = tuple(int(v) for v in args.depths.split(","))
     device = torch.device(args.device)
     budget = parse_bytes(args.budget, "--budget")
     mb = [int(v) for v in args.measure_batches.split(",")]
@@ -265,18 +404,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plain_b0 = bench.run(b0, "plain", args.steps) if b0 else None
 
     # 3. largest batch with a plan, checked by measurement
+    cfg = TriAccelConfig(offload="auto", batch_init=args.lr_batch, batch_min=args.multiple, batch_max=args.max_batch,
+                         batch_multiple=args.multiple)
+    planner = OffloadPlanner(cfg, model, budget, batches=grid)
+
     def planned(b: int) -> tuple[SwapPlan, int | None, list[dict[str, Any]]]:
-        target, tries = budget, []
+        """Plan b, run it, and replan below the budget while the measured peak breaks it (3 tries)."""
+        tries: list[dict[str, Any]] = []
         for _ in range(3):
-            plan = plan_for_budget(model.at(b), target)
+            plan = planner.plan(b)
             if not plan.fits:
                 return plan, None, tries
             p = bench.peak(b, "plan", plan, model_peak=plan.peak_bytes)
-            tries.append({"target": target, "modelled_peak": plan.peak_bytes, "measured_peak": p,
+            tries.append({"target": planner.target, "modelled_peak": plan.peak_bytes, "measured_peak": p,
                           "swap": plan.count("swap"), "recompute": plan.count("recompute")})
-            if p is not None and p <= budget:
+            if p is None:
+                return plan, None, tries
+            if not planner.observe_peak(plan, p):
                 return plan, p, tries
-            target -= (p - plan.peak_bytes) if p is not None and p > plan.peak_bytes else budget // 20
         return plan, None, tries
 
     lo, hi, top = 0, len(grid) - 1, None  # bisect the modelled feasibility
@@ -303,15 +448,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows["checkpoint_bp"] = bench.run(bp, "checkpoint", args.steps)
 
     # 4. joint choice (modelled), measured at its batch
-    cfg = TriAccelConfig(offload="auto", batch_init=args.lr_batch, batch_min=args.multiple, batch_max=args.max_batch,
-                         batch_multiple=args.multiple)
     try:
-        choice = choose_batch(model, budget, cfg, batches=grid)
+        choice = planner.decide()  # plans for the budget less the model error seen above
         rows["joint"] = bench.run(choice.batch, "plan" if choice.plan.active else "plain", args.steps, choice.plan)
     except ValueError as e:
         choice = None
         rows["joint"] = None
         print(f"joint choice: {e}", file=sys.stderr)
+
+    if args.jax and bp is not None and args.model == "resnet152":
+        if bench.cuda:
+            torch.cuda.empty_cache()
+        rows["jax"] = jax_runs(bench, plan_bp, bp, args.steps)
 
     # table
     def fmt(r: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
@@ -337,6 +485,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        ("save_on_cpu_bp", "save_on_cpu(pin), Bp"), ("checkpoint_bp", "checkpoint all, Bp"),
                        ("joint", "joint choice")):
         print(f"  {label:<22} {fmt(rows.get(key), base)}")
+    if "jax" in rows:
+        j, tp = rows["jax"], rows.get("plan_bp")
+        for name, label in (("plan", "JAX plan, Bp"), ("nobudget", "JAX no budget, Bp")):
+            r = j.get(name, {})
+            if "error" in r or not r:
+                print(f"  {label:<22} {r.get('error', 'not run')}")
+                continue
+            vs = f"; torch plan / JAX {tp['samples_per_s'] / r['samples_per_s']:.2f}x" if (tp and name == "plan") else ""
+            print(f"  {label:<22} bs {r['batch']:>4}  {r['samples_per_s']:8.1f} samples/s  compiled "
+                  f"{nbytes(r['compiled_bytes'])}{vs}")
     if choice is not None:
         print(f"joint choice: batch {choice.batch}, plan {'on' if choice.plan.active else 'off'}, lr x{choice.lr_scale:.2f},"
               f" modelled {choice.goodput:.1f} samples/s (no-plan B0 modelled "
@@ -352,6 +510,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "other_ms": t.other_ms, "layers": [u.__dict__ for u in t.layers]} for t in tables],
         "b0": b0, "bp": bp, "bp_over_b0": (bp / b0) if bp and b0 else None,
         "plan_bp": plan_bp.to_dict() if plan_bp else None, "measured_peak_bp": peak_bp, "replans": replans,
+        "model_margin_bytes": planner.margin,
         "runs": rows, "joint": choice.to_dict() if choice else None,
         "peaks_are": "measured (max_memory_allocated)" if bench.cuda else "modelled (cpu)",
         "wall_s": time.perf_counter() - t_start,

@@ -26,7 +26,7 @@ from .batching import BatchLaw
 from .config import TriAccelConfig
 
 __all__ = ["ACTIONS", "LayerCost", "CostTable", "CostModel", "SwapPlan", "simulate", "plan_for_budget",
-           "BatchChoice", "choose_batch", "scale_plan"]
+           "BatchChoice", "choose_batch", "scale_plan", "OffloadPlanner"]
 
 ACTIONS = ("keep", "swap", "recompute")
 _EPS_MS = 1e-6  # exposed time below this counts as hidden (a ratio's denominator floor)
@@ -193,7 +193,8 @@ class SwapPlan:
     swapped unit the index of the unit at whose backward start its host->device copy is issued
     (>= its own index; its own index means on demand), else None. step_ms: modelled step time;
     exposed_ms: of it, compute-stream waits on copies plus recompute time; peak_bytes: modelled
-    peak device memory; fits: peak_bytes <= budget (None when no budget was given).
+    peak device memory; fits: peak_bytes <= budget (None when no budget was given);
+    backward_start_bytes: modelled device bytes when the backward pass starts.
     """
 
     batch: int
@@ -205,6 +206,7 @@ class SwapPlan:
     peak_bytes: int
     budget: int | None = None
     fits: bool | None = None
+    backward_start_bytes: int = 0
 
     @property
     def samples_per_s(self) -> float:
@@ -292,6 +294,7 @@ def simulate(table: CostTable, actions: Sequence[str], prefetch_at: Sequence[int
     for j in range(L - 1, -1, -1):
         if pf[j] is not None:
             triggers.setdefault(pf[j], []).append(j)
+    fwd_end = now
     exposed, free_h2d = 0.0, now
     h2d_end = [0.0] * L
     for i in range(L - 1, -1, -1):
@@ -310,43 +313,74 @@ def simulate(table: CostTable, actions: Sequence[str], prefetch_at: Sequence[int
         now = start + dur
         events.append((now, -(x.saved_bytes + (x.input_bytes if acts[i] == "recompute" else 0))))
     events.sort(key=lambda e: (e[0], e[1]))
-    cur = peak = 0
-    for _, d in events:
+    cur = peak = at_fwd_end = 0
+    for t, d in events:
         cur += d
         peak = max(peak, cur)
-    peak_bytes = table.static_bytes + peak + table.transient_bytes
-    fits = None if budget is None else peak_bytes <= budget
-    return SwapPlan(table.batch, table.names, acts, pf, now + table.other_ms, exposed, peak_bytes, budget, fits)
+        if t <= fwd_end:
+            at_fwd_end = cur
+    base = table.static_bytes + table.transient_bytes
+    fits = None if budget is None else base + peak <= budget
+    return SwapPlan(table.batch, table.names, acts, pf, now + table.other_ms, exposed, base + peak, budget, fits,
+                    base + at_fwd_end)
+
+
+_MOVES = {"keep": ("swap", "recompute"), "swap": ("recompute",), "recompute": ()}
+_RECOMPUTE_ONLY = {"keep": ("recompute",), "swap": (), "recompute": ()}
 
 
 def plan_for_budget(table: CostTable, budget: int) -> SwapPlan:
     """Greedy plan that brings the modelled peak of `table` within `budget` bytes.
 
-    Starting from all "keep", each round moves the one unit whose swap or recompute lowers the
-    modelled peak the most per millisecond of added step time (hidden transfers first, the largest
-    of those first; recompute where it costs less time than an exposed transfer), until the peak
-    fits. Returns the plan with fits=False when no move lowers the peak any more.
+    Starting from all "keep", each round makes the one move (keep -> swap, keep -> recompute,
+    swap -> recompute) that lowers the modelled peak the most per millisecond of added step time
+    (hidden transfers first, the largest of those first; recompute where it costs less time than an
+    exposed transfer), until the peak fits; when no move lowers the peak, the one that lowers the
+    bytes resident at the end of the forward pass the most per millisecond. At most 2 moves per
+    unit. When that greedy gets stuck above the budget, a recompute-only greedy and then
+    "recompute every unit" are tried. Returns the lowest-peak plan, fits=False, when none fits.
     """
     if not (isinstance(budget, int) and not isinstance(budget, bool) and budget > 0):
         raise ValueError(f"budget={budget!r} is invalid: allowed an integer > 0 (bytes)")
+    first = _greedy(table, budget, _MOVES)
+    if first.fits:
+        return first
+    # the greedy can trap itself, e.g. a swapped unit prefetched back while a later unit is
+    # rematerialised: every single move then raises the peak. Fall back to recompute-only moves,
+    # then to recomputing every unit; the first that fits wins, else the lowest peak.
+    second = _greedy(table, budget, _RECOMPUTE_ONLY)
+    if second.fits:
+        return second
+    third = simulate(table, ["recompute"] * len(table.layers), budget=budget)
+    if third.fits:
+        return third
+    return min((first, second, third), key=lambda p: p.peak_bytes)
+
+
+def _greedy(table: CostTable, budget: int, moves: dict[str, tuple[str, ...]]) -> SwapPlan:
     acts = ["keep"] * len(table.layers)
     cur = simulate(table, acts, budget=budget)
     while not cur.fits:
-        best: tuple[float, int, SwapPlan] | None = None
+        best: tuple[int, float, int, SwapPlan] | None = None
         for i, a in enumerate(acts):
-            if a != "keep":
-                continue
-            for move in ("swap", "recompute"):
+            for move in moves[a]:
                 trial = simulate(table, acts[:i] + [move] + acts[i + 1:], budget=budget)
+                cost = max(trial.step_ms - cur.step_ms, _EPS_MS)
                 freed = cur.peak_bytes - trial.peak_bytes
-                if freed <= 0:
+                eased = cur.backward_start_bytes - trial.backward_start_bytes
+                if freed > 0:
+                    key = (1, freed / cost, freed)
+                elif freed == 0 and eased > 0:
+                    # the peak sits where one move cannot lower it (e.g. a prefetch beside a kept
+                    # unit): lower the forward's footprint so that a later move can
+                    key = (0, eased / cost, eased)
+                else:
                     continue
-                score = freed / max(trial.step_ms - cur.step_ms, _EPS_MS)
-                if best is None or (score, freed) > (best[0], best[1]):
-                    best = (score, freed, trial)
+                if best is None or key > best[:3]:
+                    best = (*key, trial)
         if best is None:
             return cur
-        cur = best[2]
+        cur = best[3]
         acts = list(cur.actions)
     return cur
 
@@ -444,3 +478,73 @@ def scale_plan(plan: SwapPlan, table: CostTable, budget: int | None = None) -> S
     """`plan`'s actions re-modelled on another `table` (e.g. re-measured timings)."""
     return simulate(table, plan.actions, budget=budget)
 
+
+
+class OffloadPlanner:
+    """Keeps the joint (batch, plan) decision current under a budget.
+
+    `decide` plans for `budget - margin`; `observe_peak` raises the margin to the largest excess
+    of a measured peak over its plan's modelled peak once a measured peak breaks the budget (the
+    model then plans that much lower: replan); `observe_tables` swaps in freshly measured costs;
+    `timings_moved` says when measured step times left the model by more than `tolerance` (re-measure).
+    cfg.offload == "off" gives plan-free decisions. An OOM is the controller's business: it shrinks
+    the batch at once, whatever the plan.
+    """
+
+    def __init__(self, cfg: TriAccelConfig, model: CostModel, budget: int, batches: Sequence[int] | None = None,
+                 tolerance: float = 0.25) -> None:
+        if not (isinstance(budget, int) and not isinstance(budget, bool) and budget > 0):
+            raise ValueError(f"budget={budget!r} is invalid: allowed an integer > 0 (bytes)")
+        if not (isinstance(tolerance, (int, float)) and 0 < tolerance < 1):
+            raise ValueError(f"tolerance={tolerance!r} is invalid: allowed a real number in (0, 1)")
+        self.cfg, self.model, self.budget, self.batches, self.tolerance = cfg, model, budget, batches, tolerance
+        self.margin = 0
+        self.choice: BatchChoice | None = None
+        self._moved = False
+
+    @property
+    def target(self) -> int:
+        """Bytes the plans are made for: the budget less the model's largest observed under-estimate."""
+        return self.budget - self.margin
+
+    def decide(self, b_noise: float | None = None) -> BatchChoice:
+        """Choose batch and plan for `target` bytes (choose_batch)."""
+        if self.target <= 0:
+            raise ValueError(f"budget={self.budget}: the model under-estimates peaks by {self.margin} bytes, "
+                             "more than the budget; re-measure the cost tables")
+        self.choice = choose_batch(self.model, self.target, self.cfg, b_noise=b_noise, batches=self.batches)
+        return self.choice
+
+    def plan(self, batch: int) -> SwapPlan:
+        """The plan for `batch` at `target` bytes (fits=False when none fits)."""
+        return plan_for_budget(self.model.at(batch), self.target)
+
+    def observe_peak(self, plan: SwapPlan, measured_bytes: int) -> bool:
+        """Record the measured peak of a step run under `plan`; True when it broke the budget (the
+        margin grew: decide/plan again)."""
+        if not (isinstance(measured_bytes, int) and measured_bytes >= 0):
+            raise ValueError(f"measured_bytes={measured_bytes!r} is invalid: allowed an integer >= 0")
+        if measured_bytes <= self.budget:
+            return False
+        err = measured_bytes - plan.peak_bytes
+        # a plan made for target bytes breaks the budget only when err > margin; a plan made for
+        # more than the target lowers the target by its excess instead
+        self.margin = err if err > self.margin else self.margin + (measured_bytes - self.budget)
+        return True
+
+    def observe_step(self, plan: SwapPlan, measured_ms: float) -> bool:
+        """Record a measured step time under `plan`; True when it is off the model by more than the
+        tolerance (timings moved: measure new tables and `observe_tables`)."""
+        if not (math.isfinite(measured_ms) and measured_ms > 0):
+            raise ValueError(f"measured_ms={measured_ms!r} is invalid: allowed a finite real number > 0")
+        self._moved = abs(measured_ms / plan.step_ms - 1.0) > self.tolerance
+        return self._moved
+
+    @property
+    def timings_moved(self) -> bool:
+        return self._moved
+
+    def observe_tables(self, tables: Sequence[CostTable]) -> None:
+        """Replace the cost model with freshly measured tables (one or two batches)."""
+        self.model = CostModel(tuple(tables))
+        self._moved = False
