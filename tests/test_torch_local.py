@@ -129,3 +129,35 @@ def test_trainer_refuses_mismatched_units():
         tr.train(x, y, lambda v: v, [x], lambda v: v, epochs=[1])
     with pytest.raises(ValueError, match="export|b="):
         tr.export(len(plan.blocks))
+
+
+def test_demo_local_loop(tmp_path):
+    """examples.cifar local_loop on a tiny synthetic CIFAR: summary fields and plots."""
+    import numpy as np
+
+    from examples.cifar.common import RunLog, RunOptions
+    from examples.cifar.datasets import CifarArrays
+    from examples.cifar.local_loop import parse_local_budget, train
+    from examples.cifar.plots import plot_run
+
+    rng = np.random.default_rng(0)
+    data = CifarArrays(rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8), rng.integers(0, 4, 64),
+                       rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8), rng.integers(0, 4, 32), 4,
+                       (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    opts = RunOptions(method="local", epochs=1, batch=16, lr=0.05, width=0.0625, budget="6MiB", batch_max=32,
+                      device="cpu", out=str(tmp_path), progress=False)
+    opts.local = {"exit_tolerance": 0.5, "max_blocks": 3, "cache_views": 1, "block_batch": None}
+    log = RunLog(tmp_path / "log.jsonl")
+    summary = train(opts, data, log, None)
+    log.close()
+    nb = len(summary["plan"]["blocks"])
+    assert nb >= 2 and len(summary["exit_accs"]) == nb == len(summary["exit_params"]) == len(summary["blocks"])
+    assert summary["exported_params"] == summary["exit_params"][summary["chosen_exit"]]
+    assert summary["param_reduction"] == pytest.approx(summary["model_params"] / summary["exported_params"])
+    assert summary["memory_budget_bytes"] == 6 * 2**20
+    assert all(b["peak_bytes"] <= summary["plan"]["usable_bytes"] for b in summary["plan"]["blocks"])
+    names = {p.name for p in plot_run(tmp_path / "log.jsonl", tmp_path)}
+    assert {"local_blocks.png", "local_exits.png"} <= names
+    with pytest.raises(ValueError, match="e2e"):
+        parse_local_budget("e2e:0")
+    assert parse_local_budget("e2e:32") == (None, 32) and parse_local_budget("1KiB") == (1024, None)

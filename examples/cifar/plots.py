@@ -110,4 +110,38 @@ def plot_run(log_path: str | Path, out_dir: str | Path) -> list[Path]:
         axes[1].set_ylabel("test accuracy (%)")
         fig.suptitle("loss and accuracy")
         save(fig, "loss_accuracy.png")
+
+    blocks = log.get("block", [])
+    if blocks:  # --method local: per-block batch and memory (modelled and measured peak)
+        idx = np.arange(len(blocks))
+        fig, ax1 = plt.subplots(figsize=(8, 4))
+        ax1.bar(idx - 0.2, [b["batch"] for b in blocks], 0.4, color="#2a6f97", label="batch")
+        ax1.set_ylabel("batch size (samples)")
+        ax1.set_xticks(idx, [f"{b['names'][0]}..{b['names'][-1]}" for b in blocks], fontsize=7)
+        ax2 = ax1.twinx()
+        ax2.bar(idx + 0.2, [b["peak_bytes"] / 2**20 for b in blocks], 0.4, color="#f2b134", label="modelled peak")
+        measured = [b.get("measured_peak_bytes") for b in blocks]
+        if any(m is not None for m in measured):
+            ax2.plot(idx + 0.2, [np.nan if m is None else m / 2**20 for m in measured], "o", color="#d1495b",
+                     label="measured peak")
+        if log.get("local_plan"):
+            ax2.axhline(log["local_plan"][0]["memory_budget"] / 2**20, color="#d1495b", ls="--", lw=0.8,
+                        label="budget")
+        ax2.set_ylabel("MiB")
+        ax1.legend(loc="upper left")
+        ax2.legend(loc="upper right")
+        ax1.set_title("local learning: per-block batch and memory")
+        save(fig, "local_blocks.png")
+    exits = log.get("exits", [])
+    if exits:
+        e = exits[-1]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(np.array(e["params"]) / 1e6, [100 * a for a in e["accs"]], marker="o")
+        ax.plot([e["params"][e["chosen"]] / 1e6], [100 * e["accs"][e["chosen"]]], "*", ms=14, color="#d1495b",
+                label=f"chosen exit (tolerance {100 * e['tolerance']:.1f} pt)")
+        ax.set_xlabel("exported parameters (M)")
+        ax.set_ylabel("test accuracy (%)")
+        ax.legend()
+        ax.set_title("accuracy per exit")
+        save(fig, "local_exits.png")
     return written

@@ -49,7 +49,15 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--backend", choices=["torch", "jax"], default="torch")
     p.add_argument("--model", choices=["resnet18", "efficientnet_b0"], default="resnet18")
     p.add_argument("--dataset", choices=["cifar10", "cifar100"], default="cifar10")
-    p.add_argument("--method", choices=["fp32", "amp", "triaccel"], default="triaccel")
+    p.add_argument("--method", choices=["fp32", "amp", "triaccel", "local"], default="triaccel",
+                   help="local: NeuroFlux-style block-wise training under --budget (torch; examples/cifar/local_loop.py)")
+    p.add_argument("--exit-tolerance", type=float, default=0.01,
+                   help="local: export the smallest exit within this accuracy fraction of the best (0.01 = 1 point)")
+    p.add_argument("--max-blocks", type=int, default=4, help="local: at most this many blocks")
+    p.add_argument("--cache-views", type=int, default=1,
+                   help="local: fixed augmentations of the training set cached per block")
+    p.add_argument("--block-batch", type=int, default=None,
+                   help="local: the partition aims at the largest batch bucket <= this (default: --batch-max)")
     p.add_argument("--epochs", type=int, default=None, help="default: 10 on a GPU, 1 on CPU")
     p.add_argument("--data", default=None,
                    help="CIFAR root: the official python folder (cifar-10-batches-py / cifar-100-python) "
@@ -130,7 +138,20 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
         extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
-    opts.triaccel_config()  # validate every knob before any data is loaded
+    if a.method == "local":
+        if a.backend != "torch":
+            p.error("--method local: only for --backend torch")
+        from .local_loop import parse_local_budget
+        try:
+            parse_local_budget(a.budget)
+        except ValueError as exc:
+            p.error(str(exc))
+        if not 0 <= a.exit_tolerance <= 1:
+            p.error(f"--exit-tolerance={a.exit_tolerance}: allowed [0, 1] (accuracy fraction)")
+        opts.local = {"exit_tolerance": a.exit_tolerance, "max_blocks": a.max_blocks,  # type: ignore[attr-defined]
+                      "cache_views": a.cache_views, "block_batch": a.block_batch}
+    if a.method != "local":   # local's budget may read e2e:B; its knobs are checked by its plan
+        opts.triaccel_config()  # validate every knob before any data is loaded
     return opts
 
 
@@ -168,7 +189,9 @@ def run(opts: RunOptions) -> dict[str, Any]:
     load_s = time.perf_counter() - t_load
     out = Path(opts.out)
     log = RunLog(out / ("log.jsonl" if not rank else f"log.rank{rank}.jsonl"))
-    if opts.backend == "torch":
+    if opts.method == "local":
+        from .local_loop import train
+    elif opts.backend == "torch":
         from .torch_loop import train
     else:
         from .jax_loop import train
