@@ -44,12 +44,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _device_name(device: str) -> str:
-    if device == "cpu":
-        return "cpu"
-    import torch
-
-    return torch.cuda.get_device_name(0).lower().replace(" ", "-") if torch.cuda.is_available() else "cpu"
+def _device_name(summary_name: str | None) -> str:
+    """The runs' device for the file name (read from their summaries: this process keeps off the GPU,
+    whose memory the runs measure)."""
+    return (summary_name or "cpu").lower().replace(" ", "-")
 
 
 def run_one(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -117,7 +115,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     counts = [int(x) for x in args.gpus.split(",") if x]
     if not counts or counts[0] != 1 or any(c < 1 for c in counts):
         p.error(f"--gpus={args.gpus!r}: a comma-separated list starting with 1 (the baseline), each >= 1")
-    device = _device_name(args.device)
     rows = []
     with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:
         for n in counts:
@@ -125,12 +122,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             r = rows[-1]
             print(f"  {n} GPU(s): {r['images_per_s']:.0f} images/s, epochs {[round(s, 2) for s in r['epoch_seconds']]} s",
                   flush=True)
+    device = _device_name(rows[0]["device_name"])
     base = rows[0]["images_per_s"]
     for r in rows:
         r["speedup"] = r["images_per_s"] / base
         r["efficiency_per_gpu"] = r["speedup"] / r["gpus"]
     print(f"\nResNet-18 CIFAR-10 {args.method} ({args.levers}), {args.epochs} epochs, per-GPU batch {args.batch} "
-          f"(max {args.batch_max}), steady state = median of epochs 2..{args.epochs}, device {device}")
+          f"(max {args.batch_max}), steady state = median of epochs {rows[0]['steady_epochs']}, device {device}")
     print(f"{'GPUs':>4} {'images/s':>10} {'speed-up':>9} {'eff./GPU':>9} {'batch/GPU':>10} {'final acc':>10} "
           f"{'ranks agree':>12}")
     for r in rows:
