@@ -163,6 +163,23 @@ def test_split_steps_keep_gradients_out_of_graph_memory() -> None:
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_region_exit_clears_state_saved_by_a_raising_hooked_layer() -> None:
+    # The post-hooks are not always_call (dynamo would guard on their ids): a layer that raises
+    # leaves its pre-hook's saved state, which the region's exit drops.
+    model = _net()
+    opt = _wrapped(model)
+    opt.plan.apply(_policy(opt, {"0"}))        # the first conv hooked to FP32 under a BF16 majority
+    x, _ = _batch(4, 0)
+    with pytest.raises(RuntimeError):
+        with opt.autocast():
+            model(x[:, :2])                    # wrong channel count: the hooked conv raises
+    assert not torch.is_autocast_enabled("cpu") and all(not st for st in opt.plan._stacks)
+    with opt.autocast():
+        out = model(x)
+        assert torch.is_autocast_enabled("cpu")
+    assert out.dtype == torch.bfloat16 and all(not st for st in opt.plan._stacks)
+
+
 @pytest.mark.parametrize("kwargs", [dict(mode="fast"), dict(max_variants=0), dict(dynamic=True),
                                     dict(dynamic_batch=1)])
 def test_compile_model_rejects_bad_options(kwargs) -> None:
