@@ -84,8 +84,13 @@ def _train(cache: bool):
     return tr, plan, recs
 
 
-def test_cached_equals_recomputed_fp32():
-    a, plan, ra = _train(cache=True)
+@pytest.fixture(scope="module")
+def cached():
+    return _train(cache=True)
+
+
+def test_cached_equals_recomputed_fp32(cached):
+    a, plan, ra = cached
     b, _, rb = _train(cache=False)
     assert len(plan.blocks) >= 3
     for ma, mb in zip([*a.units, *a.heads], [*b.units, *b.heads]):
@@ -96,8 +101,8 @@ def test_cached_equals_recomputed_fp32():
         assert x.epoch_losses == pytest.approx(y.epoch_losses, rel=1e-5)
 
 
-def test_export_matches_trained_prefix():
-    tr, plan, _ = _train(cache=True)
+def test_export_matches_trained_prefix(cached):
+    tr, plan, _ = cached
     x, y = _data(1)
     params = tr.exit_params()
     for b, blk in enumerate(plan.blocks):
@@ -141,10 +146,10 @@ def test_demo_local_loop(tmp_path):
     from examples.cifar.plots import plot_run
 
     rng = np.random.default_rng(0)
-    data = CifarArrays(rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8), rng.integers(0, 4, 64),
-                       rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8), rng.integers(0, 4, 32), 4,
+    data = CifarArrays(rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8), rng.integers(0, 4, 32),
+                       rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8), rng.integers(0, 4, 16), 4,
                        (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-    opts = RunOptions(method="local", epochs=1, batch=16, lr=0.05, width=0.0625, budget="6MiB", batch_max=32,
+    opts = RunOptions(method="local", epochs=1, batch=16, lr=0.05, width=0.0625, budget="6MiB", batch_max=16,
                       device="cpu", out=str(tmp_path), progress=False)
     opts.local = {"exit_tolerance": 0.5, "max_blocks": 3, "cache_views": 1, "block_batch": None}
     log = RunLog(tmp_path / "log.jsonl")

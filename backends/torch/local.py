@@ -33,7 +33,7 @@ from triaccel import Controller, TriAccelConfig
 from triaccel.elastic import ElasticIndexLoader
 from triaccel.local_plan import LayerMemory, LocalPlan
 
-from .data import elastic_step
+from .data import elastic_step, free_memory, is_oom
 
 __all__ = ["AuxHead", "Classifier", "ExitModel", "LocalTrainer", "BlockRecord", "measure_layers",
            "sequential_units"]
@@ -381,7 +381,6 @@ class LocalTrainer:
         where = self.device if nxt.input_cache == "device" else torch.device("cpu")
         pin = where.type == "cpu" and self.device.type == "cuda"
         body = self.block(b)
-        bs = self.plan.infer_batch
         self._sync()
         t0 = time.perf_counter()
         if self.device.type == "cuda":
@@ -391,14 +390,18 @@ class LocalTrainer:
         for v, raw in enumerate(views):
             n = int(raw.shape[0])
             buf = torch.empty((n, *shape), dtype=self.cache_dtype, device=where, pin_memory=pin)
-            for i in range(0, n, bs):
-                if cache is None:
-                    x = self._fmt(view_transform(raw[i:i + bs].to(self.device)))
-                else:
-                    x = self._fmt(cache[v][i:i + bs].to(self.device, non_blocking=True))
-                with self._cast():
-                    y = body(x)
-                buf[i:i + bs].copy_(y, non_blocking=pin)
+
+            def fill(bs: int, v: int = v, raw: torch.Tensor = raw, buf: torch.Tensor = buf) -> None:
+                for i in range(0, n, bs):
+                    if cache is None:
+                        x = self._fmt(view_transform(raw[i:i + bs].to(self.device)))
+                    else:
+                        x = self._fmt(cache[v][i:i + bs].to(self.device, non_blocking=True))
+                    with self._cast():
+                        y = body(x)
+                    buf[i:i + bs].copy_(y, non_blocking=pin)
+
+            _halving_on_oom(fill, self.plan.infer_batch)
             out.append(buf)
         self._sync()
         rec = self.records[b]
@@ -414,19 +417,23 @@ class LocalTrainer:
         """Top-1 accuracy of every exit (block heads, in order; only the first `upto` when given) on
         raw samples x (N, ...) with labels y (N,), one forward pass through the prefix."""
         nb = len(self.plan.blocks) if upto is None else int(upto)
-        bs = batch or self.plan.infer_batch
         for m in [*self.units, *self.heads]:
             m.eval()
         correct = [0] * nb
-        for i in range(0, int(x.shape[0]), bs):
-            h = self._fmt(transform(x[i:i + bs].to(self.device)))
-            yb = y[i:i + bs].to(self.device)
-            with self._cast():
-                for b in range(nb):
-                    blk = self.plan.blocks[b]
-                    for m in self.units[blk.start:blk.stop]:
-                        h = m(h)
-                    correct[b] += int((self.heads[b](h).argmax(1) == yb).sum())
+
+        def run(bs: int) -> None:
+            correct[:] = [0] * nb
+            for i in range(0, int(x.shape[0]), bs):
+                h = self._fmt(transform(x[i:i + bs].to(self.device)))
+                yb = y[i:i + bs].to(self.device)
+                with self._cast():
+                    for b in range(nb):
+                        blk = self.plan.blocks[b]
+                        for m in self.units[blk.start:blk.stop]:
+                            h = m(h)
+                        correct[b] += int((self.heads[b](h).argmax(1) == yb).sum())
+
+        _halving_on_oom(run, batch or self.plan.infer_batch)
         return [c / int(x.shape[0]) for c in correct]
 
     def export(self, b: int) -> ExitModel:
@@ -444,6 +451,23 @@ class LocalTrainer:
             units = sum(p.numel() for m in self.units[:blk.stop] for p in m.parameters())
             out.append(units + sum(p.numel() for p in self.heads[b].parameters()))
         return out
+
+
+def _halving_on_oom(fn: Callable[[int], None], batch: int) -> None:
+    """fn(batch) over a whole pass; after an out-of-memory error the pass restarts at half the batch
+    (inference passes only: they leave no state behind but their outputs, which a rerun overwrites)."""
+    while True:
+        failed = False
+        try:
+            fn(batch)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless it is an OOM
+            if not is_oom(exc) or batch <= 1:
+                raise
+            failed = True
+        if not failed:
+            return
+        free_memory()   # outside the except block: its frames held the failed pass's tensors
+        batch //= 2
 
 
 def _halvings(batch: int) -> list[int]:
