@@ -48,6 +48,13 @@ def test_units_compose_to_the_model():
     for _, m in units:
         h = m(h)
     assert torch.equal(clf(h), model(x))
+    eff = create_model("efficientnet_b0", num_classes=K, width=0.25, seed=0).eval()
+    units, clf = sequential_units(eff)
+    assert [n for n, _ in units] == ["stem"] + [f"blocks.{j}" for j in range(16)] + ["head"]
+    h = x
+    for _, m in units:
+        h = m(h)
+    assert torch.equal(clf(h), eff(x))
 
 
 def test_measured_table():
