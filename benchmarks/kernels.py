@@ -1,15 +1,26 @@
-"""GPU benchmark and check of triaccel.kernels (grad moments, cast) from torch and from JAX.
+"""GPU benchmark and check of triaccel.kernels (grad moments, cast) beside the stock ops, torch and JAX.
 
-Run on a CUDA machine:  python benchmarks/kernels.py [--big-log2 30] [--sweep]
+Run on a CUDA machine:  python benchmarks/kernels.py [--big-log2 30] [--sweep] [--out PATH]
 Checks the Triton paths (torch launch and jax-triton) against the references (BF16 cast: exact RNE),
-then prints one table per gradient set: µs per call, GB/s, % of the device-to-device copy bandwidth
-measured in the same run, and speed-ups against a per-tensor ``g.var()`` loop, ``torch._foreach_norm``
-and ``torch._amp_foreach_non_finite_check_and_unscale_``. Writes benchmarks/results/kernels-<device>.json.
+then prints one table per gradient set (the CIFAR ResNet-18 parameter set, and 2**30 values in 64
+tensors), each case beside the stock ops that do comparable work:
 
-Timing: "eager" = triton.testing.do_bench of one call (L2 flushed before each call; includes the
-host-side launch cost when it exceeds the GPU time); "gpu" = torch: one CUDA graph replaying the call
-over K distinct copies of the gradient set (so they do not sit in L2), divided by K; JAX: one jitted
-function over the same K copies, with block_until_ready, many iterations, divided by K.
+- moments: ``torch._foreach_norm`` (sum of squares only), ``torch._amp_foreach_non_finite_check_and_unscale_``
+  (unscale + non-finite flag), a per-tensor ``var()`` loop; JAX: per-leaf ``jnp.sum(x*x)``, and
+  ``jnp.sum(x*x)`` over the whole buffer (one reduction, no segments) as a bandwidth reference;
+- cast: a per-tensor ``.to()`` loop (torch), ``astype`` per segment (JAX).
+
+Columns: ``gpu us`` = GPU time per call: torch: one CUDA graph replaying the call over K distinct
+copies of the set (so they do not sit in L2), CUDA events over many replays, divided by the calls;
+JAX: one jitted function over the same K copies, dispatched many times back to back, wall clock
+with ``block_until_ready`` (the GPU is the bottleneck), divided by the calls. ``host us`` = CPU time of
+one eager call (mean of many back-to-back calls, before the synchronisation; torch only: JAX calls
+are jitted). ``GB/s`` = bytes read (+ written) / GPU time; ``%copy`` = that over the
+device-to-device copy rate measured in the same run (bytes read + written by ``dst.copy_(src)``).
+``x stock`` = the stock op's GPU time / this row's (> 1: faster than the stock op).
+A line per set says which implementation ``grad_moments`` is faster than, and JAX / torch ratios.
+Writes benchmarks/results/kernels/kernels-<device>.json.
+``--sweep`` also times launch configurations (block, iters, warps, rows per SM, fast pass);
 ``--smoke`` runs the script's logic on CPU with tiny sizes (Triton interpreter, no timings of note).
 """
 
@@ -18,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import socket
@@ -42,12 +54,19 @@ def resnet18_shapes() -> list[tuple[int, ...]]:
     return shapes
 
 
+SWEEP = [  # (block, iters, num_warps, rows per SM, fast pass)
+    (1024, 4, 4, 8, True), (1024, 4, 4, 8, False), (1024, 8, 4, 8, True), (1024, 8, 4, 8, False),
+    (1024, 8, 4, 4, True), (1024, 8, 4, 16, True), (2048, 4, 8, 8, True), (2048, 8, 8, 4, True),
+]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--big-log2", type=int, default=30, help="log2 of the large set's values")
     ap.add_argument("--big-segments", type=int, default=64)
     ap.add_argument("--copies", type=int, default=8, help="K distinct copies of the ResNet set")
-    ap.add_argument("--sweep", action="store_true", help="sweep (block, iters, warps) configs")
+    ap.add_argument("--sweep", action="store_true", help="time launch configurations too")
+    ap.add_argument("--sweep-set", default=None, help="sweep only this set (resnet18, big-2^30, ...)")
     ap.add_argument("--smoke", action="store_true", help="CPU logic check with tiny sizes")
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--out", default=None)
@@ -55,10 +74,13 @@ def main() -> None:
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
+    import importlib
+
     import torch
     import triton
-    import triton.testing
 
+    # the module, not the function of the same name that triaccel.kernels exports
+    GM = importlib.import_module("triaccel.kernels.grad_moments")
     from triaccel.kernels import (cast_flat, cast_to, grad_moments, grad_moments_flat,
                                   moments_reference_torch)
 
@@ -69,43 +91,48 @@ def main() -> None:
         "device": devname, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "host": socket.gethostname(),
         "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+        "defaults": {"block": GM.BLOCK, "iters": GM.ITERS, "num_warps": GM.NUM_WARPS, "per_sm": GM.PER_SM,
+                     "fast": GM.FAST},
     }
     print("#", json.dumps(meta))
+    sync = (lambda: None) if args.smoke else torch.cuda.synchronize
 
-    def eager_us(fn) -> float:
-        if args.smoke:
-            t0 = time.perf_counter(); fn(); return (time.perf_counter() - t0) * 1e6
-        return triton.testing.do_bench(fn, warmup=25, rep=200) * 1e3
+    def host_us(fn, n: int) -> float:
+        """Mean CPU time of one call over n back-to-back calls (the GPU queue absorbs them)."""
+        fn(); fn(); sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t = (time.perf_counter() - t0) * 1e6 / n
+        sync()
+        return t
 
     def graph_us(fns, reps: int = 20) -> float:
-        """Mean µs per element of fns, replayed in one CUDA graph ``reps`` times."""
+        """GPU µs per element of fns, replayed in one CUDA graph ``reps`` times (CUDA events)."""
         if args.smoke:
             return float("nan")
         try:
-            return _graph_us(fns, reps)
-        except Exception as exc:  # keep the eager numbers if a capture fails
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for f in fns:
+                    f()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for f in fns:
+                    f()
+            g.replay(); torch.cuda.synchronize()
+            st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            st.record()
+            for _ in range(reps):
+                g.replay()
+            en.record(); torch.cuda.synchronize()
+            return st.elapsed_time(en) * 1e3 / (reps * len(fns))
+        except Exception as exc:  # keep the other numbers if a capture fails
             print(f"graph timing failed: {exc!r}"[:300])
             torch.cuda.synchronize()
             return float("nan")
-
-    def _graph_us(fns, reps: int) -> float:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for f in fns:
-                f()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for f in fns:
-                f()
-        g.replay(); torch.cuda.synchronize()
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        for _ in range(reps):
-            g.replay()
-        en.record(); torch.cuda.synchronize()
-        return st.elapsed_time(en) * 1e3 / (reps * len(fns))
 
     results: dict = {"meta": meta, "checks": {}, "sets": {}}
     ok_all = True
@@ -114,32 +141,19 @@ def main() -> None:
         nonlocal ok_all
         ok_all &= bool(ok)
         results["checks"][name] = {"ok": bool(ok), "detail": detail}
-        print(f"check {name:<42} {'OK' if ok else 'FAIL'} {detail}")
+        print(f"check {name:<48} {'OK' if ok else 'FAIL'} {detail}")
 
     # ---------------- copy bandwidth (device to device) ----------------
     nbig = 1 << (12 if args.smoke else args.big_log2)
     src = torch.randn(nbig, device=dev)
     dst = torch.empty_like(src)
-    copy_us = eager_us(lambda: dst.copy_(src))
+    copy_us = graph_us([lambda: dst.copy_(src)], reps=10)
+    if copy_us != copy_us:
+        t0 = time.perf_counter(); dst.copy_(src); copy_us = (time.perf_counter() - t0) * 1e6
     copy_gbs = 8 * nbig / copy_us / 1e3
     results["copy"] = {"values": nbig, "us": copy_us, "GBps": copy_gbs}
     print(f"copy fp32 {nbig} values: {copy_us:.1f} us, {copy_gbs:.0f} GB/s (read+write)")
     del dst, src
-
-    # ---------------- gradient sets ----------------
-    gen = torch.Generator(device=dev).manual_seed(0)
-    rs = resnet18_shapes()
-    assert len(rs) == 62
-    big_seg = nbig // args.big_segments
-    sets = {
-        "resnet18": [rs for _ in range(1 if args.smoke else args.copies)],
-        f"big-2^{args.big_log2}": [[(big_seg,)] * args.big_segments],
-    }
-    if args.smoke:
-        sets = {"resnet18": [[(s[0],) if len(s) > 1 else s for s in rs[:10]]] * 2, "big": [[(1000,)] * 4]}
-    configs = [(2048, 8, 8)]
-    if args.sweep:
-        configs = [(1024, 4, 4), (1024, 8, 4), (2048, 4, 8), (2048, 8, 8), (4096, 4, 8), (4096, 8, 16), (1024, 16, 4)]
 
     try:
         import jax
@@ -147,6 +161,17 @@ def main() -> None:
         have_jax = not args.no_jax and (args.smoke or jax.default_backend() == "gpu")
     except ImportError:
         have_jax = False
+
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rs = resnet18_shapes()
+    assert len(rs) == 62
+    big_seg = nbig // args.big_segments
+    sets = {
+        "resnet18": [rs for _ in range(1 if args.smoke else args.copies)],
+        f"big-2^{args.big_log2}": [[(big_seg,)] * args.big_segments] * (1 if args.smoke else 2),
+    }
+    if args.smoke:
+        sets = {"resnet18": [[(s[0],) if len(s) > 1 else s for s in rs[:10]]] * 2, "big": [[(1000,)] * 4]}
 
     for set_name, copies in sets.items():
         shapes = copies[0]
@@ -156,12 +181,11 @@ def main() -> None:
         K = len(copies)
         flats = [torch.randn(nval, device=dev, generator=gen) for _ in range(K)]
         lists = [[f[int(a):int(b)].view(s).clone() for a, b, s in zip(off[:-1], off[1:], shapes)] for f in flats]
-        if set_name != "resnet18":
-            lists = lists[:1]  # the big set: one list (separate allocations) besides the flat buffer
         grads, flat = lists[0], flats[0]
         print(f"\n== {set_name}: {len(shapes)} tensors, {nval} values ({K} copies for graph timing) ==")
         rows: list[dict] = []
         rbytes = 4 * nval
+        nh = 2 if args.smoke else 5 if set_name != "resnet18" else 200
 
         # ---- checks ----
         ref = moments_reference_torch([g.double() for g in grads])
@@ -169,8 +193,19 @@ def main() -> None:
         err = max(float((m.sum.double() - ref[:, 0]).abs().max() / (ref[:, 1].sqrt().max() + 1e-30)),
                   float(((m.sumsq.double() - ref[:, 1]).abs() / ref[:, 1].clamp_min(1e-30)).max()))
         check(f"{set_name} torch list moments vs float64", err < 1e-4 and int(m.nonfinite.sum()) == 0, f"rel err {err:.2e}")
+        m2 = grad_moments(grads)  # again: the accumulator must have been reset by the first call
+        check(f"{set_name} torch list moments repeat == first", bool(torch.allclose(m2.sumsq, m.sumsq, rtol=1e-5))
+              and bool(torch.allclose(m2.sum, m.sum, rtol=1e-4, atol=1e-3 * float(m.sumsq.sqrt().max()))))
         mf = grad_moments_flat(flat, off)
         check(f"{set_name} torch flat == list (sums)", bool(torch.allclose(mf.sumsq, m.sumsq, rtol=1e-5)))
+        bad = [g.clone() for g in grads]
+        bad[-1].view(-1)[-1] = float("nan")
+        bad[0].view(-1)[0] = float("inf")
+        mb = grad_moments(bad)
+        refb = moments_reference_torch([g.double() for g in bad])
+        check(f"{set_name} non-finite counted and excluded", int(mb.nonfinite[0]) == 1 and int(mb.nonfinite[-1]) == 1
+              and bool(torch.isfinite(mb.sumsq).all()) and bool(torch.allclose(mb.sumsq, refb[:, 1].float(), rtol=1e-4)))
+        del bad
         g16 = [g.half() for g in grads[:8]]
         g16[0].view(-1)[0] = float("inf")
         e16 = [g.clone() for g in g16]
@@ -187,51 +222,82 @@ def main() -> None:
         check(f"{set_name} cast_to exact RNE (fp16+bf16) vs torch .to", exact or args.smoke,
               "(interpreter truncates bf16)" if args.smoke else "")
 
-        # ---- torch timings: moments ----
-        def add(name, eager, gpu, nbytes):
-            rows.append({"method": name, "us_eager": eager, "us_gpu": gpu, "bytes": nbytes})
+        def add(name, kind, gpu, host, nbytes, stock=None, note=""):
+            rows.append({"method": name, "kind": kind, "us_gpu": gpu, "us_host": host, "bytes": nbytes,
+                         "stock": stock, "note": note})
 
+        # ---- torch: stock ops ----
         found_inf = torch.zeros(1, device=dev)
         one = torch.ones((), device=dev)
         if not args.smoke:
-            add("var() loop", eager_us(lambda: [g.var() for g in grads]),
-                graph_us([lambda gs=gs: [g.var() for g in gs] for gs in lists]), rbytes)
-            add("_foreach_norm", eager_us(lambda: torch._foreach_norm(grads)),
-                graph_us([lambda gs=gs: torch._foreach_norm(gs) for gs in lists]), rbytes)
-            add("_amp_..._unscale_", eager_us(lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, one)),
-                graph_us([lambda gs=gs: torch._amp_foreach_non_finite_check_and_unscale_(gs, found_inf, one) for gs in lists]), 2 * rbytes)
-        best = None
-        for (b, it, w) in configs:
-            kw = dict(block=b, iters=it, num_warps=w)
-            bufs = [torch.empty(len(shapes), 3, device=dev) for _ in lists]
-            e = eager_us(lambda: grad_moments(grads, out=bufs[0], **kw))
-            gt = graph_us([lambda gs=gs, o=o: grad_moments(gs, out=o, **kw) for gs, o in zip(lists, bufs)])
-            add(f"moments list out= b{b}x{it} w{w}", e, gt, rbytes)
-            fb = [torch.empty(len(shapes), 3, device=dev) for _ in flats]
-            e = eager_us(lambda: grad_moments_flat(flat, off, out=fb[0], **kw))
-            gt = graph_us([lambda f=f, o=o: grad_moments_flat(f, off, out=o, **kw) for f, o in zip(flats, fb)])
-            add(f"moments flat out= b{b}x{it} w{w}", e, gt, rbytes)
-            key = gt if not args.smoke else e
-            if best is None or key < best[0]:
-                best = (key, kw)
-        kw = best[1]
-        results.setdefault("best_config", {})[set_name] = kw
-        add("moments list (Moments, int32)", eager_us(lambda: grad_moments(grads, **kw)),
-            graph_us([lambda gs=gs: grad_moments(gs, **kw) for gs in lists]), rbytes)
+            if set_name == "resnet18":
+                add("torch var() loop", "moments", graph_us([lambda gs=gs: [g.var() for g in gs] for gs in lists]),
+                    host_us(lambda: [g.var() for g in grads], 20), rbytes, note="stock")
+            add("torch _foreach_norm", "moments", graph_us([lambda gs=gs: torch._foreach_norm(gs) for gs in lists]),
+                host_us(lambda: torch._foreach_norm(grads), nh), rbytes, note="stock")
+            add("torch _amp_..._unscale_", "unscale",
+                graph_us([lambda gs=gs: torch._amp_foreach_non_finite_check_and_unscale_(gs, found_inf, one) for gs in lists]),
+                host_us(lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, one), nh),
+                2 * rbytes, note="stock")
+
+        # ---- torch: triaccel ----
+        bufs = [torch.empty(len(shapes), 3, device=dev) for _ in lists]
+        add("grad_moments list out=", "moments", graph_us([lambda gs=gs, o=o: grad_moments(gs, out=o) for gs, o in zip(lists, bufs)]),
+            host_us(lambda: grad_moments(grads, out=bufs[0]), nh), rbytes, "torch _foreach_norm")
+        fb = [torch.empty(len(shapes), 3, device=dev) for _ in flats]
+        add("grad_moments_flat out=", "moments", graph_us([lambda f=f, o=o: grad_moments_flat(f, off, out=o) for f, o in zip(flats, fb)]),
+            host_us(lambda: grad_moments_flat(flat, off, out=fb[0]), nh), rbytes, "torch _foreach_norm")
+        add("grad_moments list -> Moments", "moments", graph_us([lambda gs=gs: grad_moments(gs) for gs in lists]),
+            host_us(lambda: grad_moments(grads), nh), rbytes, "torch _foreach_norm")
+        if set_name == "resnet18":  # where the host time goes
+            D = importlib.import_module("triaccel.kernels._dispatch")
+            add("  host: layout key only", "host", float("nan"), host_us(lambda: D.torch_layout_key(grads), nh), 0)
+            T = torch.Tensor
+            for fname, f in (("data_ptr", T.data_ptr), ("shape", T.shape.__get__), ("size()", T.size),
+                             ("stride()", T.stride), ("dtype", T.dtype.__get__), ("nbytes", T.nbytes.__get__),
+                             ("id", id)):
+                add(f"  host: key part tuple(map({fname}))", "host", float("nan"),
+                    host_us(lambda f=f: tuple(map(f, grads)), nh), 0)
+            D.FAST_LAUNCH = False
+            GM._PLANS.data.clear()
+            add("  host: out=, Triton's own launch", "host", float("nan"),
+                host_us(lambda: grad_moments(grads, out=bufs[0]), nh), 0)
+            D.FAST_LAUNCH = True
+            GM._PLANS.data.clear()
         sc = torch.ones(1, device=dev)
-        add("moments list + unscale", eager_us(lambda: grad_moments(grads, inv_scale=sc, **kw)),
-            graph_us([lambda gs=gs: grad_moments(gs, inv_scale=sc, **kw) for gs in lists]), 2 * rbytes)
+        add("grad_moments list + unscale", "unscale",
+            graph_us([lambda gs=gs, o=o: grad_moments(gs, inv_scale=sc, out=o) for gs, o in zip(lists, bufs)]),
+            host_us(lambda: grad_moments(grads, inv_scale=sc, out=bufs[0]), nh), 2 * rbytes, "torch _amp_..._unscale_")
+        if args.sweep and not args.smoke and args.sweep_set in (None, set_name):
+            saved = (GM.PER_SM, GM.FAST)
+            for (b, it, w, psm, fast) in SWEEP:
+                GM.PER_SM, GM.FAST = psm, fast
+                kw = dict(block=b, iters=it, num_warps=w)
+                tag_c = f"b{b}x{it} w{w} sm{psm}{'' if fast else ' exact'}"
+                add(f"sweep list {tag_c}", "sweep",
+                    graph_us([lambda gs=gs, o=o: grad_moments(gs, out=o, **kw) for gs, o in zip(lists, bufs)]),
+                    float("nan"), rbytes, "torch _foreach_norm")
+                add(f"sweep flat {tag_c}", "sweep",
+                    graph_us([lambda f=f, o=o: grad_moments_flat(f, off, out=o, **kw) for f, o in zip(flats, fb)]),
+                    float("nan"), rbytes, "torch _foreach_norm")
+            GM.PER_SM, GM.FAST = saved
         cbytes = 6 * sum(n for n, p in zip(numels, precs) if p != "fp32")
-        add("cast .to() loop", eager_us(lambda: [g if p == "fp32" else g.to(torch.bfloat16 if p == "bf16" else torch.float16)
-                                               for g, p in zip(grads, precs)]),
-            graph_us([lambda gs=gs: [g if p == "fp32" else g.to(torch.bfloat16 if p == "bf16" else torch.float16)
-                                     for g, p in zip(gs, precs)] for gs in lists]), cbytes)
+        tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+        def to_loop(gs):
+            return [g if p == "fp32" else g.to(tdt[p]) for g, p in zip(gs, precs)]
+
+        if not args.smoke:
+            add("torch .to() loop", "cast", graph_us([lambda gs=gs: to_loop(gs) for gs in lists]),
+                host_us(lambda: to_loop(grads), nh), cbytes, note="stock")
         cbuf = [torch.empty(sum(n for n, p in zip(numels, precs) if p != "fp32"), dtype=torch.int16, device=dev) for _ in lists]
-        add("cast_to list", eager_us(lambda: cast_to(grads, precs, out=cbuf[0], **kw)),
-            graph_us([lambda gs=gs, o=o: cast_to(gs, precs, out=o, **kw) for gs, o in zip(lists, cbuf)]), cbytes)
+        add("cast_to list out=", "cast", graph_us([lambda gs=gs, o=o: cast_to(gs, precs, out=o) for gs, o in zip(lists, cbuf)]),
+            host_us(lambda: cast_to(grads, precs, out=cbuf[0]), nh), cbytes, "torch .to() loop")
+        add("cast_to list (new buffer)", "cast", float("nan"), host_us(lambda: cast_to(grads, precs), nh), cbytes,
+            "torch .to() loop")
         fcb = [torch.empty_like(cbuf[0]) for _ in flats]
-        add("cast_flat", eager_us(lambda: cast_flat(flat, off, precs, out=fcb[0], **kw)),
-            graph_us([lambda f=f, o=o: cast_flat(f, off, precs, out=o, **kw) for f, o in zip(flats, fcb)]), cbytes)
+        add("cast_flat out=", "cast", graph_us([lambda f=f, o=o: cast_flat(f, off, precs, out=o) for f, o in zip(flats, fcb)]),
+            host_us(lambda: cast_flat(flat, off, precs, out=fcb[0]), nh), cbytes, "torch .to() loop")
 
         # ---- JAX (jax-triton on GPU) ----
         if have_jax:
@@ -245,62 +311,83 @@ def main() -> None:
                     return jnp.asarray(f.cpu().numpy())
 
                 jflats = [to_jax(f) for f in flats]
-                jm = grad_moments_flat(jflats[0], off, **kw)
+                jm = grad_moments_flat(jflats[0], off)
                 check(f"{set_name} jax-triton moments vs torch", bool(np.allclose(np.asarray(jm.sumsq), mf.sumsq.cpu().numpy(), rtol=1e-5))
                       and bool(np.allclose(np.asarray(jm.sum), mf.sum.cpu().numpy(), rtol=1e-4, atol=1e-3 * float(np.sqrt(np.asarray(jm.sumsq)).max()))))
-                jm2, jun = grad_moments_flat(jflats[0], off, inv_scale=jnp.full((1,), 0.5, jnp.float32), **kw)
+                jm2, jun = grad_moments_flat(jflats[0], off, inv_scale=jnp.full((1,), 0.5, jnp.float32))
                 check(f"{set_name} jax-triton unscale", bool(jnp.array_equal(jun, jflats[0] * 0.5)))
-                _, jparts = cast_flat(jflats[0], off, precs, **kw)
-                tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}
+                _, jparts = cast_flat(jflats[0], off, precs)
                 jexact = all(np.array_equal(np.asarray(jax.lax.bitcast_convert_type(jp, jnp.int16)),
                                             g.reshape(-1).to(tdt[p]).view(torch.int16).cpu().numpy())
                              if p != "fp32" else jp.dtype == jnp.float32
                              for jp, g, p in zip(jparts, grads, precs))
                 check(f"{set_name} jax-triton cast exact RNE vs torch .to (bits)", jexact)
 
-                def jtime(fn, *xs, iters=50):
-                    f = jax.jit(fn)
-                    jax.block_until_ready(f(*xs))
+                def jgpu(one, iters):
+                    """Wall µs per call of a jitted function applying ``one`` to the K copies."""
+                    f = jax.jit(lambda xs: [one(x) for x in xs])
+                    jax.block_until_ready(f(jflats))
                     t0 = time.perf_counter()
                     for _ in range(iters):
-                        r = f(*xs)
+                        r = f(jflats)
                     jax.block_until_ready(r)
-                    return (time.perf_counter() - t0) * 1e6 / iters
+                    return (time.perf_counter() - t0) * 1e6 / (iters * K)
 
-                it = 3 if args.smoke else (200 if set_name == "resnet18" else 20)
-                one_m = lambda x: grad_moments_flat(x, off, **kw)
-                add("jax moments flat", jtime(one_m, jflats[0], iters=it),
-                    jtime(lambda xs: [one_m(x) for x in xs], jflats, iters=it) / K, rbytes)
-                jl = [[x[int(a):int(b)].reshape(s) for a, b, s in zip(off[:-1], off[1:], shapes)] for x in jflats[:1]]
-                add("jax moments list (concat)", jtime(lambda xs: grad_moments(xs, **kw), jl[0], iters=it), float("nan"), rbytes)
-                one_c = lambda x: cast_flat(x, off, precs, **kw)[0]
-                add("jax cast_flat", jtime(one_c, jflats[0], iters=it),
-                    jtime(lambda xs: [one_c(x) for x in xs], jflats, iters=it) / K, cbytes)
+                it = 3 if args.smoke else (100 if set_name == "resnet18" else 10)
+                segs = [(int(a), int(b)) for a, b in zip(off[:-1], off[1:])]
+                add("jax sum(x*x) per leaf", "moments", jgpu(lambda x: [jnp.sum(jnp.square(x[a:b])) for a, b in segs], it),
+                    float("nan"), rbytes, note="stock")
+                add("jax sum(x*x) whole buffer", "moments", jgpu(lambda x: jnp.sum(jnp.square(x)), it),
+                    float("nan"), rbytes, note="stock (one reduction, no segments)")
+                add("jax grad_moments_flat", "moments", jgpu(lambda x: grad_moments_flat(x, off).sumsq, it),
+                    float("nan"), rbytes, "jax sum(x*x) per leaf")
+                sj = jnp.ones((1,), jnp.float32)
+                add("jax grad_moments_flat + unscale", "unscale",
+                    jgpu(lambda x: grad_moments_flat(x, off, inv_scale=sj)[1], it), float("nan"), 2 * rbytes)
+                add("jax astype per segment", "cast",
+                    jgpu(lambda x: [x[a:b] if p == "fp32" else x[a:b].astype(jnp.bfloat16 if p == "bf16" else jnp.float16)
+                                    for (a, b), p in zip(segs, precs)], it), float("nan"), cbytes, note="stock")
+                add("jax cast_flat", "cast", jgpu(lambda x: cast_flat(x, off, precs)[0], it), float("nan"), cbytes,
+                    "jax astype per segment")
             except Exception as exc:  # report and keep the torch results
                 check(f"{set_name} jax-triton path", False, repr(exc)[:300])
 
         # ---- table ----
         base = {r["method"]: r for r in rows}
-        print(f"{'method':<34}{'us eager':>10}{'us gpu':>10}{'GB/s':>8}{'%copy':>7}{'x var':>8}{'x fnorm':>8}{'x unsc':>8}")
+        print(f"{'method':<36}{'gpu us':>9}{'host us':>9}{'GB/s':>8}{'%copy':>7}{'x stock':>9}  vs")
         for r in rows:
-            t = r["us_gpu"] if r["us_gpu"] == r["us_gpu"] else r["us_eager"]
-            r["GBps"] = r["bytes"] / t / 1e3
+            t = r["us_gpu"]
+            r["GBps"] = r["bytes"] / t / 1e3 if t == t else float("nan")
             r["pct_copy"] = 100 * r["GBps"] / copy_gbs
-            for bname, col in (("var() loop", "x_var"), ("_foreach_norm", "x_foreach_norm"), ("_amp_..._unscale_", "x_amp_unscale")):
-                b = base.get(bname)
-                r[col] = (b["us_gpu"] / t) if b else float("nan")
-            print(f"{r['method']:<34}{r['us_eager']:>10.1f}{r['us_gpu']:>10.1f}{r['GBps']:>8.0f}{r['pct_copy']:>7.1f}"
-                  f"{r['x_var']:>8.2f}{r['x_foreach_norm']:>8.2f}{r['x_amp_unscale']:>8.2f}")
-        results["sets"][set_name] = {"tensors": len(shapes), "values": nval, "rows": rows}
+            b = base.get(r["stock"]) if r["stock"] else None
+            r["x_stock"] = (b["us_gpu"] / t) if b and t == t else float("nan")
+            vs = r["stock"] or r["note"]
+            print(f"{r['method']:<36}{t:>9.1f}{r['us_host']:>9.1f}{r['GBps']:>8.0f}{r['pct_copy']:>7.1f}{r['x_stock']:>9.2f}  {vs}")
+        summary = {}
+        tm = base.get("grad_moments list out=", {}).get("us_gpu", float("nan"))
+        fn = base.get("torch _foreach_norm", {}).get("us_gpu", float("nan"))
+        jm_us = base.get("jax grad_moments_flat", {}).get("us_gpu", float("nan"))
+        tf = base.get("grad_moments_flat out=", {}).get("us_gpu", float("nan"))
+        summary["torch_moments_vs_foreach_norm"] = fn / tm if tm == tm else float("nan")
+        summary["torch_moments_pct_copy"] = base.get("grad_moments list out=", {}).get("pct_copy", float("nan"))
+        summary["jax_over_torch_flat"] = jm_us / tf if tf == tf else float("nan")
+        summary["host_us_grad_moments_out"] = base.get("grad_moments list out=", {}).get("us_host", float("nan"))
+        summary["host_us_cast_to_out"] = base.get("cast_to list out=", {}).get("us_host", float("nan"))
+        print(f"summary {set_name}: grad_moments is {summary['torch_moments_vs_foreach_norm']:.2f}x _foreach_norm's speed "
+              f"({'faster' if summary['torch_moments_vs_foreach_norm'] >= 1 else 'SLOWER'}: "
+              f"{'triaccel kernel used' if summary['torch_moments_vs_foreach_norm'] >= 1 else 'stock op faster'}), "
+              f"{summary['torch_moments_pct_copy']:.0f}% of copy; JAX/torch GPU time {summary['jax_over_torch_flat']:.2f}; "
+              f"host us grad_moments {summary['host_us_grad_moments_out']:.1f}, cast_to {summary['host_us_cast_to_out']:.1f}")
+        results["sets"][set_name] = {"tensors": len(shapes), "values": nval, "rows": rows, "summary": summary}
         del flats, lists, grads, flat
         if not args.smoke:
             torch.cuda.empty_cache()
 
     results["all_checks_ok"] = ok_all
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"kernels-{tag}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kernels", f"kernels-{tag}.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as fh:
-        json.dump(results, fh, indent=1, default=float)
+        json.dump(results, fh, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else float(v))
     print(f"\nall checks ok: {ok_all}; wrote {out}")
 
 

@@ -267,6 +267,24 @@ def auto_chunk(total: int, sms: int, per_sm: int, unit: int) -> int:
     return max(unit, -(-(-(-total // target)) // unit) * unit)
 
 
+def import_jax_triton() -> Any:
+    """``jax_triton``, imported lazily (it cannot be imported without a GPU). Its import sets
+    ``TRITON_CACHE_DIR=""``, after which Triton cannot compile kernels launched from torch in the
+    same process ("Could not create or locate cache dir"): the variable is put back as it was."""
+    import sys
+
+    if "jax_triton" in sys.modules:
+        return sys.modules["jax_triton"]
+    had = os.environ.get("TRITON_CACHE_DIR")
+    import jax_triton
+
+    if had is None:
+        os.environ.pop("TRITON_CACHE_DIR", None)
+    else:
+        os.environ["TRITON_CACHE_DIR"] = had
+    return jax_triton
+
+
 _KEYFNS: tuple = ()
 
 

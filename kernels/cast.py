@@ -221,7 +221,7 @@ def _jax_cast(flat: Any, off: np.ndarray, codes: list[int], impl: str,
         raise RuntimeError("impl='triton': jax-triton needs a GPU; JAX arrays here are not on one")
     if impl == "reference" or not gpu or triton is None:
         return None, cast_reference_jnp(segs, codes)
-    import jax_triton as jt  # lazy: cannot be imported without a GPU
+    jt = D.import_jax_triton()
 
     if off[-1] >= 2**31:
         raise ValueError(f"flat: {int(off[-1])} elements; the JAX path indexes with int32 (< 2**31)")

@@ -368,7 +368,7 @@ class _TorchPlan:
     """What one layout needs at launch: device tables, accumulator, launchers (per scale mode)."""
 
     __slots__ = ("n", "device", "triton", "table", "rows", "acc", "cnt", "ref_idx", "wide", "wide_idx",
-                 "mode", "dt", "cfg", "launchers")
+                 "mode", "dt", "cfg", "launchers", "ptrs")
 
     def launcher(self, smode: int, write: bool) -> D.Launcher:
         lk = (smode, write)
@@ -396,6 +396,8 @@ def _device_tables(p: _TorchPlan, tab: np.ndarray) -> None:
     p.table = torch.from_numpy(tab).to(p.device)
     p.acc = torch.zeros((p.n, 3), dtype=torch.float32, device=p.device)
     p.cnt = torch.zeros(p.n, dtype=torch.int32, device=p.device)
+    # (ref fp32, ref fp16, ref bf16, table, acc, cnt) addresses; refs are fixed by the layout key
+    p.ptrs = [p.table.data_ptr()] * 3 + [p.table.data_ptr(), p.acc.data_ptr(), p.cnt.data_ptr()]
 
 
 def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple) -> _TorchPlan:
@@ -442,15 +444,30 @@ def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple) -> _TorchPlan:
     p.mode, p.dt = 1, (present.pop() if len(present) == 1 else 3)
     sms = D.torch_sm_count(dev)
     _device_tables(p, _rows_table(sizes, rel, kcodes, int(sizes[~wide].sum()), sms, cfg))
+    for c, i in enumerate(p.ref_idx):
+        if i >= 0:
+            p.ptrs[c] = int(addrs[i])
     return p
 
 
-def _launch(p: _TorchPlan, refs: Sequence[Any], y: Any, inv_scale: Any, out: Any) -> None:
+def _launch(p: _TorchPlan, refs: Any, y: Any, inv_scale: Any, out: Any) -> None:
+    """refs: () -> the three reference tensors (called only on a launcher's first use); y: the
+    write-back pointer (MODE 0) as a tensor or None for MODE 1."""
     smode, sarg = _torch_scale(inv_scale, p.device)
     if p.rows == 0:
         return
-    spec = (out.data_ptr() & 15, sarg.data_ptr() & 15 if smode == 1 else 0)
-    p.launcher(smode, inv_scale is not None)(spec, refs[0], refs[1], refs[2], p.table, sarg, p.acc, p.cnt, out, y)
+    la = p.launcher(smode, inv_scale is not None)
+    op = out.data_ptr()
+    yp = y.data_ptr() if y is not None else p.ptrs[3]
+    spec = (op & 15, sarg.data_ptr() & 15 if smode == 1 else 0, yp & 15)
+    run = la.runners.get(spec)
+    if run is not None:  # plain addresses: the compiled launcher takes ints for pointers
+        r = p.ptrs
+        run(r[0] if y is None else yp, r[1] if y is None else yp, r[2] if y is None else yp, r[3], sarg,
+            r[4], r[5], op, yp, *la.tail)
+        return
+    r0, r1, r2 = refs()
+    la(spec, r0, r1, r2, p.table, sarg, p.acc, p.cnt, out, y if y is not None else p.table)
 
 
 def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg: tuple) -> Any:
@@ -468,11 +485,12 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg
         _torch_scale(inv_scale, p.device)
         out.copy_(moments_reference_torch(tensors, inv_scale))
         return out
-    r = p.ref_idx
-    ph = p.table  # placeholder for absent dtypes, never dereferenced
-    refs = (tensors[r[0]] if r[0] >= 0 else ph, tensors[r[1]] if r[1] >= 0 else ph,
-            tensors[r[2]] if r[2] >= 0 else ph)
-    _launch(p, refs, ph, inv_scale, out)
+    def refs() -> tuple:
+        r = p.ref_idx
+        ph = p.table  # placeholder for absent dtypes, never dereferenced
+        return tuple(tensors[i] if i >= 0 else ph for i in r)
+
+    _launch(p, refs, None, inv_scale, out)
     if p.wide:
         out.index_copy_(0, p.wide_idx, moments_reference_torch([tensors[i] for i in p.wide], inv_scale))
     return out
@@ -505,7 +523,7 @@ def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, impl: str,
         views = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
         out.copy_(moments_reference_torch(views, inv_scale))
         return out
-    _launch(p, (flat, flat, flat), flat, inv_scale, out)
+    _launch(p, lambda: (flat, flat, flat), flat, inv_scale, out)
     return out
 
 
@@ -546,7 +564,7 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str, cfg: tuple)
         raise RuntimeError("impl='triton': jax-triton needs a GPU; JAX arrays here are not on one")
     if impl == "reference" or not gpu or triton is None or code == D.CODE_FP64:
         return moments_reference_jnp(flat, off, inv_scale)
-    import jax_triton as jt  # lazy: cannot be imported without a GPU
+    jt = D.import_jax_triton()
 
     n = off.size - 1
     if off[-1] >= 2**31:

@@ -117,3 +117,27 @@ def test_cast_errors():
         cast_to([torch.zeros(3), jax.numpy.zeros(3)], ["fp16", "fp16"])
     with pytest.raises(TypeError, match="dtypes"):
         cast_to([torch.zeros(3)], "fp16")
+
+
+def test_cast_plan_and_views_cached_per_out_buffer():
+    import importlib
+
+    plans = importlib.import_module("triaccel.kernels.cast")._TABLES.data
+    ts = [torch.from_numpy(values(n, 30 + n)) for n in (1000, 7, 33)]
+    ts[0] = ts[0].reshape(10, 100)
+    precs = ["fp16", "fp32", "bf16"]
+    out = torch.empty(1033, dtype=torch.int16)
+    o1 = cast_to(ts, precs, out=out, **CFG)
+    n0 = len(plans)
+    o2 = cast_to(ts, precs, out=out, **CFG)
+    assert len(plans) == n0 and o2[0] is o1[0] and o2[1] is ts[1]  # plan and views reused
+    assert o2[0].shape == (10, 100) and o2[0].data_ptr() == out.data_ptr()
+    out2 = torch.empty_like(out)
+    o3 = cast_to(ts, precs, out=out2, **CFG)
+    assert o3[0].data_ptr() == out2.data_ptr() and torch.equal(o3[0], o1[0])
+    moved = [t.clone() + 1 for t in ts]  # new addresses: a new plan, the moved values
+    o4 = cast_to(moved, precs, out=out, **CFG)
+    assert len(plans) == n0 + 1
+    np.testing.assert_array_equal(o4[0].view(torch.int16).numpy(),
+                                  moved[0].numpy().astype(np.float16).view(np.int16))
+    assert o4[1] is moved[1]

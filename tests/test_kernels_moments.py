@@ -253,3 +253,61 @@ def test_layout_cache_rechecks_changed_tensors():
         grad_moments([t.as_strided((3, 2), (3, 1))], **CFG)
     with pytest.raises(TypeError, match="tensors\\[0\\]"):
         grad_moments([t[:6].view(torch.int32)], **CFG)
+
+
+def _plans():
+    import importlib
+
+    return importlib.import_module("triaccel.kernels.grad_moments")._PLANS.data
+
+
+def test_launch_plan_cache_hit_and_invalidation():
+    plans = _plans()
+    ts = make([5000, 7, 9000], torch.float32, seed=11)
+    m1 = grad_moments(ts, **CFG)
+    n0 = len(plans)
+    m2 = grad_moments(ts, **CFG)  # hit: no new plan; the accumulator was reset by the first call
+    assert len(plans) == n0
+    assert torch.equal(m1.sumsq, m2.sumsq) and torch.equal(m1.nonfinite, m2.nonfinite)
+    check(m2, ts)
+    moved = [t.clone() * 2 for t in ts]  # tensors moved: new addresses, new plan, right values
+    m3 = grad_moments(moved, **CFG)
+    assert len(plans) == n0 + 1
+    check(m3, moved)
+    # same address, other shape / dtype: a different layout, never the cached plan
+    buf = torch.randn(64, generator=torch.Generator().manual_seed(12))
+    check(grad_moments([buf[:48]], **CFG), [buf[:48]])
+    check(grad_moments([buf[:48].view(6, 8)], **CFG), [buf[:48].view(6, 8)])
+    check(grad_moments([buf[:32]], **CFG), [buf[:32]])
+    half = buf.view(torch.float16)[:64]
+    m = grad_moments([half], **CFG)
+    assert int(m.nonfinite[0]) == int((~torch.isfinite(half.float())).sum())
+    check(m, [half])
+
+
+def test_launcher_reuses_compiled_kernel_with_constexprs_last(monkeypatch):
+    import triaccel.kernels._dispatch as D
+
+    calls = []
+
+    class Compiled:
+        function = object()
+
+        def __getitem__(self, grid):
+            return lambda *a: calls.append(("fast", grid, a))
+
+    class Fn:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                calls.append(("jit", grid, a, kw))
+                return Compiled()
+            return launch
+
+    monkeypatch.setattr(D, "interpreter_enabled", lambda: False)
+    la = D.Launcher(Fn(), 7, dict(MODE=1, BLOCK=64, num_warps=4))
+    la("spec", "x", "y")
+    la("spec", "x2", "y2")
+    la("other", "x3", "y3")  # another specialisation: through Triton again
+    assert calls[0] == ("jit", (7, 1, 1), ("x", "y"), dict(MODE=1, BLOCK=64, num_warps=4))
+    assert calls[1] == ("fast", (7, 1, 1), ("x2", "y2", 1, 64))
+    assert calls[2][0] == "jit"
