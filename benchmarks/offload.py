@@ -492,7 +492,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if "error" in r or not r:
                 print(f"  {label:<22} {r.get('error', 'not run')}")
                 continue
-            vs = f"; torch plan / JAX {tp['samples_per_s'] / r['samples_per_s']:.2f}x" if (tp and name == "plan") else ""
+            vs = (f"; JAX / torch samples/s (both planned) {r['samples_per_s'] / tp['samples_per_s']:.2f}x"
+                  if (tp and name == "plan") else "")
             print(f"  {label:<22} bs {r['batch']:>4}  {r['samples_per_s']:8.1f} samples/s  compiled "
                   f"{nbytes(r['compiled_bytes'])}{vs}")
     if choice is not None:
