@@ -334,12 +334,52 @@ class Bench:
             out["reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
         return out
 
+    def memory_trace(self, b: int, plan: SwapPlan | None) -> list[tuple[str, int, int]]:
+        """(event, unit, bytes allocated) at every unit's forward start/end and backward start over
+        one step at b (the last of run()'s three), with `plan` or none; empty on CPU."""
+        if not self.cuda:
+            return []
+        trace: list[tuple[str, int, int]] = []
+        self.off.observer = lambda ev, i: trace.append((ev, i, torch.cuda.memory_allocated(self.device)))
+        try:
+            self.run(b, "plan" if plan is not None else "plain", 1, plan)
+        finally:
+            self.off.observer = None
+        # run() does two untimed steps and one timed one: keep the last step's events
+        starts = [k for k, (ev, i, _) in enumerate(trace) if ev == "fwd_start" and i == 0]
+        return trace[starts[-1]:] if starts else trace
+
     def peak(self, b: int, mode: str, plan: Any = None, model_peak: int | None = None) -> int | None:
         """Measured peak bytes of one step at b (on CPU: `model_peak`, the plan's modelled peak)."""
         r = self.run(b, mode, 1, plan)
         if r is None:
             return None
         return r["peak_bytes"] if self.cuda else model_peak
+
+
+def plot_traces(traces: dict[str, list[tuple[str, int, int]]], budget: int, path: Path | None) -> None:
+    """Memory over one step (allocated GiB at each unit event), with and without the plan, as a PNG
+    at `path` when matplotlib is installed (the JSON keeps the series either way)."""
+    if path is None:
+        return
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: memory traces are in the JSON only", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name, tr in traces.items():
+        ax.plot([v / 2**30 for _, _, v in tr], label=name)
+    ax.axhline(budget / 2**30, color="k", ls="--", lw=1, label="budget")
+    ax.set_xlabel("unit event (forward starts/ends, then backward starts)")
+    ax.set_ylabel("allocated GiB")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -456,6 +496,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows["joint"] = None
         print(f"joint choice: {e}", file=sys.stderr)
 
+    traces: dict[str, Any] = {}
+    if bp is not None and bench.cuda:
+        traces = {"plan_bp": bench.memory_trace(bp, plan_bp), "nobudget_bp": bench.memory_trace(bp, None)}
+        plot_traces(traces, budget, Path(args.out).with_suffix(".png") if args.out else None)
+
     if args.jax and bp is not None and args.model == "resnet152":
         if bench.cuda:
             torch.cuda.empty_cache()
@@ -512,7 +557,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "b0": b0, "bp": bp, "bp_over_b0": (bp / b0) if bp and b0 else None,
         "plan_bp": plan_bp.to_dict() if plan_bp else None, "measured_peak_bp": peak_bp, "replans": replans,
         "model_margin_bytes": planner.margin,
-        "runs": rows, "joint": choice.to_dict() if choice else None,
+        "memory_traces": traces, "runs": rows, "joint": choice.to_dict() if choice else None,
         "peaks_are": "measured (max_memory_allocated)" if bench.cuda else "modelled (cpu)",
         "wall_s": time.perf_counter() - t_start,
     }

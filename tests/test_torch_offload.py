@@ -100,3 +100,16 @@ def test_clear_error_when_host_memory_cannot_be_pinned():
 def test_bandwidth_is_positive():
     d2h, h2d = measure_bandwidth("cpu", nbytes=1 << 20, repeats=1)
     assert d2h > 0 and h2d > 0
+
+
+def test_observer_sees_forward_then_backward_in_unit_order():
+    model, x, y = _model_and_batch()
+    off = ActivationOffload(model)
+    off.apply(["swap"] * len(off.units))
+    events = []
+    off.observer = lambda ev, i: events.append((ev, i))
+    _grads(model, x, y, off)
+    n = len(off.units)
+    fwd = [e for e in events if e[0] != "bwd_start"]
+    assert fwd == [(ev, i) for i in range(n) for ev in ("fwd_start", "fwd_end")]
+    assert [i for ev, i in events if ev == "bwd_start"] == list(range(n - 1, -1, -1))

@@ -180,6 +180,9 @@ class ActivationOffload:
         self._hooks_ctx: Any = None
         self._streams: tuple[Any, Any] | None = None
         self.swapped_bytes = 0  # bytes copied to host in the last step
+        # called as observer(event, unit) at "fwd_start", "fwd_end", "bwd_start" of each unit
+        # (e.g. to trace memory over a step); None: off
+        self.observer: Callable[[str, int], None] | None = None
         self._handles = []
         for i, m in enumerate(self.modules):
             self._handles.append(m.register_forward_pre_hook(self._make_pre(i)))
@@ -267,6 +270,8 @@ class ActivationOffload:
     def _make_pre(self, i: int) -> Callable[..., None]:
         def pre(module: nn.Module, args: Any) -> None:
             self._stack.append(i)
+            if self.observer is not None:
+                self.observer("fwd_start", i)
             if self._recorder is not None:
                 self._recorder("fwd_start", i)
                 self._recorder_inputs(i, args)
@@ -276,9 +281,12 @@ class ActivationOffload:
         def post(module: nn.Module, args: Any, out: Any) -> None:
             if self._stack and self._stack[-1] == i:
                 self._stack.pop()
+            if self.observer is not None:
+                self.observer("fwd_end", i)
             if self._recorder is not None:
                 self._recorder("fwd_end", i)
-            want = self._recorder is not None or (self._hooks_ctx is not None and i in self._triggers)
+            want = (self._recorder is not None or self.observer is not None
+                    or (self._hooks_ctx is not None and i in self._triggers))
             if want and torch.is_grad_enabled():
                 t = out if isinstance(out, torch.Tensor) else next(
                     (o for o in (out if isinstance(out, (tuple, list)) else ()) if isinstance(o, torch.Tensor)), None)
@@ -287,6 +295,8 @@ class ActivationOffload:
         return post
 
     def _backward_start(self, i: int) -> None:
+        if self.observer is not None:
+            self.observer("bwd_start", i)
         if self._recorder is not None:
             self._recorder("bwd_start", i)
         for j in self._triggers.get(i, ()):
