@@ -210,3 +210,24 @@ def test_plan_fits_wherever_recomputing_every_unit_fits():
         assert p.fits, (layers, budget)
         checked += 1
     assert checked >= 20
+
+
+def test_a_tensor_two_units_save_is_freed_only_when_neither_holds_it():
+    # u1's input (100 MB) is u0's output, saved by both: 300 MB private to u0, 100 MB shared,
+    # 200 MB private to u1; the last unit keeps everything resident at the backward start
+    layers = [LayerCost("u0", 400 * MB, 5.0, 10.0, input_bytes=10 * MB),
+              LayerCost("u1", 300 * MB, 5.0, 10.0, input_bytes=100 * MB, shared_bytes=100 * MB),
+              LayerCost("u2", 50 * MB, 5.0, 10.0, input_bytes=10 * MB)]
+    t = CostTable(32, layers, 400e9, 400e9)
+    assert simulate(t, ["keep"] * 3).peak_bytes == 650 * MB  # the shared 100 MB counted once
+    # swapping u0 frees only its private 300 MB: u1 still holds the shared input
+    assert simulate(t, ["swap", "keep", "keep"]).backward_start_bytes == 350 * MB
+    # swapping both frees the shared bytes too (until the prefetches bring them back)
+    assert simulate(t, ["swap", "swap", "keep"]).backward_start_bytes == 50 * MB
+    # recomputing u1 after a kept u0: its input is the shared tensor, not 100 MB more
+    assert simulate(t, ["keep", "recompute", "keep"]).backward_start_bytes == 450 * MB
+    with pytest.raises(ValueError, match="shared_bytes"):
+        CostTable(32, [LayerCost("u0", 10, 1.0, 1.0, input_bytes=5, shared_bytes=5)], 1e9, 1e9)
+    with pytest.raises(ValueError, match="shared_bytes"):
+        CostTable(32, [layers[0], LayerCost("u1", 300 * MB, 5.0, 10.0, input_bytes=50 * MB,
+                                            shared_bytes=100 * MB)], 1e9, 1e9)

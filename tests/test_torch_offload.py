@@ -67,6 +67,8 @@ def test_measured_table_feeds_the_planner_and_its_plan_keeps_gradients():
     t2, t4 = (off.measure(loss_of(n), n, repeats=1, bandwidth=(1e9, 1e9)) for n in (2, 4))
     assert t4.names == tuple(off.units) and t4.batch == 4
     assert all(u.saved_bytes > 0 and u.forward_ms >= 0 and u.backward_ms >= 0 for u in t4.layers)
+    # a block's input is the previous block's output, saved by both: counted as shared
+    assert t4.layers[3].shared_bytes == t4.layers[3].input_bytes > 0
     # saved bytes scale with the batch (activations; BatchNorm's per-channel statistics do not)
     assert 1.98 * t2.layers[2].saved_bytes < t4.layers[2].saved_bytes <= 2 * t2.layers[2].saved_bytes
     table = CostModel((t2, t4)).at(4)

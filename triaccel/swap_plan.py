@@ -51,6 +51,9 @@ class LayerCost:
       frees). forward_ms / backward_ms: compute time. input_bytes: bytes a recompute keeps (its
       inputs). transfer_bytes: bytes copied each way when swapped (None: saved_bytes; larger when the
       same storage is saved twice). recompute_ms: extra time of a recompute (None: forward_ms).
+      shared_bytes: of saved_bytes, the bytes of inputs that the previous unit saves too (a block's
+      input is its predecessor's output): on the device while either unit holds them; at most
+      input_bytes and the previous unit's saved_bytes, 0 for the first unit.
     """
 
     name: str
@@ -60,10 +63,12 @@ class LayerCost:
     input_bytes: int = 0
     transfer_bytes: int | None = None
     recompute_ms: float | None = None
+    shared_bytes: int = 0
 
     def __post_init__(self) -> None:
         _nonneg_int("saved_bytes", self.saved_bytes)
         _nonneg_int("input_bytes", self.input_bytes)
+        _nonneg_int("shared_bytes", self.shared_bytes)
         if self.transfer_bytes is not None:
             _nonneg_int("transfer_bytes", self.transfer_bytes)
         _nonneg_real("forward_ms", self.forward_ms)
@@ -114,6 +119,16 @@ class CostTable:
         if not isinstance(self.transient_bytes, int) or isinstance(self.transient_bytes, bool):
             raise ValueError(f"transient_bytes={self.transient_bytes!r} is invalid: allowed an integer (bytes)")
         _nonneg_real("other_ms", self.other_ms)
+        ls = self.layers
+        for i, x in enumerate(ls):
+            nxt = ls[i + 1].shared_bytes if i + 1 < len(ls) else 0
+            ok = x.shared_bytes <= x.input_bytes and x.shared_bytes + nxt <= x.saved_bytes
+            ok = ok and (x.shared_bytes == 0 if i == 0 else x.shared_bytes <= ls[i - 1].saved_bytes)
+            if not ok:
+                raise ValueError(
+                    f"layers[{i}].shared_bytes={x.shared_bytes} is invalid: allowed 0 for the first unit, else at "
+                    "most its input_bytes and the previous unit's saved_bytes, with shared_bytes + the next "
+                    "unit's shared_bytes at most its saved_bytes")
 
     @property
     def saved_bytes(self) -> int:
@@ -179,7 +194,8 @@ class CostModel:
 
         layers = tuple(
             LayerCost(x.name, nbytes(x.saved_bytes), time(i, "forward_ms"), time(i, "backward_ms"),
-                      nbytes(x.input_bytes), nbytes(x.transfer_bytes), time(i, "recompute_ms"))
+                      nbytes(x.input_bytes), nbytes(x.transfer_bytes), time(i, "recompute_ms"),
+                      int(x.shared_bytes * r))  # floored: stays within the rounded saved/input bytes
             for i, x in enumerate(ref.layers))
         return CostTable(batch, layers, ref.d2h_bytes_per_s, ref.h2d_bytes_per_s, ref.static_bytes,
                          int(round(ref.transient_bytes * r)), time(None, "other_ms"))
@@ -194,7 +210,7 @@ class SwapPlan:
     (>= its own index; its own index means on demand), else None. step_ms: modelled step time;
     exposed_ms: of it, compute-stream waits on copies plus recompute time; peak_bytes: modelled
     peak device memory; fits: peak_bytes <= budget (None when no budget was given);
-    backward_start_bytes: modelled device bytes when the backward pass starts.
+    backward_start_bytes: modelled device bytes when the forward pass ends, before any prefetch.
     """
 
     batch: int
@@ -275,50 +291,83 @@ def simulate(table: CostTable, actions: Sequence[str], prefetch_at: Sequence[int
                          "None for the others")
     d2h = [x.copy_bytes / table.d2h_bytes_per_s * 1e3 for x in units]
     h2d = [x.copy_bytes / table.h2d_bytes_per_s * 1e3 for x in units]
-    events: list[tuple[float, int]] = []  # (time, +/- bytes); frees sort first at equal times
 
+    # timeline: forward starts/ends, device->host copy ends, backward starts/ends, prefetch issues
+    fs, fe, bs, be = [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L
+    d2h_end, issue = [0.0] * L, [0.0] * L
     now, free_d2h = 0.0, 0.0
-    d2h_end = [0.0] * L
     for i, x in enumerate(units):
+        fs[i] = now
         now += x.forward_ms
-        if acts[i] == "recompute":
-            events.append((now, x.input_bytes))
-        else:
-            events.append((now, x.saved_bytes))
+        fe[i] = now
         if acts[i] == "swap":
-            s = max(now, free_d2h)
-            d2h_end[i] = free_d2h = s + d2h[i]
-            events.append((d2h_end[i], -x.saved_bytes))
-
+            d2h_end[i] = free_d2h = max(now, free_d2h) + d2h[i]
+    fwd_end = now
     triggers: dict[int, list[int]] = {}
     for j in range(L - 1, -1, -1):
         if pf[j] is not None:
             triggers.setdefault(pf[j], []).append(j)
-    fwd_end = now
     exposed, free_h2d = 0.0, now
     h2d_end = [0.0] * L
     for i in range(L - 1, -1, -1):
         x = units[i]
         for j in triggers.get(i, ()):  # issued at this unit's backward start: its buffer exists from now
-            s = max(now, d2h_end[j], free_h2d)
-            h2d_end[j] = free_h2d = s + h2d[j]
-            events.append((now, units[j].saved_bytes))
+            issue[j] = now
+            h2d_end[j] = free_h2d = max(now, d2h_end[j], free_h2d) + h2d[j]
         start = max(now, h2d_end[i]) if acts[i] == "swap" else now
         exposed += start - now
         dur = x.backward_ms
         if acts[i] == "recompute":
-            events.append((start, x.saved_bytes))  # rematerialised for its backward
             dur += x.remat_ms
             exposed += x.remat_ms
-        now = start + dur
-        events.append((now, -(x.saved_bytes + (x.input_bytes if acts[i] == "recompute" else 0))))
+        bs[i], now = start, start + dur
+        be[i] = now
+
+    # memory: each piece of saved data is resident over the union of the intervals its holders
+    # keep it on the device; a tensor two neighbours both save (shared_bytes) is freed only when
+    # neither holds it any more
+    def hold(i: int, prefetch: bool = True) -> list[tuple[float, float]]:
+        if acts[i] == "keep":
+            return [(fe[i], be[i])]
+        if acts[i] == "swap":
+            return [(fe[i], d2h_end[i])] + ([(issue[i], be[i])] if prefetch else [])
+        return [(bs[i], be[i])]  # recompute: rematerialised for its backward
+
+    events: list[tuple[float, int]] = []  # (time, +/- bytes); frees sort first at equal times
+    at_fwd_end = 0  # resident when the forward pass ends, before any prefetch
+
+    def add(intervals: list[tuple[float, float]], nbytes: int, before: list[tuple[float, float]]) -> None:
+        nonlocal at_fwd_end
+        if nbytes == 0:
+            return
+        if any(a <= fwd_end < b for a, b in before):
+            at_fwd_end += nbytes
+        cur_a = cur_b = None
+        for a, b in sorted(intervals):
+            if cur_b is not None and a <= cur_b:
+                cur_b = max(cur_b, b)
+                continue
+            if cur_b is not None and cur_b > cur_a:
+                events.extend(((cur_a, nbytes), (cur_b, -nbytes)))
+            cur_a, cur_b = a, b
+        if cur_b is not None and cur_b > cur_a:
+            events.extend(((cur_a, nbytes), (cur_b, -nbytes)))
+
+    for i, x in enumerate(units):
+        s_in = x.shared_bytes
+        s_out = units[i + 1].shared_bytes if i + 1 < L else 0
+        add(hold(i), x.saved_bytes - s_in - s_out, hold(i, False))
+        inputs_held = [(fs[i], be[i])] if acts[i] == "recompute" else []  # a checkpoint keeps its inputs
+        add(inputs_held, x.input_bytes - s_in, inputs_held)
+        if s_in:
+            add(hold(i - 1) + (inputs_held or hold(i)), s_in,
+                hold(i - 1, False) + (inputs_held or hold(i, False)))
+
     events.sort(key=lambda e: (e[0], e[1]))
-    cur = peak = at_fwd_end = 0
-    for t, d in events:
+    cur = peak = 0
+    for _, d in events:
         cur += d
         peak = max(peak, cur)
-        if t <= fwd_end:
-            at_fwd_end = cur
     base = table.static_bytes + table.transient_bytes
     fits = None if budget is None else base + peak <= budget
     return SwapPlan(table.batch, table.names, acts, pf, now + table.other_ms, exposed, base + peak, budget, fits,

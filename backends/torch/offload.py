@@ -369,7 +369,9 @@ class ActivationOffload:
 
     # -- measurement ---------------------------------------------------------------------------
     def _recorder_inputs(self, i: int, args: Any) -> None:
-        self._rec_inputs[i] = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        ts = [a for a in args if isinstance(a, torch.Tensor)]
+        self._rec_inputs[i] = sum(a.numel() * a.element_size() for a in ts)
+        self._rec_input_ptrs[i] = {a.untyped_storage().data_ptr(): a.numel() * a.element_size() for a in ts}
 
     def _record_saved(self, i: int, t: torch.Tensor) -> None:
         nbytes = t.numel() * t.element_size()
@@ -410,6 +412,7 @@ class ActivationOffload:
                         marks.append((kind, i, time.perf_counter()))
 
                 self._rec_inputs = [0] * L
+                self._rec_input_ptrs: list[dict[int, int]] = [dict() for _ in range(L)]
                 self._rec_saved = [dict() for _ in range(L)]
                 self._rec_transfer = [0] * L
                 _sync(dev)
@@ -435,8 +438,18 @@ class ActivationOffload:
             self.apply(applied)
         med = lambda key, i: statistics.median(r[key][i] for r in runs)  # noqa: E731
         saved = [sum(d.values()) for d in self._rec_saved]
+        # a unit's input that its predecessor saves too (a block's output, saved by its last op and by
+        # the next block's first): one tensor, resident while either unit holds it. Storages live
+        # through the measured step (the graph holds them), so equal pointers are equal tensors.
+        shared, claimed = [0] * L, set()
+        for i in range(1, L):
+            prev, mine, inp = self._rec_saved[i - 1], self._rec_saved[i], self._rec_input_ptrs[i]
+            common = (prev.keys() & mine.keys() & inp.keys()) - claimed
+            shared[i] = sum(min(prev[p], mine[p], inp[p]) for p in common)
+            claimed = common  # the next pair may not count these again from this unit's bytes
         layers = tuple(LayerCost(self.units[i], saved[i], med("fwd", i), med("bwd", i),
-                                 input_bytes=self._rec_inputs[i], transfer_bytes=self._rec_transfer[i])
+                                 input_bytes=self._rec_inputs[i], transfer_bytes=self._rec_transfer[i],
+                                 shared_bytes=shared[i])
                        for i in range(L))
         d2h, h2d = bandwidth if bandwidth is not None else measure_bandwidth(dev)
         static = min(r["static"] for r in runs)
