@@ -231,3 +231,11 @@ def test_a_tensor_two_units_save_is_freed_only_when_neither_holds_it():
     with pytest.raises(ValueError, match="shared_bytes"):
         CostTable(32, [layers[0], LayerCost("u1", 300 * MB, 5.0, 10.0, input_bytes=50 * MB,
                                             shared_bytes=100 * MB)], 1e9, 1e9)
+
+
+def test_choose_batch_under_accumulation_keeps_micro_batches_within_the_logical_batch():
+    m = _model_with_overhead()
+    cfg = TriAccelConfig(offload="auto", batch_init=96, batch_max=512, lr_rule="accumulate")
+    c = choose_batch(m, 1500 * MB, cfg)
+    assert c.batch <= 96 and c.lr_scale == 1.0
+    assert all(b <= 96 for b, _, _ in c.candidates)

@@ -471,7 +471,8 @@ def choose_batch(model: CostModel, budget: int, cfg: TriAccelConfig, b_noise: fl
     a swap/recompute plan) by modelled goodput and return the better.
 
     batches: candidate sizes (default: cfg.batch_buckets, or batch_min..batch_max on the
-    batch_multiple grid). With cfg.offload == "off" only plan-free batches are considered.
+    batch_multiple grid; under lr_rule="accumulate" only micro-batches up to batch_init). With
+    cfg.offload == "off" only plan-free batches are considered.
     b_noise: gradient noise scale (samples) for statistical efficiency; None: throughput alone.
     max_planned: how many planned batches above the baseline to evaluate (evenly spaced up to the
     largest that fits with a plan). Raises ValueError when not even the smallest candidate fits.
@@ -487,9 +488,16 @@ def choose_batch(model: CostModel, budget: int, cfg: TriAccelConfig, b_noise: fl
     grid = sorted(set(batches))
     if not grid or any(not isinstance(b, int) or b < 1 for b in grid):
         raise ValueError(f"batches={batches!r} is invalid: allowed a non-empty sequence of integers >= 1")
+    accumulate = cfg.lr_rule == "accumulate"
+    if accumulate:  # B is a micro-batch of the fixed logical batch batch_init (as in BatchLaw)
+        grid = [b for b in grid if b <= cfg.batch_init]
+        if not grid:
+            raise ValueError(f"batches={batches!r}: none <= batch_init={cfg.batch_init}, the logical batch "
+                             "under lr_rule='accumulate'")
 
     def goodput(p: SwapPlan) -> float:
-        eff = 1.0 if b_noise is None else 1.0 / (1.0 + p.batch / b_noise)
+        per_update = cfg.batch_init if accumulate else p.batch  # samples per optimizer step
+        eff = 1.0 if b_noise is None else 1.0 / (1.0 + per_update / b_noise)
         return p.samples_per_s * eff
 
     keep = lambda b: simulate(model.at(b), ["keep"] * len(model.tables[0].layers), budget=budget)  # noqa: E731
