@@ -157,16 +157,29 @@ def test_limit_device_memory_sets_the_pool_fraction(monkeypatch):
 
     for var in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE"):
         monkeypatch.delenv(var, raising=False)
-    with pytest.raises(RuntimeError, match="already running"):      # this process computed on CPU
+    import jax.numpy as jnp
+
+    jnp.zeros(1).block_until_ready()   # JAX's backend runs in this process from here on
+    with pytest.raises(RuntimeError, match="already running"):
         limit_device_memory("4GiB", device_total=80 * 2**30)
     monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
     assert limit_device_memory("4GiB", device_total=80 * 2**30) == pytest.approx(0.05)
     import os
 
-    assert float(os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == pytest.approx(0.05)
+    from triaccel.backends.jax.memory import _mem_fraction_var
+
+    name = _mem_fraction_var()   # jaxlib refuses both names at once: exactly one is set
+    assert float(os.environ[name]) == pytest.approx(0.05)
+    assert [v for v in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION") if os.environ.get(v)] == [name]
     assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
-    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.01")      # the user's smaller cap stays
+    monkeypatch.delenv(name)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.01")      # the user's smaller cap stays, by its name
     assert limit_device_memory("4GiB", device_total=80 * 2**30) == pytest.approx(0.01)
+    assert not os.environ.get("XLA_CLIENT_MEM_FRACTION")
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.5")
+    with pytest.raises(ValueError, match="both set"):
+        limit_device_memory("4GiB", device_total=80 * 2**30)
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION")
     with pytest.raises(ValueError, match="exceeds the device"):
         limit_device_memory("100GiB", device_total=80 * 2**30)
 

@@ -141,6 +141,23 @@ def _nvml_total_at(index: int) -> int | None:
         return None
 
 
+_MEM_FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+
+def _mem_fraction_var() -> str:
+    """The pool-fraction variable this jaxlib reads (the new name where its GPU options know it)."""
+    try:
+        import inspect
+
+        from jaxlib import xla_client
+
+        if "'XLA_CLIENT_MEM_FRACTION'" in inspect.getsource(xla_client.generate_pjrt_gpu_plugin_options):
+            return "XLA_CLIENT_MEM_FRACTION"
+    except (ImportError, AttributeError, OSError, TypeError):
+        pass
+    return "XLA_PYTHON_CLIENT_MEM_FRACTION"
+
+
 def limit_device_memory(budget: int | str, device_total: int | None = None) -> float | None:
     """Cap the XLA allocator's pool at `budget` for this process, so that its peak allocation
     cannot exceed the budget: compile-time autotuning scratch and curvature passes come from the
@@ -148,8 +165,8 @@ def limit_device_memory(budget: int | str, device_total: int | None = None) -> f
     the step's own footprint), and autotuning skips the algorithms whose scratch does not fit.
 
     budget: bytes or a string like "4GiB". device_total: the GPU's memory in bytes (default: NVML,
-    first visible GPU). Sets ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (and ``XLA_CLIENT_MEM_FRACTION``)
-    to budget / device_total and ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set (grow on demand
+    first visible GPU). Sets ``XLA_CLIENT_MEM_FRACTION`` (``XLA_PYTHON_CLIENT_MEM_FRACTION`` on a
+    jaxlib that reads only that one; never both: jaxlib refuses that) to budget / device_total and ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set (grow on demand
     up to the cap). Must run before JAX starts its GPU backend (the first device query or
     computation): RuntimeError after. A user-set fraction that is already smaller is kept.
     Returns the fraction in force, or None where no GPU total is known (no NVIDIA GPU: nothing set).
@@ -174,18 +191,22 @@ def limit_device_memory(budget: int | str, device_total: int | None = None) -> f
         raise RuntimeError("limit_device_memory: JAX's backend is already running (a device was queried or a "
                            "computation ran); call it first thing, before any JAX device use")
     fraction = b / total
-    user = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    # jaxlib reads XLA_CLIENT_MEM_FRACTION and, deprecated, XLA_PYTHON_CLIENT_MEM_FRACTION, and refuses
+    # to start its GPU backend when both are set: one variable only, the user's if they set one.
+    names = [n for n in _MEM_FRACTION_VARS if os.environ.get(n)]
+    if len(names) > 1:
+        raise ValueError(f"{' and '.join(names)} are both set: jaxlib accepts one; unset {names[1]}")
+    name = names[0] if names else _mem_fraction_var()
+    user = os.environ.get(name)
     if user:
         try:
             if float(user) <= fraction:
                 return float(user)
         except ValueError:
-            raise ValueError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={user!r}: not a number") from None
-        warnings.warn(f"triaccel: XLA_PYTHON_CLIENT_MEM_FRACTION={user} replaced by {fraction:.4f} "
+            raise ValueError(f"{name}={user!r}: not a number") from None
+        warnings.warn(f"triaccel: {name}={user} replaced by {fraction:.4f} "
                       f"(budget {b} bytes of {total})", RuntimeWarning, stacklevel=2)
-    value = f"{fraction:.6f}"
-    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = value
-    os.environ["XLA_CLIENT_MEM_FRACTION"] = value
+    os.environ[name] = f"{fraction:.6f}"
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     return fraction
 
