@@ -239,3 +239,11 @@ def test_choose_batch_under_accumulation_keeps_micro_batches_within_the_logical_
     c = choose_batch(m, 1500 * MB, cfg)
     assert c.batch <= 96 and c.lr_scale == 1.0
     assert all(b <= 96 for b, _, _ in c.candidates)
+
+
+def test_hopeless_budget_is_reported_at_once_and_no_plan_beats_the_bound():
+    t = table()
+    # one unit's saved bytes (100 MB) must be on the device during its own backward
+    hopeless = 200 * MB + 50 * MB + 100 * MB - 1
+    p = plan_for_budget(t, hopeless)
+    assert p.fits is False and p.actions == ("recompute",) * 10

@@ -18,6 +18,7 @@ Units: bytes, milliseconds, bytes per second, samples.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -378,6 +379,7 @@ _MOVES = {"keep": ("swap", "recompute"), "swap": ("recompute",), "recompute": ()
 _RECOMPUTE_ONLY = {"keep": ("recompute",), "swap": (), "recompute": ()}
 
 
+@functools.lru_cache(maxsize=512)  # tables are frozen and hashable; batch searches ask twice
 def plan_for_budget(table: CostTable, budget: int) -> SwapPlan:
     """Greedy plan that brings the modelled peak of `table` within `budget` bytes.
 
@@ -387,10 +389,18 @@ def plan_for_budget(table: CostTable, budget: int) -> SwapPlan:
     exposed transfer), until the peak fits; when no move lowers the peak, the one that lowers the
     bytes resident at the end of the forward pass the most per millisecond. At most 2 moves per
     unit. When that greedy gets stuck above the budget, a recompute-only greedy and then
-    "recompute every unit" are tried. Returns the lowest-peak plan, fits=False, when none fits.
+    "recompute every unit" are tried. Returns the lowest-peak plan, fits=False, when none fits (at
+    once, "recompute every unit", when not even swapping every unit over an instant link would fit).
     """
     if not (isinstance(budget, int) and not isinstance(budget, bool) and budget > 0):
         raise ValueError(f"budget={budget!r} is invalid: allowed an integer > 0 (bytes)")
+    # no plan beats swapping every unit over an instant link (each unit's saved bytes are on the
+    # device only during its own backward): when even that breaks the budget, skip the search
+    L = len(table.layers)
+    instant = CostTable(table.batch, table.layers, 1e30, 1e30, table.static_bytes, table.transient_bytes,
+                        table.other_ms)
+    if simulate(instant, ["swap"] * L, prefetch_at=list(range(L))).peak_bytes > budget:
+        return simulate(table, ["recompute"] * L, budget=budget)
     first = _greedy(table, budget, _MOVES)
     if first.fits:
         return first
@@ -466,7 +476,7 @@ def _lr_scale(cfg: TriAccelConfig, batch: int) -> float:
 
 
 def choose_batch(model: CostModel, budget: int, cfg: TriAccelConfig, b_noise: float | None = None,
-                 batches: Sequence[int] | None = None, max_planned: int = 8) -> BatchChoice:
+                 batches: Sequence[int] | None = None, max_planned: int = 4) -> BatchChoice:
     """Compare (the largest batch that fits `budget` bytes without a plan) with (larger batches +
     a swap/recompute plan) by modelled goodput and return the better.
 
