@@ -115,3 +115,34 @@ def test_observer_sees_forward_then_backward_in_unit_order():
     fwd = [e for e in events if e[0] != "bwd_start"]
     assert fwd == [(ev, i) for i in range(n) for ev in ("fwd_start", "fwd_end")]
     assert [i for ev, i in events if ev == "bwd_start"] == list(range(n - 1, -1, -1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="side streams and pinned memory need CUDA")
+def test_cuda_swap_streams_keep_gradients_and_lower_the_peak():
+    torch.backends.cudnn.deterministic = True
+    dev = torch.device("cuda")
+    model = create_model("resnet18", width=0.5, seed=0).to(dev)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(128, 3, 32, 32, generator=g).to(dev)
+    y = torch.randint(0, 10, (128,), generator=g).to(dev)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def step(off):
+        model.load_state_dict(state)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        loss, grads, _ = _grads(model, x, y, off)
+        torch.cuda.synchronize()
+        return grads, torch.cuda.max_memory_allocated()
+
+    off = ActivationOffload(model, min_bytes=0)
+    ref, peak_keep = step(None)
+    off.apply(["swap"] * (len(off.units) - 1) + ["keep"])
+    step(off)  # warm: pinned host blocks, streams
+    swapped, peak_swap = step(off)
+    assert all(torch.equal(swapped[n], ref[n]) for n in ref)
+    assert peak_swap < peak_keep
+    off.apply(["recompute"] * len(off.units))
+    recomputed, peak_rec = step(off)
+    assert all(torch.equal(recomputed[n], ref[n]) for n in ref)
+    assert peak_rec < peak_keep
