@@ -402,7 +402,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-batch", type=int, default=512)
     ap.add_argument("--measure-batches", default="16,32", help="two batches for the cost model")
     ap.add_argument("--lr-batch", type=int, default=32,
-                    help="batch the LR is set for (TriAccelConfig.batch_init): the joint choice's LR scale is relative to it")
+                    help="batch the LR is set for (TriAccelConfig.batch_init): the joint choice's LR scale "
+                         "is relative to it")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.depths = tuple(int(v) for v in args.depths.split(","))
@@ -435,7 +436,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p = bench.peak(b0, "plain", model_peak=simulate(model.at(b0), keep).peak_bytes)
         if p is not None and p <= budget:
             nxt = b0 + args.multiple  # the model may be conservative: try one step up
-            q = bench.peak(nxt, "plain", model_peak=simulate(model.at(nxt), keep).peak_bytes) if nxt <= args.max_batch else None
+            q = (bench.peak(nxt, "plain", model_peak=simulate(model.at(nxt), keep).peak_bytes)
+                 if nxt <= args.max_batch else None)
             if q is not None and q <= budget:
                 b0 = nxt
                 continue
@@ -542,7 +544,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"  {label:<22} bs {r['batch']:>4}  {r['samples_per_s']:8.1f} samples/s  compiled "
                   f"{nbytes(r['compiled_bytes'])}{vs}")
     if choice is not None:
-        print(f"joint choice: batch {choice.batch}, plan {'on' if choice.plan.active else 'off'}, lr x{choice.lr_scale:.2f},"
+        print(f"joint choice: batch {choice.batch}, plan {'on' if choice.plan.active else 'off'}, "
+              f"lr x{choice.lr_scale:.2f},"
               f" modelled {choice.goodput:.1f} samples/s (no-plan B0 modelled "
               f"{choice.baseline.samples_per_s if choice.baseline else float('nan'):.1f})")
 

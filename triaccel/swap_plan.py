@@ -535,7 +535,8 @@ def choose_batch(model: CostModel, budget: int, cfg: TriAccelConfig, b_noise: fl
                     cands.append(p)
     if not cands:
         raise ValueError(f"budget={budget} bytes is too small: the smallest candidate batch {grid[0]} does not fit "
-                         f"(modelled peak {plain[0].peak_bytes} bytes){'' if cfg.offload == 'auto' else ' without offload'}")
+                         f"(modelled peak {plain[0].peak_bytes} bytes)"
+                         f"{'' if cfg.offload == 'auto' else ' without offload'}")
     best = max(cands, key=lambda p: (goodput(p), -p.batch))
     return BatchChoice(best.batch, best, _lr_scale(cfg, best.batch), goodput(best), baseline,
                        tuple((p.batch, goodput(p), p.active) for p in cands))

@@ -16,9 +16,9 @@ is copied to a pinned host buffer on a device->host side stream as it is saved (
 does not wait; the device memory is released once the copy ends, `record_stream`). At the backward
 start of the unit named by the plan's `prefetch_at` (a hook on that unit's output gradient) its
 buffers are copied back on a host->device stream into blocks of the compute stream's pool; the
-compute stream waits on an event only when the tensor is used. "recompute" units run under `torch.utils.checkpoint` (non-reentrant); their
-BatchNorm running statistics are restored after the recomputation so they move once per step, as
-without a plan. On CPU there are no streams: a swap is a copy into a separate host tensor, so the
+compute stream waits on an event only when the tensor is used. "recompute" units run under
+`torch.utils.checkpoint` (non-reentrant); their BatchNorm running statistics are restored after
+the recomputation so they move once per step, as without a plan. On CPU there are no streams: a swap is a copy into a separate host tensor, so the
 same code paths run (and tests can compare gradients bit for bit).
 """
 
