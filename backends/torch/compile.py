@@ -35,8 +35,11 @@ Variants (compilations of the forward), bounded by what the run visits:
   kernels specialised to the shape. Under CUDA graphs each batch size is also one graph recording
   (no compilation: a replay-time capture), whichever setting.
 
-So the forward compiles at most (policies visited) [+1 for a one-sample batch] times with
-`dynamic_batch=True`, at most (policies visited) x (batch shapes visited) with False. Eval mode and
+So the forward compiles at most (policies visited) x (batch shapes visited) times: a recompilation
+happens only for a (shape, policy) pair no compiled variant covers. With `dynamic_batch=True` that is
+typically once per policy, but inductor may add size-range guards while it lowers the graph (checked
+on CPU: ResNet-18 compiled at batch 32 guarded 17 <= batch <= 64 and recompiled for 16), so a far
+batch bucket can cost one more. Eval mode and
 no-grad calls are variants of their own: evaluate with the uncompiled model (`uncompiled(cmodel)`)
 to keep them out. dynamo's `recompile_limit` (8 by default; past it dynamo runs the forward
 eagerly, with a warning) is raised to `max_variants`.
