@@ -42,6 +42,8 @@ from triaccel.elastic import (
 )
 from triaccel.noise import observe_split_step
 
+from .sharding import check_divides, take
+
 __all__ = ["ElasticLoader", "ElasticStepResult", "OOM_ERROR_TYPES", "elastic_step", "free_memory",
            "is_oom"]
 
@@ -99,6 +101,9 @@ class ElasticLoader(ElasticIndexLoader):
     buckets: allowed (padded) micro-batch sizes, strictly increasing; None = no padding (every
       distinct size is a new compiled shape). `elastic_step` takes the controller's
       `batch_buckets` when this is None.
+    device: where a batch goes: a device, or a `NamedSharding` (`sharding.batch_sharding(mesh)`)
+      that splits every micro-batch across devices (JAX arrays replicated on its mesh are gathered
+      in place, each device its own samples); every bucket must then divide by the shards.
     transform(batch, key): optional, applied to the gathered, padded batch (e.g. augmentation and
       normalisation on the device). `key` is a PRNG key derived from (seed, epoch, first sample
       id of the micro-batch), so augmentation is deterministic and resumes exactly.
@@ -142,12 +147,16 @@ class ElasticLoader(ElasticIndexLoader):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = int(idx.size)
         size = self.bucket_for(n)
+        if isinstance(self.device, jax.sharding.NamedSharding):
+            check_divides(size, self.device, f"micro-batch of {n} samples padded to bucket")
         padded = np.resize(idx, size)  # cyclic repeat: BatchNorm sees the real samples' statistics
         mask = np.zeros(size, dtype=np.float32)
         mask[:n] = 1.0
 
         def gather(x: Any) -> Any:
             if isinstance(x, jax.Array):
+                if isinstance(self.device, jax.sharding.NamedSharding):  # split across devices
+                    return take(x, padded, self.device)
                 return jnp.take(x, jnp.asarray(padded), axis=0)
             return jax.device_put(np.take(np.asarray(x), padded, axis=0), self.device)
         batch = jax.tree_util.tree_map(gather, self.arrays)

@@ -48,13 +48,18 @@ class SplitStep:
     (needs ``ta``; module docstring); False: each variant compiles at its first call.
     compile_cache: JAX's persistent compilation cache: True (default) -> ``<cache>/jax`` unless
     the user set a folder, a folder, or False/None -> off (`enable_compilation_cache`).
+    mesh: data parallelism (`sharding.data_mesh`; default: ``ta.mesh``): the state is replicated
+    on the mesh, the batch arguments are expected split along its data axis (`sharding.shard_batch`,
+    an `ElasticLoader` with ``device=batch_sharding(mesh)``), other arguments replicated or
+    uncommitted; outputs are replicated unless ``out_shardings`` is given. One SPMD program per
+    variant: the gradients and statistics inside are the global batch's.
     jit_kwargs: passed to `jax.jit` (the state, argument 0, is donated unless ``donate_argnums``
     is given).
     """
 
     def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
                  compile_ahead: bool = True, compile_cache: str | Path | bool | None = True,
-                 **jit_kwargs: Any) -> None:
+                 mesh: Any = None, **jit_kwargs: Any) -> None:
         import jax
         from flax import nnx
 
@@ -65,6 +70,15 @@ class SplitStep:
         self.compile_cache = enable_compilation_cache(compile_cache)
         self.ahead: AheadCompiler | None = AheadCompiler() if compile_ahead else None
         self._prepare_after_first_call = False
+        self.mesh = mesh if mesh is not None else getattr(ta, "mesh", None)
+        self._place: Callable[[Any], Any] = commit
+        self._jit_defaults: dict[str, Any] = {}   # for this step and the bound functions
+        if self.mesh is not None:
+            from .sharding import replicate, replicated
+
+            self._place = functools.partial(replicate, mesh=self.mesh)
+            self._jit_defaults["out_shardings"] = replicated(self.mesh)
+            jit_kwargs = {**self._jit_defaults, **jit_kwargs}
         self._main = _Bound(self, fn, self.objects, {"donate_argnums": 0, **jit_kwargs}, everything=True)
         self._bound: list[_Bound] = [self._main]
         self.resplit()
@@ -79,8 +93,8 @@ class SplitStep:
         graph definition is hashed and compared once, at the next call, not on every call."""
         nnx = self._nnx
         self._graphdef, state = nnx.split(self.objects)
-        # committed: the placement the step's outputs will have (see `commit`)
-        self._leaves, self._treedef = self._tree_util.tree_flatten(commit(state))
+        # committed: the placement the step's outputs will have (see `commit`; replicated on a mesh)
+        self._leaves, self._treedef = self._tree_util.tree_flatten(self._place(state))
         variables = self._variable_leaves(state)
         # The objects' Variables in leaf order (one array each): values move between them and the
         # flat leaves without walking the graph. Otherwise (a Variable holding a tree) the slow path.
@@ -124,7 +138,7 @@ class SplitStep:
         """Take the objects' values at positions `idx` back (after a change to values only)."""
         leaves = list(self._leaves)
         for i in idx:
-            leaves[i] = commit(self._variables[i].get_value())
+            leaves[i] = self._place(self._variables[i].get_value())
         self._leaves = leaves
 
     def __call__(self, *args: Any) -> Any:
@@ -136,11 +150,12 @@ class SplitStep:
         objects (e.g. ``nnx.state(model, nnx.Param)`` and the optimizer). Its compiled variants are
         keyed by the graph definition of `objects` alone: an update bound over the parameters' state
         does not compile again when a precision policy changes the model's graph. jit_kwargs: passed
-        to `jax.jit` (no donation unless given)."""
+        to `jax.jit` (no donation unless given; on a mesh, outputs replicated unless out_shardings
+        is given)."""
         if self._variables is None:
             raise ValueError("bind: the objects hold Variables whose values are trees; only the whole "
                              "step (SplitStep(fn, ...)) can run over them")
-        b = _Bound(self, fn, objects, jit_kwargs)
+        b = _Bound(self, fn, objects, {**self._jit_defaults, **jit_kwargs})
         b.locate()
         self._bound.append(b)
         return b

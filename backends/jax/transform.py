@@ -149,11 +149,16 @@ class TriAccel:
     ``loss_fn(params, batch) -> scalar``. hessian_iters: subspace iterations per curvature pass
     (warm-started); hessian_layers_per_event: refresh only this many layers' Hessian blocks per
     curvature step, round-robin (None: all; bounds the Hessian cost on deep models). loss_scaling: the dynamic loss-scale parameters. device: for the memory probe.
+    mesh: data parallelism over a `jax.sharding.Mesh` (`sharding.data_mesh`): every batch size must
+    divide by its data shards (ValueError), the memory probe reads the tightest device, and a
+    `SplitStep` given this TriAccel runs on the mesh (state replicated, batch split; the statistics
+    the controller reads are the global batch's, `backends.jax.sharding`).
     """
 
     def __init__(self, config: TriAccelConfig, model: Any = None, *, loss_fn: Callable[..., Any] | None = None,
                  hessian_iters: int = 3, hessian_layers_per_event: int | None = None,
-                 loss_scaling: LossScaleConfig = LossScaleConfig(), device: Any = None) -> None:
+                 loss_scaling: LossScaleConfig = LossScaleConfig(), device: Any = None,
+                 mesh: Any = None) -> None:
         if not isinstance(config, TriAccelConfig):
             raise ValueError(f"config={config!r}: expected a TriAccelConfig")
         if hessian_iters < 1:
@@ -170,7 +175,16 @@ class TriAccel:
         self.loss_scaling = loss_scaling
         self.layers: LayerMap | None = layer_map(model) if model is not None else None
         self.controller: Controller | None = Controller(config, self.layers.specs) if self.layers else None
-        self.probe = MemoryProbe(device)
+        self.mesh = mesh
+        if mesh is not None:
+            from .sharding import MeshMemoryProbe, check_config
+
+            if device is not None:
+                raise ValueError("device: give either device= (one device) or mesh=, not both")
+            check_config(config, mesh)
+            self.probe: Any = MeshMemoryProbe(mesh, config.memory_budget)
+        else:
+            self.probe = MemoryProbe(device)
         self._tensor_layer: np.ndarray | None = None  # of the tree the wrapped tx sees
         self._tensor_counts: np.ndarray | None = None
         self.last_fed = -1          # last device step whose moments went to the controller
