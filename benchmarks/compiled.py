@@ -19,6 +19,9 @@ median step time x ceil(50,000 / batch); ratios are against amp-eager measured i
     python benchmarks/compiled.py --dynamic-batch off           # static batch shape instead
     python benchmarks/compiled.py --tiny                        # CPU smoke test (aot_eager backend)
 
+Modes are inductor's: with another backend (the CPU smoke test's aot_eager) the reduce-overhead rows
+run the default rows' graphs (dynamo shares them: 0 graphs compiled), so only GPU figures compare modes.
+
 Writes benchmarks/results/compiled/compiled-<device>-<dynamic|static>.json (or --out).
 """
 

@@ -142,6 +142,24 @@ def test_wrap_accepts_compiled_model_and_keeps_names() -> None:
     assert [layer.name for layer in opt.layers] == ["0", "1", "3", "7"]
 
 
+def test_curvature_on_an_in_place_compiled_model_adds_no_compilation() -> None:
+    model = _net()
+    x, y = _batch(8, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model,
+                   TriAccelConfig(elastic_batch=False, curvature="fisher", warmup_steps=0, t_ctrl=1, t_curv=1,
+                                  b_curv=4), curvature_data=(x, y))
+    cnt = CompileCounterWithBackend("eager")
+    model.compile(backend=cnt)                  # nn.Module.compile: model(...) itself is compiled
+    with opt.autocast():
+        loss = F.cross_entropy(model(x), y)
+    opt.backward(loss)
+    opt.step()                                  # a curvature step: vmap(grad) over the model
+    assert opt.last_eigvals is not None and cnt.frame_count == 1
+    assert dict(counters["graph_break"]) == {}
+
+
 def test_split_steps_keep_gradients_out_of_graph_memory() -> None:
     # The evidence law (16-bit base) measures gradient noise at step 0 when warm-up is 0: that step
     # runs as two micro-batches, so zero_grad allocates the gradient buffers before it.
