@@ -32,13 +32,17 @@ out-of-memory error (the elastic machinery), so an under-estimate costs time, ne
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
+
+import numpy as np
 
 from .config import parse_bytes
 
 __all__ = ["LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan", "head_cost",
-           "plan_local", "select_exit"]
+           "plan_local", "select_exit", "head_init", "micro_batches", "BlockRun", "block_runs", "BlockRecord",
+           "halving_on_oom"]
 
 
 def _pos_int(name: str, v: Any, lo: int = 1) -> int:
@@ -366,3 +370,142 @@ def select_exit(accuracies: Sequence[float], tolerance: float) -> int:
         raise ValueError(f"tolerance={tolerance!r}: allowed [0, 1] (fraction of accuracy, 0.01 = one point)")
     floor = max(accs) - tolerance - 1e-12
     return next(i for i, a in enumerate(accs) if a >= floor)
+
+
+# -- What the backends' trainers share: head initialisation, the block schedule, OOM halving -------
+
+def head_init(in_channels: int, width: int, num_classes: int, *, seed: int, index: int) -> dict[str, Any]:
+    """Initial weights of block `index`'s auxiliary head (the `head_cost` layout) in the canonical
+    layout (torch ``state_dict`` names and shapes), from NumPy's PCG64 seeded with (seed, index), so
+    that both backends start from the same heads (as `triaccel.layout.init_canonical` does for the
+    models, with its distributions: conv He-normal with fan_out, linear U(+-1/sqrt(in)), biases 0,
+    BatchNorm 1/0/0/1).
+
+    width 0: ``fc.weight`` (num_classes, in_channels), ``fc.bias``. width w > 0 also ``body.0.weight``
+    (w, in_channels, 3, 3) and ``body.1.{weight, bias, running_mean, running_var, num_batches_tracked}``.
+    Float arrays are float32, num_batches_tracked int64 (0-d).
+    """
+    c, w, k = _pos_int("in_channels", in_channels), _pos_int("width", width, 0), _pos_int("num_classes", num_classes)
+    rng = np.random.default_rng([_pos_int("seed", seed, 0), _pos_int("index", index, 0)])
+    out: dict[str, Any] = {}
+    if w > 0:
+        out["body.0.weight"] = rng.normal(0.0, math.sqrt(2.0 / (w * 9)), size=(w, c, 3, 3)).astype(np.float32)
+        out["body.1.weight"] = np.ones(w, np.float32)
+        out["body.1.bias"] = np.zeros(w, np.float32)
+        out["body.1.running_mean"] = np.zeros(w, np.float32)
+        out["body.1.running_var"] = np.ones(w, np.float32)
+        out["body.1.num_batches_tracked"] = np.zeros((), np.int64)
+    fan_in = w if w > 0 else c
+    out["fc.weight"] = rng.uniform(-1.0 / math.sqrt(fan_in), 1.0 / math.sqrt(fan_in), size=(k, fan_in)).astype(np.float32)
+    out["fc.bias"] = np.zeros(k, np.float32)
+    return out
+
+
+def micro_batches(batch: int) -> tuple[int, ...]:
+    """batch, batch/2, ... while whole, ascending: the micro-batches an OOM can fall back to."""
+    out = [_pos_int("batch", batch)]
+    while out[-1] % 2 == 0 and out[-1] > 1:
+        out.append(out[-1] // 2)
+    return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class BlockRun:
+    """How block `index` trains, the same in both backends.
+
+    epochs: its epochs. batch: samples per optimizer step (the plan's). lr: the base lr scaled
+    linearly from lr_batch to batch. seed: its loader's data-order seed. micro_batches: the sizes an
+    out-of-memory error falls back to (gradients accumulated over the logical batch). source: where
+    its input comes from: "data" (block 0: freshly augmented images), "cache" (the previous block's
+    cached outputs) or "recompute" (the frozen prefix run on the fixed views every step, the
+    reference the cache must match). cache_after: where the cache built after it lives ("device",
+    "host"), None when none is built (the last block, or no caching). Epoch e of a block reads
+    fixed view ``view(e, n_views)``.
+    """
+
+    index: int
+    epochs: int
+    batch: int
+    lr: float
+    seed: int
+    micro_batches: tuple[int, ...]
+    source: str
+    cache_after: str | None
+
+    @staticmethod
+    def view(epoch: int, n_views: int) -> int:
+        """The fixed augmentation epoch `epoch` reads: epoch mod n_views."""
+        return _pos_int("epoch", epoch, 0) % _pos_int("n_views", n_views)
+
+    def controller_config(self, memory_budget: int) -> Any:
+        """The block's `TriAccelConfig`: a fixed logical batch, every lever off, micro-batches
+        accumulated after an OOM (the elastic machinery's replay)."""
+        from .config import TriAccelConfig
+
+        return TriAccelConfig(batch_init=self.batch, batch_min=self.micro_batches[0], batch_max=self.batch,
+                              batch_buckets=self.micro_batches, lr_rule="accumulate", elastic_batch=False,
+                              adaptive_precision=False, curvature="off", batch_multiple=1, memory_budget=memory_budget)
+
+
+def block_runs(plan: LocalPlan, epochs: int | Sequence[int], *, lr: float, lr_batch: int, seed: int,
+               cache: bool) -> tuple[BlockRun, ...]:
+    """One `BlockRun` per block of `plan`. epochs: an int for every block, or one per block (>= 1).
+    lr: the base lr at lr_batch samples, (0, inf). seed: block b's loader seed is seed + 1000 * b.
+    cache: cache block outputs (else the frozen prefix is recomputed every step)."""
+    nb = len(plan.blocks)
+    ep = [epochs] * nb if isinstance(epochs, numbers.Integral) else list(epochs)
+    if len(ep) != nb or any(isinstance(e, bool) or not isinstance(e, numbers.Integral) or e < 1 for e in ep):
+        raise ValueError(f"epochs={epochs!r}: one integer >= 1, or {nb} of them (one per block)")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
+        raise ValueError(f"lr={lr!r}: allowed (0, inf)")
+    lr_batch = _pos_int("lr_batch", lr_batch)
+    seed = _pos_int("seed", seed, 0)
+    out = []
+    for b, blk in enumerate(plan.blocks):
+        source = "data" if b == 0 else ("cache" if cache else "recompute")
+        after = plan.blocks[b + 1].input_cache if cache and b + 1 < nb else None
+        out.append(BlockRun(index=b, epochs=int(ep[b]), batch=blk.batch, lr=float(lr) * blk.batch / lr_batch,
+                            seed=seed + 1000 * b, micro_batches=micro_batches(blk.batch), source=source,
+                            cache_after=after))
+    return tuple(out)
+
+
+@dataclass
+class BlockRecord:
+    """What training one block did: per epoch train loss and seconds; steps; OOMs survived; peak
+    device bytes while it trained (None where the device reports none); seconds to build the next
+    block's cache and the peak bytes then."""
+
+    index: int
+    batch: int
+    epoch_losses: list[float] = field(default_factory=list)
+    epoch_seconds: list[float] = field(default_factory=list)
+    steps: int = 0
+    ooms: int = 0
+    peak_bytes: int | None = None
+    cache_seconds: float = 0.0
+    cache_peak_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def halving_on_oom(fn: Any, batch: int, *, is_oom: Any, free_memory: Any) -> int:
+    """fn(batch) over a whole pass; after an out-of-memory error (``is_oom(exc)``) the pass restarts
+    at half the batch, after ``free_memory()`` (called outside the except block: its frames held the
+    failed pass's buffers). For inference passes only: they leave nothing behind but their outputs,
+    which a rerun overwrites. Returns the batch that completed; re-raises other errors, and an OOM at
+    batch 1."""
+    batch = _pos_int("batch", batch)
+    while True:
+        failed = False
+        try:
+            fn(batch)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless it is an OOM
+            if not is_oom(exc) or batch <= 1:
+                raise
+            failed = True
+        if not failed:
+            return batch
+        free_memory()
+        batch //= 2

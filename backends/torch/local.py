@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -29,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triaccel import Controller, TriAccelConfig
+from triaccel import Controller
 from triaccel.elastic import ElasticIndexLoader
-from triaccel.local_plan import LayerMemory, LocalPlan
+from triaccel.local_plan import (BlockRecord, BlockRun, LayerMemory, LocalPlan, block_runs, halving_on_oom,
+                                 head_init)
 
 from .data import elastic_step, free_memory, is_oom
 
@@ -179,25 +179,6 @@ class _FnLoader(ElasticIndexLoader):
         return self.fetch_fn(indices)
 
 
-@dataclass
-class BlockRecord:
-    """What training one block did: per epoch train loss and seconds; steps; OOMs survived; peak
-    device bytes while it trained (CUDA, else None); seconds to build the next block's cache."""
-
-    index: int
-    batch: int
-    epoch_losses: list[float] = field(default_factory=list)
-    epoch_seconds: list[float] = field(default_factory=list)
-    steps: int = 0
-    ooms: int = 0
-    peak_bytes: int | None = None
-    cache_seconds: float = 0.0
-    cache_peak_bytes: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
 class LocalTrainer:
     """Trains `units` block by block as `plan` says (see the module docstring).
 
@@ -230,14 +211,17 @@ class LocalTrainer:
         self.lr_factor = lr_factor or (lambda seen, total: 1.0)
         self.autocast_dtype, self.cache, self.cache_dtype = autocast_dtype, cache, cache_dtype
         self.memory_format, self.seed = memory_format, seed
-        torch.manual_seed(seed)   # the auxiliary heads' initialisation
         self.heads: list[nn.Module] = []
         for blk in plan.blocks:
             last = blk.stop == len(units)
             if last and blk.head_width == 0 and plan.layers and classifier is not None:
                 head = classifier     # the last block keeps the model's own classifier
             else:
-                head = AuxHead(plan.layers[blk.stop - 1].out_shape[0], blk.head_width, num_classes, head_pool)
+                c = plan.layers[blk.stop - 1].out_shape[0]
+                head = AuxHead(c, blk.head_width, num_classes, head_pool)
+                # the core's initialisation: the JAX twin starts from the same heads
+                head.load_state_dict({k: torch.from_numpy(v) for k, v in
+                                      head_init(c, blk.head_width, num_classes, seed=seed, index=blk.index).items()})
             self.heads.append(head.to(self.device))
         self.records: list[BlockRecord] = []
 
@@ -278,10 +262,7 @@ class LocalTrainer:
         epochs: per block (an int for all). on_epoch(block, epoch, train_loss, seconds) after each
         epoch (e.g. to evaluate the block's exit).
         """
-        nb = len(self.plan.blocks)
-        ep = [int(epochs)] * nb if isinstance(epochs, (int, np.integer)) else [int(e) for e in epochs]
-        if len(ep) != nb or any(e < 1 for e in ep):
-            raise ValueError(f"epochs={epochs!r}: one integer >= 1, or {nb} of them (one per block)")
+        runs = block_runs(self.plan, epochs, lr=self.lr, lr_batch=self.lr_batch, seed=self.seed, cache=self.cache)
         if not views:
             raise ValueError("views: at least one fixed augmentation of the training set is needed")
         n = int(train_x.shape[0])
@@ -292,50 +273,45 @@ class LocalTrainer:
             m.requires_grad_(False)
         cache: list[torch.Tensor] | None = None
         self.records = []
-        for b, blk in enumerate(self.plan.blocks):
-            if b == 0:
+        for b, (blk, run) in enumerate(zip(self.plan.blocks, runs)):
+            if run.source == "data":
                 def fetch(idx: np.ndarray, _e: list[int]) -> Any:
                     i = torch.as_tensor(idx, device=train_x.device)
                     return self._fmt(train_transform(train_x.index_select(0, i))), train_y.index_select(0, i)
-            elif self.cache:
+            elif run.source == "cache":
                 assert cache is not None
                 src = cache
 
                 def fetch(idx: np.ndarray, _e: list[int], src=src) -> Any:
-                    v = src[_e[0] % len(src)]
+                    v = src[BlockRun.view(_e[0], len(src))]
                     x = v.index_select(0, torch.as_tensor(idx, device=v.device))
                     return (self._fmt(x.to(self.device, non_blocking=True)),
                             train_y.index_select(0, torch.as_tensor(idx, device=train_y.device)))
             else:
                 def fetch(idx: np.ndarray, _e: list[int], start=blk.start) -> Any:
-                    v = views[_e[0] % len(views)]
+                    v = views[BlockRun.view(_e[0], len(views))]
                     raw = v.index_select(0, torch.as_tensor(idx, device=v.device)).to(self.device)
                     x = self._prefix(start, self._fmt(view_transform(raw)))
                     return (self._fmt(x.to(self.cache_dtype) if self.cache_dtype != x.dtype else x),
                             train_y.index_select(0, torch.as_tensor(idx, device=train_y.device)))
-            self.records.append(self._train_block(b, fetch, n, ep[b], on_epoch))
-            if self.cache and b + 1 < nb:
-                cache = self._build_cache(b, cache, views, view_transform)
+            self.records.append(self._train_block(run, fetch, n, on_epoch))
+            if run.cache_after is not None:
+                cache = self._build_cache(b, run.cache_after, cache, views, view_transform)
         for m in self.units:
             m.requires_grad_(True)
         return self.records
 
-    def _train_block(self, b: int, fetch: Callable[[np.ndarray, list[int]], Any], n: int, epochs: int,
+    def _train_block(self, run: BlockRun, fetch: Callable[[np.ndarray, list[int]], Any], n: int,
                      on_epoch: Any) -> BlockRecord:
-        blk = self.plan.blocks[b]
+        b, blk, epochs = run.index, self.plan.blocks[run.index], run.epochs
         body, head = self.block(b), self.heads[b]
         body.train().requires_grad_(True)
         head.train().requires_grad_(True)
         params = [*body.parameters(), *head.parameters()]
-        lr = self.lr * blk.batch / self.lr_batch
-        opt = torch.optim.SGD(params, lr=lr, momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.wd)
-        ladder = tuple(sorted({bb for bb in _halvings(blk.batch)}))
-        cfg = TriAccelConfig(batch_init=blk.batch, batch_min=ladder[0], batch_max=blk.batch, batch_buckets=ladder,
-                             lr_rule="accumulate", elastic_batch=False, adaptive_precision=False, curvature="off", batch_multiple=1,
-                             memory_budget=self.plan.memory_budget)
-        ctl = Controller(cfg, [f"block{b}"])
+        opt = torch.optim.SGD(params, lr=run.lr, momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.wd)
+        ctl = Controller(run.controller_config(self.plan.memory_budget), [f"block{b}"])
         epoch_of = [0]
-        loader = _FnLoader(n, batch_size=blk.batch, seed=self.seed + 1000 * b,
+        loader = _FnLoader(n, batch_size=blk.batch, seed=run.seed,
                            fetch_fn=lambda idx: fetch(idx, epoch_of))
         total, seen = epochs * n, [0]
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: self.lr_factor(seen[0], total))
@@ -374,11 +350,12 @@ class LocalTrainer:
         return rec
 
     @torch.no_grad()
-    def _build_cache(self, b: int, cache: list[torch.Tensor] | None, views: Sequence[torch.Tensor],
+    def _build_cache(self, b: int, cache_after: str, cache: list[torch.Tensor] | None, views: Sequence[torch.Tensor],
                      view_transform: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
-        """Block b's outputs over every view of the training set, where the plan puts block b+1's input."""
+        """Block b's outputs over every view of the training set, where the plan puts block b+1's input
+        (cache_after: "device" or "host")."""
         nxt = self.plan.blocks[b + 1]
-        where = self.device if nxt.input_cache == "device" else torch.device("cpu")
+        where = self.device if cache_after == "device" else torch.device("cpu")
         pin = where.type == "cpu" and self.device.type == "cuda"
         body = self.block(b)
         self._sync()
@@ -401,7 +378,7 @@ class LocalTrainer:
                         y = body(x)
                     buf[i:i + bs].copy_(y, non_blocking=pin)
 
-            _halving_on_oom(fill, self.plan.infer_batch)
+            halving_on_oom(fill, self.plan.infer_batch, is_oom=is_oom, free_memory=free_memory)
             out.append(buf)
         self._sync()
         rec = self.records[b]
@@ -433,7 +410,7 @@ class LocalTrainer:
                             h = m(h)
                         correct[b] += int((self.heads[b](h).argmax(1) == yb).sum())
 
-        _halving_on_oom(run, batch or self.plan.infer_batch)
+        halving_on_oom(run, batch or self.plan.infer_batch, is_oom=is_oom, free_memory=free_memory)
         return [c / int(x.shape[0]) for c in correct]
 
     def export(self, b: int) -> ExitModel:
@@ -452,27 +429,3 @@ class LocalTrainer:
             out.append(units + sum(p.numel() for p in self.heads[b].parameters()))
         return out
 
-
-def _halving_on_oom(fn: Callable[[int], None], batch: int) -> None:
-    """fn(batch) over a whole pass; after an out-of-memory error the pass restarts at half the batch
-    (inference passes only: they leave no state behind but their outputs, which a rerun overwrites)."""
-    while True:
-        failed = False
-        try:
-            fn(batch)
-        except Exception as exc:  # noqa: BLE001 - re-raised unless it is an OOM
-            if not is_oom(exc) or batch <= 1:
-                raise
-            failed = True
-        if not failed:
-            return
-        free_memory()   # outside the except block: its frames held the failed pass's tensors
-        batch //= 2
-
-
-def _halvings(batch: int) -> list[int]:
-    """batch, batch/2, ... while whole and >= 1: the micro-batches an OOM can fall back to."""
-    out = [batch]
-    while out[-1] % 2 == 0 and out[-1] > 1:
-        out.append(out[-1] // 2)
-    return out
