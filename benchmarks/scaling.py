@@ -2,7 +2,9 @@
 
 Runs `examples.cifar.train` once per GPU count, one after the other: 1 GPU as a plain single process
 (the baseline), N > 1 under `torchrun --standalone --nproc-per-node N` (DDP through
-`triaccel.backends.torch.distributed`). Weak scaling: the initial global batch and its ceiling are
+`triaccel.backends.torch.distributed`); with `--backend jax` every count is one process, the demo's
+`--devices N` (a `jax.sharding` mesh: the batch split across the GPUs, `triaccel.backends.jax.sharding`).
+Weak scaling: the initial global batch and its ceiling are
 N x the per-GPU values (`--batch`, `--batch-max`), the LR follows the demo's rule (0.1 x batch / 96).
 
 Throughput = training images / epoch seconds (evaluation excluded); steady state = the median over
@@ -14,7 +16,9 @@ digest was equal (`ranks_agree`).
 Prints a table and writes JSON (default benchmarks/results/scaling-<device>.json).
 GPU (2 GPUs):
   python benchmarks/scaling.py --gpus 1,2 --epochs 6 --data /tmp/data/cifar10-jpeg --out $OUT/scaling.json
-CPU smoke test (gloo, tiny):
+GPU, JAX (2 GPUs):
+  python benchmarks/scaling.py --backend jax --gpus 1,2 --epochs 6 --data /tmp/data/cifar10-jpeg --out $OUT/scaling-jax.json
+CPU smoke test (gloo, tiny; --backend jax: host devices forced by XLA_FLAGS):
   python benchmarks/scaling.py --device cpu --gpus 1,2 --epochs 2 --train-subset 256 --test-subset 64 --width 0.125 --batch 16 --batch-max 32
 """
 
@@ -52,7 +56,7 @@ def _device_name(summary_name: str | None) -> str:
 
 def run_one(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Train once on n GPUs (n processes on CPU); returns the measured figures."""
-    demo = ["-m", "examples.cifar.train", "--backend", "torch", "--method", args.method, "--levers", args.levers,
+    demo = ["-m", "examples.cifar.train", "--backend", args.backend, "--method", args.method, "--levers", args.levers,
             "--epochs", str(args.epochs), "--seed", str(args.seed), "--batch", str(n * args.batch),
             "--batch-max", str(n * args.batch_max), "--no-progress", "--out", str(out)]
     for flag in ("data", "train_subset", "test_subset", "width"):
@@ -63,9 +67,13 @@ def run_one(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         demo += ["--device", "cpu"]
     demo += args.extra
     env = dict(os.environ)
-    if n == 1:
+    if args.backend == "jax":   # one process; the demo splits each batch across n devices
+        demo += ["--devices", str(n)]
+        if args.device == "cpu":
+            env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
+    if n == 1 or args.backend == "jax":
         cmd = [sys.executable, *demo]
-        if args.device != "cpu":
+        if n == 1 and args.device != "cpu":
             env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
@@ -90,12 +98,14 @@ def run_one(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     batch = statistics.mean(images / per_epoch_steps[i] for i in steady) / n
     return {"gpus": n, "images_per_s": ips, "epoch_seconds": secs, "steady_epochs": [i + 1 for i in steady],
             "per_gpu_batch": batch, "final_acc": summary["final_acc"], "final_batch": summary["final_batch"],
-            "world_size": summary.get("world_size", 1), "ranks_agree": summary.get("ranks_agree"),
+            "world_size": summary.get("world_size", summary.get("devices", 1)), "ranks_agree": summary.get("ranks_agree"),
             "device_name": summary.get("device_name"), "wall_s": wall, "command": shlex.join(cmd), "tail": tail}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=["torch", "jax"], default="torch",
+                   help="torch: torchrun + DDP; jax: one process, a device mesh (--devices N)")
     p.add_argument("--gpus", default="1,2", help="comma-separated GPU counts; 1 first is the baseline")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--method", default="triaccel", choices=["triaccel", "amp", "fp32"])
@@ -127,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in rows:
         r["speedup"] = r["images_per_s"] / base
         r["efficiency_per_gpu"] = r["speedup"] / r["gpus"]
-    print(f"\nResNet-18 CIFAR-10 {args.method} ({args.levers}), {args.epochs} epochs, per-GPU batch {args.batch} "
+    print(f"\nResNet-18 CIFAR-10 {args.backend} {args.method} ({args.levers}), {args.epochs} epochs, per-GPU batch {args.batch} "
           f"(max {args.batch_max}), steady state = median of epochs {rows[0]['steady_epochs']}, device {device}")
     print(f"{'GPUs':>4} {'images/s':>10} {'speed-up':>9} {'eff./GPU':>9} {'batch/GPU':>10} {'final acc':>10} "
           f"{'ranks agree':>12}")
@@ -139,7 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "date": _dt.datetime.now().isoformat(timespec="seconds"),
               "command": shlex.join([sys.executable, *sys.argv]), "args": {k: v for k, v in vars(args).items()},
               "rows": rows}
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"scaling-{device}.json"
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \
+        (f"scaling-{device}.json" if args.backend == "torch" else f"scaling-jax-{device}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"wrote {out}")

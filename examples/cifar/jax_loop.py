@@ -16,6 +16,7 @@ from triaccel.backends.jax import (SplitStep, TriAccel, augment, find_state, lay
                                    loss_scale, precision_policy)
 from triaccel.backends.jax.data import ElasticLoader, elastic_step
 from triaccel.backends.jax.models import create_model
+from triaccel.backends.jax.sharding import batch_sharding, check_config, data_mesh, num_shards, replicated
 from triaccel.flops import FlopShare
 
 from .common import RunLog, RunOptions, lr_factor, median_last, precision_record
@@ -41,11 +42,20 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     t_start = time.perf_counter()
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed)
     cfg = opts.triaccel_config()
+    # Data parallel over a mesh when more than one device is used (--devices; default all): each
+    # batch is split across the devices, the state replicated (triaccel.backends.jax.sharding).
+    mesh = data_mesh(getattr(opts, "devices", None))
+    mesh = mesh if num_shards(mesh) > 1 else None
+    if mesh is not None:
+        if "batch_buckets" not in opts.extra:   # the demo's ladder rungs that split evenly
+            cfg = cfg.replace(batch_buckets=tuple(b for b in cfg.batch_buckets if b % num_shards(mesh) == 0))
+        check_config(cfg, mesh)
     mean = jnp.asarray(data.mean, jnp.float32)
     std = jnp.asarray(data.std, jnp.float32)
     dev = jax.devices()[0]
-    xtr, ytr = jax.device_put(data.train_x, dev), jax.device_put(data.train_y.astype(np.int32), dev)
-    xte, yte = jax.device_put(data.test_x, dev), jax.device_put(data.test_y.astype(np.int32), dev)
+    place = dev if mesh is None else replicated(mesh)   # the dataset, the LR: a copy on every device
+    xtr, ytr = jax.device_put(data.train_x, place), jax.device_put(data.train_y.astype(np.int32), place)
+    xte, yte = jax.device_put(data.test_x, place), jax.device_put(data.test_y.astype(np.int32), place)
 
     def prep(xb: jax.Array, key: jax.Array | None) -> jax.Array:
         if key is not None:
@@ -60,7 +70,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             x, y = batch
             return _cross_entropy(m(x), y, jnp.ones(y.shape, jnp.float32))
 
-        ta = TriAccel(cfg, model, loss_fn=curv_loss)
+        ta = TriAccel(cfg, model, loss_fn=curv_loss, mesh=mesh)
         tx: Any = ta.wrap(_sgd(opts.lr, opts))
         controller: Controller = ta.controller
         lm = ta.layers
@@ -103,14 +113,14 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     # and the optimizer, not the model's graph: a new precision policy does not recompile it.
     cache = False if opts.compile_cache == "off" else (opts.compile_cache or True)
     split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=(), compile_ahead=opts.compile_ahead,
-                      compile_cache=cache)
+                      compile_cache=cache, mesh=mesh)
     update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
 
     @nnx.jit
     def predict(model: Any, x: jax.Array) -> jax.Array:
         return model(prep(x, None)).argmax(-1)
 
-    step_key = [key]
+    step_key = [key if mesh is None else jax.device_put(key, place)]
     grad_scale: list[Any] = [1.0]   # the loss scale of the last micro-batch's grads (a device scalar)
 
     def micro(x: jax.Array, y: jax.Array, mask: jax.Array) -> Any:
@@ -119,7 +129,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         return loss, grads
 
     loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed,
-                           buckets=cfg.batch_buckets)
+                           buckets=cfg.batch_buckets, device=None if mesh is None else batch_sharding(mesh))
     total_samples = opts.epochs * len(data.train_x)
     warmup_samples = int(opts.warmup_epochs * len(data.train_x))
     seen = 0
@@ -135,7 +145,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         bar = progress(total=len(data.train_x), desc=f"epoch {epoch + 1}/{opts.epochs}")
         while True:
             lr_now = opts.lr * lr_factor(seen, total_samples, warmup_samples)
-            lr = jax.device_put(np.float32(lr_now), dev)
+            lr = jax.device_put(np.float32(lr_now), place)
             if ta is not None:
                 curv = None
                 if controller.is_curvature_step(step):  # augmented, as the training batches (and torch's)
@@ -177,6 +187,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             "final_batch": controller.decision.batch_size, "device": str(dev),
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": getattr(dev, "device_kind", str(dev)),
+            "devices": 1 if mesh is None else num_shards(mesh),
             "report": ta.report(split) if ta is not None else None,
             "wall_seconds": time.perf_counter() - t_start, "train_seconds": sum(epoch_times),
             "step_traces": split.traces, "compiled_ahead": split.compiled_ahead,

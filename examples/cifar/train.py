@@ -100,6 +100,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--compile-cache", default=None, metavar="DIR",
                    help="JAX: keep XLA compilations in DIR (created) and reuse them on later runs (default: "
                         "$TRIACCEL_CACHE/jax or ~/.cache/triaccel/jax; 'off': no persistent cache)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="JAX: data parallel over the first N devices, each batch split across them (default: "
+                        "all; batch sizes must divide by N; triaccel.backends.jax.sharding)")
     p.add_argument("--compile-ahead", choices=["on", "off"], default="on",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
                         "down/up, noise half batch, next precision policy) on a background thread (default on)")
@@ -111,6 +114,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         p.error(f"--compile={a.compile}: only for --backend torch")
     if a.compile_cache is not None and a.backend != "jax":
         p.error(f"--compile-cache={a.compile_cache!r}: only for --backend jax")
+    if a.devices is not None and (a.backend != "jax" or a.devices < 1):
+        p.error(f"--devices={a.devices}: an integer >= 1, only for --backend jax (torch: torchrun --nproc-per-node)")
     levers = tuple(x for x in a.levers.split(",") if x)
     bad = sorted(set(levers) - set(LEVERS))
     if bad:
@@ -138,6 +143,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
         extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
+    opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
     if a.method == "local":
         if a.backend != "torch":
             p.error("--method local: only for --backend torch")
