@@ -226,6 +226,16 @@ def test_bad_device_counts_and_batches_raise(result):
     assert "padded to bucket=3" in err["odd_loader_bucket"]
 
 
+def test_demo_devices_option():
+    from examples.cifar import train
+
+    assert train.parse_args(["--backend", "jax", "--devices", "2"]).devices == 2
+    assert train.parse_args(["--backend", "jax"]).devices is None          # every device
+    for bad in (["--backend", "torch", "--devices", "2"], ["--backend", "jax", "--devices", "0"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     print(json.dumps(_worker()))
