@@ -32,6 +32,23 @@ def test_step_peak_estimated_from_the_last_record_scaled_by_batch():
     assert probe.read(batch=100).limit == 10_000
 
 
+def test_a_pool_capped_at_the_budget_reports_the_device_limit(monkeypatch):
+    """After limit_device_memory the XLA pool sits a few MiB under the budget: the probe reports
+    the device's total so that the controller's budget check (budget <= device) still holds."""
+    from triaccel import Controller, TriAccelConfig
+    from triaccel.backends.jax import memory as M
+
+    dev = FakeDevice()
+    dev.stats.update(bytes_in_use=100, peak_bytes_in_use=100, bytes_limit=9_990)   # budget 10_000
+    monkeypatch.setattr(M, "nvml_total_bytes", lambda d: 80_000)
+    assert MemoryProbe(dev).read().limit == 9_990                 # uncapped: the pool is the limit
+    monkeypatch.setattr(M, "_POOL_CAPPED", True)
+    s = MemoryProbe(dev).read()
+    assert s.limit == 80_000
+    ctl = Controller(TriAccelConfig(memory_budget=10_000), ["a"])
+    ctl.observe_memory(0, s.used, s.limit)                        # raised "exceeds the device's" before
+
+
 def test_compiled_footprint_gives_the_step_peak_before_it_happens():
     dev = FakeDevice()
     probe = MemoryProbe(dev)

@@ -110,6 +110,12 @@ class MemoryProbe:
             self._record = (peak, in_use, batch)
         self._last_peak = max(self._last_peak, peak)
         limit = s.get("bytes_limit") or s.get("bytes_reservable_limit")
+        if limit and _POOL_CAPPED:
+            # the pool was cut to the budget by limit_device_memory, a hair under it (XLA keeps a
+            # few MiB back): the limit is the device's, the budget bounds the batch in the controller
+            if self._limit_fallback is None:
+                self._limit_fallback = nvml_total_bytes(self.device) or 0
+            limit = max(int(limit), self._limit_fallback)
         if not limit:
             if self._limit_fallback is None:
                 self._limit_fallback = nvml_total_bytes(self.device) or 0
@@ -141,6 +147,7 @@ def _nvml_total_at(index: int) -> int | None:
         return None
 
 
+_POOL_CAPPED = False  # set by limit_device_memory: the XLA pool is the budget, not the device
 _MEM_FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 
 
@@ -207,6 +214,8 @@ def limit_device_memory(budget: int | str, device_total: int | None = None) -> f
         warnings.warn(f"triaccel: {name}={user} replaced by {fraction:.4f} "
                       f"(budget {b} bytes of {total})", RuntimeWarning, stacklevel=2)
     os.environ[name] = f"{fraction:.6f}"
+    global _POOL_CAPPED
+    _POOL_CAPPED = True
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     return fraction
 
