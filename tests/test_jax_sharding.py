@@ -125,13 +125,18 @@ def _worker() -> dict:
                                   "b_noise", "ooms")} for r in ta.controller.telemetry.records]
         rep = ta.report(split)
         param_sharding = {str(p.sharding) for p in params}
+        # the partitioned programs of the train step (every variant): data parallel means gradients
+        # all-reduced and no all-gather (of the batch: each device computes on its own part)
+        hlo = [exe.as_text() for v in split._main.exes.values() for exe in v.values()]
+        collectives = {op: sum(t.count(op + "(") for t in hlo) for op in ("all-reduce", "all-gather")}
         return {"losses": losses, "batches": batches, "params": [np.asarray(p).ravel().tolist() for p in params],
                 "batch_stats": [np.asarray(b).ravel().tolist() for b in bstats], "telemetry": tel,
                 "policies": sorted({tuple(r["precisions"]) for r in tel}), "placements": sorted(placements),
                 "param_replicated": all(p.sharding.is_fully_replicated for p in params),
                 "param_sharding": sorted(param_sharding), "ooms": rep["ooms"],
                 "skipped": rep["skipped_steps"], "optimizer_step": rep["optimizer_step"],
-                "traces": split.traces, "compiled_ahead": split.compiled_ahead, "noise": noise}
+                "traces": split.traces, "compiled_ahead": split.compiled_ahead, "noise": noise,
+                "collectives": collectives}
 
     def error(fn) -> str:
         try:
@@ -174,6 +179,8 @@ def test_the_two_device_run_is_sharded(result):
     assert result["shards"] == 2 and result["per_device"] == 16
     assert result["two"]["placements"] == ["split"]   # every micro-batch split
     assert result["two"]["param_replicated"]
+    assert result["two"]["collectives"]["all-reduce"] >= 1 and result["two"]["collectives"]["all-gather"] == 0
+    assert result["one"]["collectives"] == {"all-reduce": 0, "all-gather": 0}
     assert result["two"]["compiled_ahead"] >= 1   # the background compiler served the mesh's variants
 
 
