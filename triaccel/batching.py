@@ -90,9 +90,7 @@ class BatchLaw:
         either None when memory is not measured, and the gradient noise scale `b_noise` (samples,
         None while unknown) under batch_law="noise"."""
         c = self.cfg
-        if (c.oom_cooldown is not None and self.last_oom_step is not None
-                and step - self.last_oom_step >= c.oom_cooldown):
-            self.ceiling, self.last_oom_step = self.upper, None
+        self._lift_cap(step)
         b = self.batch
         mem = used is not None and mem_max is not None
         pressure = mem and used > c.rho_high * mem_max
@@ -121,6 +119,30 @@ class BatchLaw:
             if held:
                 b = self.batch
         self._set_batch(self._clip(b), step)
+        return self.batch
+
+    def _lift_cap(self, step: int) -> None:
+        c = self.cfg
+        if (c.oom_cooldown is not None and self.last_oom_step is not None
+                and step - self.last_oom_step >= c.oom_cooldown):
+            self.ceiling, self.last_oom_step = self.upper, None
+
+    def candidates(self, step: int, b_noise: float | None = None) -> list[int]:
+        """Grid batches another rule (the offload planner, `triaccel.swap_plan.choose_batch`) may
+        pick at `step`: every one up to the current batch, and larger ones only where this law
+        would let B grow (from batch_hold_steps on; under batch_law="noise" once `b_noise` is known
+        and up to noise_scale_c * b_noise), all below the OOM ceiling."""
+        c = self.cfg
+        self._lift_cap(step)
+        grow = step >= c.batch_hold_steps and (c.batch_law != "noise" or b_noise is not None)
+        cap = c.noise_scale_c * b_noise if c.batch_law == "noise" and b_noise is not None else math.inf
+        return [g for g in self._grid() if g <= self.batch or (grow and g <= cap)]
+
+    def move_to(self, b: int, step: int) -> int:
+        """Set B to `b` (a grid batch below the ceiling) at `step`, the LR rule following."""
+        if b not in self._grid():
+            raise ValueError(f"b={b!r} is invalid: allowed one of the grid batches {self._grid()}")
+        self._set_batch(b, step)
         return self.batch
 
     def oom(self, step: int) -> int:

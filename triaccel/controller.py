@@ -20,6 +20,7 @@ from .noise import GradientNoise, split_measurement
 from .precision import EvidenceLaw, Precision, PrecisionLaw
 from .variants import group_precisions, precision_groups
 from .stats import variance_from_moments
+from .swap_plan import CostModel, CostTable, OffloadPlanner, SwapPlan, plan_for_budget, simulate
 from .telemetry import Telemetry
 
 __all__ = ["Controller", "Decision"]
@@ -40,7 +41,9 @@ class Decision:
     precisions: per-layer compute precision, (L,). lr_scales: curvature LR multipliers (L,) in
     (0, 1]. lr_batch_scale: LR multiplier of the batch rule. batch_size: samples per micro-batch.
     accumulation: micro-batches per optimizer step. logical_batch: samples per optimizer step.
-    changed: which of "precision", "lr", "batch" differ from the previous decision. Between
+    offload_plan: under offload="auto", per swap unit (forward order) "keep" | "swap" | "recompute"
+    (`triaccel.swap_plan`); None while no cost table was observed (nothing swaps).
+    changed: which of "precision", "lr", "batch", "offload" differ from the previous decision. Between
     boundaries `Controller.decide` returns the decision in force (the same object), so a backend
     applies a decision when it is not the one it applied last.
     """
@@ -53,6 +56,7 @@ class Decision:
     accumulation: int
     logical_batch: int
     changed: frozenset[str] = field(default_factory=frozenset)
+    offload_plan: tuple[str, ...] | None = None
 
     @property
     def lr_multipliers(self) -> np.ndarray:
@@ -63,20 +67,23 @@ class Decision:
         return {"step": self.step, "precisions": [p.short for p in self.precisions],
                 "lr_scales": self.lr_scales.tolist(), "lr_batch_scale": self.lr_batch_scale,
                 "batch_size": self.batch_size, "accumulation": self.accumulation,
-                "logical_batch": self.logical_batch, "changed": sorted(self.changed)}
+                "logical_batch": self.logical_batch, "changed": sorted(self.changed),
+                "offload_plan": None if self.offload_plan is None else list(self.offload_plan)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Decision":
         return cls(step=d["step"], precisions=tuple(Precision.parse(p) for p in d["precisions"]),
                    lr_scales=_frozen(d["lr_scales"]), lr_batch_scale=d["lr_batch_scale"],
                    batch_size=d["batch_size"], accumulation=d["accumulation"],
-                   logical_batch=d["logical_batch"], changed=frozenset(d["changed"]))
+                   logical_batch=d["logical_batch"], changed=frozenset(d["changed"]),
+                   offload_plan=None if d.get("offload_plan") is None else tuple(d["offload_plan"]))
 
     def same_as(self, other: "Decision") -> bool:
         """Equal in everything the backend applies (the step and `changed` aside)."""
         return (self.precisions == other.precisions and np.array_equal(self.lr_scales, other.lr_scales)
                 and self.lr_batch_scale == other.lr_batch_scale and self.batch_size == other.batch_size
-                and self.accumulation == other.accumulation and self.logical_batch == other.logical_batch)
+                and self.accumulation == other.accumulation and self.logical_batch == other.logical_batch
+                and self.offload_plan == other.offload_plan)
 
 
 class Controller:
@@ -87,6 +94,11 @@ class Controller:
     curvature promotions at curvature steps (step % t_curv == 0, from warmup_steps on) once
     eigenvalues were observed.
     An OOM shrinks the batch immediately (`observe_oom`).
+
+    offload="auto": once the backend observed cost tables (`observe_offload_costs`, when
+    `wants_offload_costs` says) and memory, each batch boundary picks batch and swap plan together
+    (`triaccel.swap_plan.choose_batch` over `BatchLaw.candidates`, for rho_high * MemMax less the
+    planner's learned margin) instead of the memory/noise law's one-bucket move.
     """
 
     def __init__(self, config: TriAccelConfig, layers: Sequence[LayerSpec | str]) -> None:
@@ -116,6 +128,13 @@ class Controller:
         self._mem_used: int | None = None   # peak bytes in use since the last batch decision
         self._mem_limit: int | None = None  # MemMax, bytes
         self._curv_pending = False
+        # offload="auto": cost model from the backend, planner (built once MemMax is known), plan in force
+        self._offload_model: CostModel | None = None
+        self._planner: OffloadPlanner | None = None
+        self._swap: SwapPlan | None = None
+        self._offload_info: dict[str, Any] | None = None
+        self._oom_in_window = False   # the window's memory peak holds a failed try: not the plan's
+        self._remeasure = False
         self.telemetry = Telemetry()
         self._decision = self._make(step=-1, changed=frozenset(CHANGES))
 
@@ -214,9 +233,96 @@ class Controller:
         self._mem_used = used_bytes if self._mem_used is None else max(self._mem_used, used_bytes)
 
     def observe_oom(self, step: int) -> Decision:
-        """Out of memory at `step`: shrink the batch now and return the new decision."""
+        """Out of memory at `step`: shrink the batch now and return the new decision. Under an
+        offload plan the model under-estimated the peak: its margin grows (as for a peak of MemMax + 1
+        byte) and the plan becomes the one for the smaller batch (all "keep" where none is needed)."""
         self._batch.oom(step)
+        planner = self._planner
+        if planner is not None and self._swap is not None:
+            if self._mem_limit is not None and self._mem_limit + 1 > planner.budget:
+                planner.observe_peak(self._swap, self._mem_limit + 1)
+            self._swap = self._plan_for(self._batch.batch)
+            self._oom_in_window = True
         return self._commit(step, event="oom")
+
+    # -- offload (offload="auto") -----------------------------------------------------------
+    def observe_offload_costs(self, step: int, tables: Sequence[CostTable]) -> None:
+        """Cost tables (`triaccel.swap_plan.CostTable`, one or two batches, the same units in forward
+        order) measured by the backend with no plan applied; the next batch boundary decides batch
+        and plan from them."""
+        if self.config.offload != "auto":
+            raise ValueError(f"observe_offload_costs: offload={self.config.offload!r} in the config; "
+                             "allowed only with offload='auto'")
+        model = CostModel(tuple(tables))
+        if self._offload_model is not None and model.tables[0].names != self._offload_model.tables[0].names:
+            raise ValueError(f"tables: units {model.tables[0].names}, allowed the units observed before "
+                             f"{self._offload_model.tables[0].names}")
+        self._offload_model = model
+        if self._planner is not None:
+            self._planner.observe_tables(model.tables)
+        self._remeasure = False
+
+    def wants_offload_costs(self, step: int) -> bool:
+        """Whether the backend should measure cost tables now (no plan applied) and pass them to
+        `observe_offload_costs`: offload="auto", a control step from warmup_steps on, and none
+        observed yet, or the measured step times moved (`observe_step_time`)."""
+        c = self.config
+        if c.offload != "auto" or step < c.warmup_steps or not self.is_control_step(step):
+            return False
+        return self._offload_model is None or self._remeasure
+
+    def observe_step_time(self, step: int, ms_per_step: float) -> None:
+        """Mean wall time per optimizer step (ms) over a window run wholly under the decision in
+        force. Under an offload plan, a window off the first one under the same batch and plan by
+        more than the planner's tolerance asks for new tables (`wants_offload_costs`)."""
+        if isinstance(ms_per_step, bool) or not isinstance(ms_per_step, (int, float, np.floating)) \
+                or not np.isfinite(ms_per_step) or ms_per_step <= 0:
+            raise ValueError(f"ms_per_step={ms_per_step!r}: allowed a finite number of milliseconds > 0")
+        if self._planner is not None and self._swap is not None:
+            self._remeasure = self._planner.observe_step_time(self._swap, float(ms_per_step)) or self._remeasure
+
+    @property
+    def offload_swap_plan(self) -> SwapPlan | None:
+        """The modelled plan in force (prefetch points, step time, peak), or None."""
+        return self._swap
+
+    def _plan_for(self, batch: int) -> SwapPlan:
+        planner = self._planner
+        assert planner is not None
+        return plan_for_budget(planner.model.at(batch), max(planner.target, 1))
+
+    def _decide_offload(self, step: int, b_noise: float | None) -> None:
+        """Batch and plan together at a batch boundary (needs cost tables and MemMax)."""
+        cfg, law = self.config, self._batch
+        budget = max(int(cfg.rho_high * self._mem_limit), 1)  # type: ignore[operator]
+        planner = self._planner
+        if planner is None or planner.budget != budget:
+            margin = 0 if planner is None else planner.margin
+            planner = self._planner = OffloadPlanner(cfg, self._offload_model, budget)  # type: ignore[arg-type]
+            planner.margin = margin
+        if self._mem_used is not None and self._swap is not None and not self._oom_in_window:
+            planner.observe_peak(self._swap, int(self._mem_used))
+        self._oom_in_window = False
+        grid = law.candidates(step, b_noise) if cfg.elastic_batch else [law.batch]
+        planner.batches = tuple(grid)
+        choice = None
+        if planner.target > 0:
+            try:
+                choice = planner.decide(b_noise)
+            except ValueError:  # not even the smallest candidate fits the model
+                choice = None
+        else:  # the model under-estimates by more than the budget: measure it again
+            self._remeasure = True
+        plan = choice.plan if choice is not None else self._plan_for(grid[0])
+        if cfg.elastic_batch:
+            law.move_to(plan.batch, step)
+        self._swap = plan
+        self._offload_info = {
+            "target": planner.target, "margin": planner.margin, "modelled_peak": plan.peak_bytes,
+            "modelled_step_ms": plan.step_ms, "fits": bool(plan.fits),
+            "goodput": None if choice is None else choice.goodput,
+            "baseline_batch": None if choice is None or choice.baseline is None else choice.baseline.batch,
+            "candidates": [] if choice is None else [list(c) for c in choice.candidates]}
 
     # -- decisions --------------------------------------------------------------------------
     def is_control_step(self, step: int) -> bool:
@@ -254,10 +360,12 @@ class Controller:
         if control:
             if cfg.adaptive_precision and step % (cfg.t_precision or cfg.t_ctrl) == 0:
                 self._precision.update_levels(step, warm=step >= cfg.warmup_steps)
-            if cfg.elastic_batch and (cfg.batch_law == "noise" or (
+            # the noise law acts only on a filled EMA (early estimates swing, docs/results.md)
+            b_noise = self.b_noise if self._noise.warm else None
+            if self._offload_model is not None and self._mem_limit is not None:
+                self._decide_offload(step, b_noise)
+            elif cfg.elastic_batch and (cfg.batch_law == "noise" or (
                     self._mem_used is not None and self._mem_limit is not None)):
-                # the noise law acts only on a filled EMA (early estimates swing, docs/results.md)
-                b_noise = self.b_noise if self._noise.warm else None
                 self._batch.update(self._mem_used, self._mem_limit, step, b_noise)
         if curvature:
             self._curv_pending = False
@@ -271,7 +379,7 @@ class Controller:
         return Decision(step=step, precisions=group_precisions(self._precision.effective(step), self._groups),
                         lr_scales=_frozen(self._curvature.scales), lr_batch_scale=b.lr_scale(step),
                         batch_size=b.batch, accumulation=b.accumulation(), logical_batch=b.logical_batch(),
-                        changed=changed)
+                        changed=changed, offload_plan=None if self._swap is None else self._swap.actions)
 
     def _commit(self, step: int, event: str) -> Decision:
         new = self._make(step, frozenset())
@@ -283,6 +391,8 @@ class Controller:
             changed.add("lr")
         if (new.batch_size, new.accumulation) != (old.batch_size, old.accumulation):
             changed.add("batch")
+        if new.offload_plan != old.offload_plan:
+            changed.add("offload")
         new = Decision(**{**new.__dict__, "changed": frozenset(changed)})
         self._decision = new
         self._record(new, event)
@@ -297,6 +407,7 @@ class Controller:
             "tau_low": self._precision.tau_low, "tau_high": self._precision.tau_high,
             "mem_used": self._mem_used, "mem_limit": self._mem_limit, "ooms": self._batch.ooms,
             "b_noise": self.b_noise,
+            **({"offload": self._offload_info} if self.config.offload == "auto" else {}),
         })
 
     def likely_next(self, step: int) -> tuple[tuple[Precision, ...], tuple[int, ...]]:
@@ -330,6 +441,7 @@ class Controller:
             "step": d.step, "batch_size": d.batch_size, "accumulation": d.accumulation,
             "logical_batch": d.logical_batch, "lr_batch_scale": d.lr_batch_scale,
             "mem_limit": self._mem_limit, "ooms": self._batch.ooms, "b_noise": self.b_noise,
+            "offload_plan": None if d.offload_plan is None else list(d.offload_plan),
             "layers": {
                 s.name: {"precision": d.precisions[i].short, "lr_scale": float(d.lr_scales[i]),
                          "lambda_max": None if np.isnan(lam[i]) else float(lam[i]),
@@ -349,6 +461,11 @@ class Controller:
             "mem_used": self._mem_used, "mem_limit": self._mem_limit, "curv_pending": self._curv_pending,
             "decision": self._decision.to_dict(),
             "telemetry": list(self.telemetry.records),
+            "offload": {
+                "tables": None if self._offload_model is None else [t.to_dict() for t in self._offload_model.tables],
+                "planner": None if self._planner is None else self._planner.state_dict(),
+                "plan": None if self._swap is None else [self._swap.batch, list(self._swap.actions)],
+                "info": self._offload_info, "oom_in_window": self._oom_in_window, "remeasure": self._remeasure},
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -365,3 +482,16 @@ class Controller:
         self._curv_pending = sd["curv_pending"]
         self._decision = Decision.from_dict(sd["decision"])
         self.telemetry.records = list(sd["telemetry"])
+        off = sd.get("offload") or {}
+        tables = off.get("tables")
+        self._offload_model = None if tables is None else CostModel(tuple(CostTable.from_dict(t) for t in tables))
+        self._planner = None
+        if off.get("planner") is not None:
+            self._planner = OffloadPlanner(self.config, self._offload_model, int(off["planner"]["budget"]))
+            self._planner.load_state_dict(off["planner"])
+        plan = off.get("plan")
+        self._swap = None  # re-modelled from its actions (the plan's numbers follow from the tables)
+        if plan is not None and self._planner is not None:
+            self._swap = simulate(self._planner.model.at(int(plan[0])), plan[1], budget=max(self._planner.target, 1))
+        self._offload_info = off.get("info")
+        self._oom_in_window, self._remeasure = bool(off.get("oom_in_window")), bool(off.get("remeasure"))

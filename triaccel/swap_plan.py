@@ -135,6 +135,16 @@ class CostTable:
     def saved_bytes(self) -> int:
         return sum(x.saved_bytes for x in self.layers)
 
+    def to_dict(self) -> dict:
+        """JSON-safe; `CostTable.from_dict` rebuilds it."""
+        return {**{k: getattr(self, k) for k in ("batch", "d2h_bytes_per_s", "h2d_bytes_per_s", "static_bytes",
+                                                 "transient_bytes", "other_ms")},
+                "layers": [dict(x.__dict__) for x in self.layers]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostTable":
+        return cls(**{**d, "layers": tuple(LayerCost(**x) for x in d["layers"])})
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(x.name for x in self.layers)
@@ -569,6 +579,7 @@ class OffloadPlanner:
         self.margin = 0
         self.choice: BatchChoice | None = None
         self._moved = False
+        self._refs: dict[tuple[int, tuple[str, ...]], float] = {}  # first ms/step per (batch, actions)
 
     @property
     def target(self) -> int:
@@ -608,6 +619,18 @@ class OffloadPlanner:
         self._moved = abs(measured_ms / plan.step_ms - 1.0) > self.tolerance
         return self._moved
 
+    def observe_step_time(self, plan: SwapPlan, measured_ms: float) -> bool:
+        """Record a measured wall time per step (ms) under `plan`, against the first one measured
+        under the same batch and actions since the last `observe_tables` (a wall time also holds
+        what the model leaves out: data, optimizer, host work; their share is then held fixed).
+        True when it moved by more than the tolerance (measure new tables and `observe_tables`)."""
+        if not (isinstance(measured_ms, (int, float)) and math.isfinite(measured_ms) and measured_ms > 0):
+            raise ValueError(f"measured_ms={measured_ms!r} is invalid: allowed a finite real number > 0")
+        key = (plan.batch, tuple(plan.actions))
+        ref = self._refs.setdefault(key, float(measured_ms))
+        self._moved = abs(measured_ms / ref - 1.0) > self.tolerance
+        return self._moved
+
     @property
     def timings_moved(self) -> bool:
         return self._moved
@@ -616,3 +639,13 @@ class OffloadPlanner:
         """Replace the cost model with freshly measured tables (one or two batches)."""
         self.model = CostModel(tuple(tables))
         self._moved = False
+        self._refs = {}
+
+    def state_dict(self) -> dict:
+        """JSON-safe: tables, budget, margin (reference step times are not kept: re-taken)."""
+        return {"tables": [t.to_dict() for t in self.model.tables], "budget": self.budget, "margin": self.margin}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.model = CostModel(tuple(CostTable.from_dict(t) for t in sd["tables"]))
+        self.budget, self.margin = int(sd["budget"]), int(sd["margin"])
+        self._moved, self._refs, self.choice = False, {}, None

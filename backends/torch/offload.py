@@ -24,8 +24,11 @@ same code paths run (and tests can compare gradients bit for bit).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -34,7 +37,8 @@ from torch.utils.checkpoint import checkpoint
 
 from triaccel.swap_plan import ACTIONS, CostTable, LayerCost, SwapPlan
 
-__all__ = ["ActivationOffload", "OffloadError", "check_pinnable", "default_units", "measure_bandwidth"]
+__all__ = ["ActivationOffload", "OffloadDriver", "OffloadError", "check_pinnable", "default_units",
+           "measure_bandwidth"]
 
 
 class OffloadError(RuntimeError):
@@ -486,3 +490,186 @@ class ActivationOffload:
         other = max(fwd_done - sum(fwd), 0.0) + max(bwd_begin - fwd_done, 0.0)
         return {"fwd": fwd, "bwd": bwd, "other": other}
 
+
+
+def _slice_batch(v: Any, n: int, k: int) -> Any:
+    """`v` with every tensor of leading size n cut to its first k rows (nested tuples/lists/dicts)."""
+    if isinstance(v, torch.Tensor):
+        return v[:k] if v.dim() > 0 and v.shape[0] == n else v
+    if isinstance(v, (tuple, list)):
+        return type(v)(_slice_batch(x, n, k) for x in v)
+    if isinstance(v, dict):
+        return {key: _slice_batch(x, n, k) for key, x in v.items()}
+    return v
+
+
+def _first_tensor(v: Any) -> torch.Tensor | None:
+    if isinstance(v, torch.Tensor):
+        return v
+    items = v.values() if isinstance(v, dict) else v if isinstance(v, (tuple, list)) else ()
+    return next((t for t in map(_first_tensor, items) if t is not None), None)
+
+
+def _scalar(out: Any) -> torch.Tensor:
+    """A scalar from a forward's output(s) for the measuring backward (its saved tensors and times
+    are those of training up to the loss itself, which the table counts as other/transient)."""
+    if isinstance(out, torch.Tensor):
+        return out.float().mean()
+    items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    parts = [_scalar(o) for o in items if isinstance(o, (torch.Tensor, tuple, list, dict))]
+    if not parts:
+        raise ValueError(f"model output of type {type(out).__name__} holds no tensor to measure a backward from")
+    return torch.stack(parts).sum()
+
+
+class OffloadDriver:
+    """The torch wrapper's half of offload="auto" (`triaccel.backends.torch.wrap`): an
+    `ActivationOffload` over the model, measurement of its cost tables when the controller asks
+    (`Controller.wants_offload_costs`), the decided plan (`Decision.offload_plan`) applied when it
+    changes, and wall time per step of windows run under one decision (`observe_step_time`).
+
+    The measuring steps re-run the last training forward's input (a reference kept by a forward
+    pre-hook) at two batch sizes, n and n/2 (n/2 and n/4 while a plan is active, since without a plan
+    n may not fit), under the precision `region`, with no plan; BatchNorm buffers, gradients and RNG
+    states are restored afterwards, so training does not see them. units / min_bytes: as
+    `ActivationOffload`; bandwidth: (d2h, h2d) bytes/s (None: `measure_bandwidth` once); repeats:
+    timed runs per table.
+    """
+
+    def __init__(self, model: nn.Module, controller: Any, region: Callable[[], Any], *,
+                 units: Sequence[str] | None = None, min_bytes: int = 64 * 2**10,
+                 bandwidth: tuple[float, float] | None = None, repeats: int = 3) -> None:
+        if not (isinstance(repeats, int) and repeats >= 1):
+            raise ValueError(f"repeats={repeats!r} is invalid: allowed an integer >= 1")
+        self.model, self.controller, self.region = model, controller, region
+        self.offload = ActivationOffload(model, units, min_bytes=min_bytes)
+        self.bandwidth, self.repeats = bandwidth, repeats
+        self.applied: tuple[str, ...] | None = None
+        self.plans: list[dict[str, Any]] = []   # each plan applied: step, batch, actions
+        self.measurements: list[dict[str, Any]] = []  # each measurement: step, batches
+        self._input: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self._hook = model.register_forward_pre_hook(self._capture, with_kwargs=True)
+        self._last: tuple[int, float, Any] | None = None  # (step, time, decision key) at the last boundary
+        self._run = 0  # consecutive boundaries under the same key
+
+    def _capture(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if torch.is_grad_enabled():  # a training forward (evaluation runs under no_grad)
+            self._input = (args, kwargs)
+
+    def remove(self) -> None:
+        """Undo the offload's hooks and wrappers and the input capture."""
+        self._hook.remove()
+        self.offload.remove()
+
+    # -- plan ----------------------------------------------------------------------------------
+    def sync(self, decision: Any, step: int) -> None:
+        """Apply `decision.offload_plan` if it is not the plan applied (None: no plan)."""
+        acts = decision.offload_plan
+        if acts == self.applied:
+            return
+        n = len(self.offload.units)
+        plan = self.controller.offload_swap_plan
+        if acts is None:
+            self.offload.apply(("keep",) * n)
+        elif plan is not None and tuple(plan.actions) == tuple(acts) and plan.names == self.offload.units:
+            self.offload.apply(plan)  # with the model's prefetch points
+        else:
+            self.offload.apply(acts)
+        self.applied = None if acts is None else tuple(acts)
+        self.plans.append({"step": step, "batch": decision.batch_size,
+                           "actions": None if acts is None else list(acts)})
+
+    def context(self, precision_region: Any, decision: Any, step: int) -> Any:
+        """The forward's context: the precision region, plus the swap hooks while a plan is active.
+        Syncs the plan first (an OOM may have shrunk the batch and changed the plan mid-step)."""
+        self.sync(decision, step)
+        if not self.offload.plan_active:
+            return precision_region
+        stack = contextlib.ExitStack()
+        stack.enter_context(precision_region)
+        stack.enter_context(self.offload)
+        return stack
+
+    # -- boundary ------------------------------------------------------------------------------
+    def boundary(self, step: int) -> None:
+        """At a control boundary, before `decide`: the step time of the window just ended, and new
+        cost tables when the controller asks for them."""
+        ctl = self.controller
+        d = ctl.decision
+        key = (d.batch_size, d.accumulation, d.offload_plan)
+        now = time.perf_counter()
+        if self._last is not None:
+            s0, t0, k0 = self._last
+            self._run = self._run + 1 if k0 == key else 0
+            # the first window under a new decision holds its warm-up (allocator, cuDNN, pinned blocks)
+            if self._run >= 1 and step > s0:
+                ctl.observe_step_time(step, (now - t0) * 1e3 / (step - s0))
+        if ctl.wants_offload_costs(step) and self._input is not None:
+            tables = self.measure()
+            if tables is not None:
+                ctl.observe_offload_costs(step, tables)
+                self.measurements.append({"step": step, "batches": [t.batch for t in tables]})
+            self._run = -1  # the next window starts after a measurement: not timed
+            now = time.perf_counter()
+        self._last = (step, now, key)
+
+    def measure(self) -> tuple[CostTable, ...] | None:
+        """Cost tables of the last training input at two batch sizes (see the class); None when
+        even one sample runs out of memory."""
+        assert self._input is not None
+        args, kwargs = self._input
+        x = _first_tensor((args, kwargs))
+        if x is None or x.dim() == 0:
+            raise ValueError("offload: the model's forward takes no batched tensor to measure with")
+        n = int(x.shape[0])
+        top = max(n // 2, 1) if self.offload.plan_active else n
+        model, dev = self.model, self.offload._device()
+        if self.bandwidth is None:
+            self.bandwidth = measure_bandwidth(dev, nbytes=(64 if dev.type == "cuda" else 1) * 2**20)
+        grads = [(p, p.grad) for p in model.parameters()]
+        buffers = [(b, b.clone()) for b in model.buffers()]
+        devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+        try:
+            # the wrapper's boundary runs inside its no_grad step
+            with torch.random.fork_rng(devices=devices), torch.enable_grad():
+                while True:
+                    sizes = sorted({max(top // 2, 1), top})
+                    try:
+                        tables = []
+                        for k in sizes:
+                            for p, _ in grads:
+                                p.grad = None
+                            tables.append(self._measure_at(args, kwargs, n, k))
+                        return tuple(tables)
+                    except torch.OutOfMemoryError:
+                        if top == 1:
+                            warnings.warn("offload: measuring the cost table ran out of memory even at one "
+                                          "sample; no plan is taken", RuntimeWarning, stacklevel=3)
+                            return None
+                    _free(dev)  # outside the except block: the failed step's tensors are gone
+                    top = max(top // 2, 1)
+        finally:
+            self._input = (args, kwargs)  # the measuring forwards' inputs were captured too
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+            for p, g in grads:
+                p.grad = g
+            if dev.type == "cuda":  # the measuring steps' peak is not the next window's
+                torch.cuda.reset_peak_memory_stats(dev)
+
+    def _measure_at(self, args: Any, kwargs: Any, n: int, k: int) -> CostTable:
+        a, kw = _slice_batch(args, n, k), _slice_batch(kwargs, n, k)
+
+        def loss() -> torch.Tensor:
+            with self.region():
+                out = self.model(*a, **kw)
+            return _scalar(out)
+
+        return self.offload.measure(loss, k, repeats=self.repeats, bandwidth=self.bandwidth)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

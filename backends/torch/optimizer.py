@@ -149,7 +149,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
                  hessian_iters_cold: int = 8,
                  hessian_layers_per_event: int | None = DEFAULT_LAYERS_PER_EVENT,
                  hessian_pack: int = DEFAULT_PACK, memory_probe: MemoryProbe | None = None,
-                 host_check: bool = False, distributed: Any = None) -> None:
+                 host_check: bool = False, distributed: Any = None,
+                 offload_options: dict[str, Any] | None = None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, TriAccelOptimizer):
@@ -196,6 +197,12 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.scaler = loss_scaler if loss_scaler is not None else LossScaler()
         self.scaler.bind(self.device)
         self.memory = memory_probe if memory_probe is not None else MemoryProbe(self.device)
+        self.offload = None  # offload="auto": measures cost tables, applies Decision.offload_plan
+        if config.offload == "auto":
+            if distributed is not None:
+                raise ValueError("config.offload='auto' is not supported with distributed= yet; use offload='off'")
+            from .offload import OffloadDriver
+            self.offload = OffloadDriver(model, self.controller, self.plan.region, **(offload_options or {}))
         self.curvature = (CurvatureEstimator(model, layers, self.loss_fn, config.curvature, config.top_k,
                                              hessian_iters=hessian_iters, hessian_iters_cold=hessian_iters_cold,
                                              hessian_layers_per_event=hessian_layers_per_event,
@@ -264,6 +271,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             self._mults_per_tensor = mult[self._tensor_layer].tolist()
         self.decision = d
         self._applied = d
+        if self.offload is not None:
+            self.offload.sync(d, self.step_count)
 
     def layer_index(self, params: Iterable[torch.Tensor]) -> np.ndarray:
         """(len(params),) the controller's layer index of each parameter (ValueError for a foreign one)."""
@@ -276,6 +285,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
 
     def autocast(self) -> Any:
         """Context manager for the forward pass: each layer computes in its decided dtype."""
+        if self.offload is not None:  # with the swap hooks of the plan in force (an OOM may change it)
+            return self.offload.context(self.plan.region(), self.controller.decision, self.step_count)
         return self.plan.region()
 
     # -- backward / step ---------------------------------------------------------------------
@@ -459,6 +470,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             self.last_memory = reading
             if self.distributed is None and reading is not None:
                 ctl.observe_memory(step, reading.used_bytes, reading.limit_bytes)
+            if self.offload is not None:
+                self.offload.boundary(step)
         d = ctl.decide(step)
         if d is not self._applied:
             self._apply(d)
@@ -700,5 +713,7 @@ def wrap(optimizer: torch.optim.Optimizer, model: nn.Module, config: TriAccelCon
     (one sync per step) even when no layer is FP16 and the optimizer is not fused (see `step`);
     distributed: a `triaccel.backends.torch.distributed.Distributed` whose model (DDP or FSDP2) is
     `model`: the ranks' statistics are combined at each boundary, so all ranks decide alike.
+    offload_options: with config.offload="auto", keyword arguments of
+    `triaccel.backends.torch.offload.OffloadDriver` (units, min_bytes, bandwidth, repeats).
     """
     return TriAccelOptimizer(optimizer, model, config if config is not None else TriAccelConfig(), **kwargs)
