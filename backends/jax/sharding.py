@@ -28,7 +28,7 @@ reusing `triaccel.distributed.check_world_divides`) and `check_divides` (one bat
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +40,7 @@ from triaccel.distributed import check_world_divides, tightest_memory
 from .memory import MemoryProbe, MemorySample
 
 __all__ = ["DATA_AXIS", "MeshMemoryProbe", "batch_sharding", "check_config", "check_divides", "data_axis",
-           "data_mesh", "num_shards", "replicate", "replicated", "shard_batch", "take"]
+           "data_mesh", "num_shards", "on_every_device", "replicate", "replicated", "shard_batch", "take"]
 
 DATA_AXIS = "data"
 
@@ -157,6 +157,29 @@ def shard_batch(tree: Any, mesh: Mesh) -> Any:
         return jax.device_put(a, s)
 
     return jax.tree_util.tree_map(put, tree)
+
+
+def on_every_device(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
+    """`fn` run by every device of `mesh` on its whole copy of its (replicated) arguments, inside a
+    jitted function: a `jax.shard_map` whose specs are all replicated. For custom calls that XLA's
+    automatic partitioning cannot split (jax-triton kernels: their maintainers' route is shard_map);
+    the results must be equal on every device (they are returned as replicated, unchecked).
+    Keyword arguments are passed through as arrays."""
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:  # jax < 0.6
+        from jax.experimental.shard_map import shard_map
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        names = sorted(kwargs)
+
+        def inner(*flat: Any) -> Any:
+            return fn(*flat[:len(args)], **dict(zip(names, flat[len(args):])))
+
+        mapped = shard_map(inner, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(),
+                           **({"check_vma": False} if hasattr(jax, "shard_map") else {"check_rep": False}))
+        return mapped(*args, *(kwargs[k] for k in names))
+
+    return call
 
 
 @functools.lru_cache(maxsize=None)

@@ -161,6 +161,12 @@ class TriAccel:
                  mesh: Any = None) -> None:
         if not isinstance(config, TriAccelConfig):
             raise ValueError(f"config={config!r}: expected a TriAccelConfig")
+        if config.offload == "auto":  # see backends/jax/offload.py: units must be pure fn(params, x)
+            raise ValueError("config.offload='auto' is not supported by the JAX wrapper: its Flax NNX models update "
+                             "BatchNorm state in place, which PlannedSequential's units fn(params, x) -> x do not "
+                             "express. Use offload='off', or run a PlannedSequential model and pass its measured "
+                             "tables to Controller.observe_offload_costs, applying Decision.offload_plan with "
+                             "PlannedSequential.apply")
         if hessian_iters < 1:
             raise ValueError(f"hessian_iters={hessian_iters}: must be >= 1")
         if loss_scaling.init <= 0 or loss_scaling.growth_interval < 1 or not 0 < loss_scaling.backoff < 1 \
@@ -234,6 +240,12 @@ class TriAccel:
         inner = optax.with_extra_args_support(inner)
         cfg, ls = self.config, self.loss_scaling
         grad_moments = _grad_moments_fn()
+        if self.mesh is not None:
+            # The GPU kernel is a custom call that XLA's automatic partitioning cannot split: each
+            # device runs it on its whole copy of the (already all-reduced, replicated) gradients.
+            from .sharding import on_every_device
+
+            grad_moments = on_every_device(grad_moments, self.mesh)
 
         def init_fn(params: Any) -> TriAccelState:
             self._bind(params)
