@@ -248,3 +248,37 @@ def test_torch_wrapper_offload_validation():
     with pytest.raises(ValueError, match="units"):
         wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, TriAccelConfig(offload="auto"),
              offload_options=dict(units=["nope"]))
+
+
+# -- JAX ----------------------------------------------------------------------------------------
+
+def test_jax_planned_sequential_applies_the_controllers_plan_and_the_wrapper_refuses_auto():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from triaccel.backends.jax.offload import PlannedSequential, tag
+    from triaccel.backends.jax.transform import TriAccel
+
+    def block(p, x):
+        return x + jnp.tanh(tag(jnp.tanh(tag(x) @ p["w1"])) @ p["w2"])
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 9)
+    params = [{"w1": jax.random.normal(keys[2 * i], (32, 32)) / 32**0.5,
+               "w2": jax.random.normal(keys[2 * i + 1], (32, 32)) / 32**0.5} for i in range(4)]
+    x = jax.random.normal(keys[-1], (8, 32))
+    seq = PlannedSequential([block] * 4)
+    tables = tuple(seq.measure(params, x[:n], repeats=1, bandwidth=(1e9, 1e9)) for n in (4, 8))
+    cfg = TriAccelConfig(offload="auto", elastic_batch=False, adaptive_precision=False, batch_init=8, batch_min=8,
+                         warmup_steps=0, t_ctrl=1)
+    keep = simulate(CostModel(tables).at(8), ["keep"] * 4).peak_bytes
+    c = Controller(cfg, ["w"])
+    c.observe_offload_costs(0, tables)
+    c.observe_memory(0, 0, int(0.6 * keep / cfg.rho_high))
+    d = c.decide(1)
+    assert d.batch_size == 8 and any(a != "keep" for a in d.offload_plan)
+    loss = lambda f: (lambda p, x: jnp.sum(f(p, x) ** 2))  # noqa: E731
+    ref = jax.grad(loss(seq.apply()))(params, x)
+    got = jax.grad(loss(seq.apply(d.offload_plan)))(params, x)
+    for a, b in zip(jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(got)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="offload='auto' is not supported by the JAX wrapper"):
+        TriAccel(TriAccelConfig(offload="auto"))
