@@ -1,0 +1,560 @@
+"""Adaptive local learning in JAX/Flax NNX (NeuroFlux-style), the twin of
+:mod:`triaccel.backends.torch.local`: the same plan (:mod:`triaccel.local_plan`), the same schedule
+(:func:`triaccel.local_plan.block_runs`), the same head initialisation, on the Flax models of
+:mod:`triaccel.backends.jax.models` (NHWC).
+
+Schedule: block b trains for its epochs against its own head, on inputs no gradient crosses; it is then
+frozen and its outputs over the training set's fixed views are computed once and cached on the device
+(a JAX array) or on the host (a NumPy array), as the plan says, so a trained block never runs forward
+again while later blocks train. Block 0 reads freshly augmented images; epoch e of block b > 0 reads
+view e mod cache_views. Each block steps through :func:`triaccel.backends.jax.data.elastic_step` with
+its own controller (fixed logical batch; an out-of-memory error shrinks the micro-batch, replays the
+same samples and accumulates gradients), with optax SGD (decoupled into weight decay + a momentum trace,
+which is torch's SGD update).
+
+Every step is a ``jax.jit`` over the split state of an NNX graph (``nnx.split`` once per block; the
+graph definition is a static argument, so equal structures share compilations), not ``nnx.jit``,
+whose per-call graph walk costs the host more than a small step. Micro-batches come padded to the
+block's micro-batch ladder with a mask (the loss is mask-weighted), so a block compiles one step per
+size it uses.
+
+Pieces: :func:`sequential_units`, :func:`measure_layers` (the per-unit table from XLA's compiled memory
+analysis), :class:`AuxHead`, :class:`LocalTrainer` (train, evaluate every exit, export a prefix + head
+as an :class:`ExitModel`).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache, partial
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from triaccel import Controller
+from triaccel.layout import check_canonical
+from triaccel.local_plan import (BlockRecord, BlockRun, LayerMemory, LocalPlan, block_runs, halving_on_oom,
+                                 head_init)
+
+from .data import ElasticLoader, elastic_step, free_memory, is_oom
+from .models import BatchNorm2d, EfficientNet, ResNet, _canonical_entries, _conv, _linear
+
+__all__ = ["AuxHead", "Classifier", "ExitModel", "LocalTrainer", "BlockRecord", "measure_layers",
+           "sequential_units", "set_compute_dtype"]
+
+
+# -- modules ---------------------------------------------------------------------------------------
+
+def _pool_matrix(size: int, out: int) -> np.ndarray:
+    """(out, size) averaging weights of torch's adaptive average pooling along one axis (window i:
+    [floor(i*size/out), ceil((i+1)*size/out)))."""
+    m = np.zeros((out, size), np.float32)
+    for i in range(out):
+        lo, hi = (i * size) // out, -((-(i + 1) * size) // out)
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return m
+
+
+def adaptive_avg_pool(x: jax.Array, out_hw: tuple[int, int]) -> jax.Array:
+    """torch's ``adaptive_avg_pool2d`` on (N, H, W, C) -> (N, out_h, out_w, C)."""
+    ph = jnp.asarray(_pool_matrix(x.shape[1], out_hw[0]), x.dtype)
+    pw = jnp.asarray(_pool_matrix(x.shape[2], out_hw[1]), x.dtype)
+    return jnp.einsum("nhwc,ih,jw->nijc", x, ph, pw)
+
+
+class Classifier(nnx.Module):
+    """A model's own classifier: global average pool -> [dropout] -> ``fc`` (shared with the model)."""
+
+    def __init__(self, fc: nnx.Linear, dropout: nnx.Dropout | None = None) -> None:
+        self.fc = fc
+        self.dropout = nnx.data(dropout)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = jnp.mean(x, axis=(1, 2))
+        if self.dropout is not None:
+            x = self.dropout(x)
+        return self.fc(x)
+
+
+class AuxHead(nnx.Module):
+    """Auxiliary classifier on a (N, H, W, C) map; the layout `triaccel.local_plan.head_cost` models and
+    the torch twin's module paths (``body.0`` conv, ``body.1`` BatchNorm, ``fc``).
+
+    width 0: global pool -> linear(C, num_classes). width w: adaptive average pool to at most
+    pool x pool -> conv3x3(C, w) -> BatchNorm -> ReLU -> global pool -> linear(w, num_classes).
+    Weights: `load_canonical` (the trainer loads `triaccel.local_plan.head_init`); built directly, the
+    conv and linear take the models' initialisers. dtype: compute dtype of the conv and the linear.
+    """
+
+    def __init__(self, in_channels: int, width: int, num_classes: int, pool: int = 4, *, dtype: Any = None,
+                 rngs: nnx.Rngs | None = None) -> None:
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.pool = int(pool)
+        self.body: nnx.List | None = nnx.data(None)
+        if width > 0:
+            conv = _conv(in_channels, width, 3, rngs)
+            conv.dtype = dtype
+            self.body = nnx.List([conv, BatchNorm2d(width, rngs=rngs)])
+        self.fc = _linear(width if width > 0 else in_channels, num_classes, rngs)
+        self.fc.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.body is not None:
+            h, w = x.shape[1:3]
+            if h > self.pool or w > self.pool:
+                x = adaptive_avg_pool(x, (min(h, self.pool), min(w, self.pool)))
+            x = jax.nn.relu(self.body[1](self.body[0](x)))
+        return self.fc(jnp.mean(x, axis=(1, 2)))
+
+    def _entries(self) -> list[tuple[str, Any, Any, Any]]:
+        layers = ([("body.0", self.body[0]), ("body.1", self.body[1])] if self.body is not None else []) + [("fc", self.fc)]
+        return [(f"{name}.{suffix}", var, fwd, back) for name, m in layers for suffix, var, fwd, back in _canonical_entries(m)]
+
+    def to_canonical(self) -> dict[str, np.ndarray]:
+        """The torch twin's ``state_dict`` names and layouts, as NumPy copies."""
+        out = {}
+        for key, var, fwd, _ in self._entries():
+            a = np.asarray(jax.device_get(var.get_value()))
+            out[key] = np.array(fwd(a.astype(np.int64) if key.endswith("num_batches_tracked") else a), order="C")
+        return out
+
+    def load_canonical(self, d: Any) -> None:
+        """Load a canonical dict (e.g. `triaccel.local_plan.head_init`) in place; ValueError naming a
+        missing, unexpected or mis-shaped key."""
+        entries = self._entries()
+        check_canonical({k: tuple(fwd(np.empty(var.shape, np.bool_)).shape) for k, var, fwd, _ in entries}, d,
+                        what="AuxHead.load_canonical")
+        for key, var, _, back in entries:
+            var.set_value(jnp.asarray(back(np.asarray(d[key])), dtype=var.dtype))
+
+
+def _new_head(in_channels: int, width: int, num_classes: int, pool: int, dtype: Any, init: dict[str, Any]) -> AuxHead:
+    # Built abstractly and filled from NumPy, as models.create_model: no random-init compilations.
+    head = nnx.eval_shape(lambda: AuxHead(in_channels, width, num_classes, pool, dtype=dtype, rngs=nnx.Rngs(0)))
+    head.load_canonical(init)
+    return head
+
+
+class _Stem(nnx.Module):
+    """ResNet's stem unit conv1-bn1-ReLU (the model's own modules)."""
+
+    def __init__(self, conv: nnx.Conv, bn: BatchNorm2d) -> None:
+        self.conv1, self.bn1 = conv, bn
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jax.nn.relu(self.bn1(self.conv1(x)))
+
+
+class _Chain(nnx.Module):
+    """units in sequence, then `head` when given."""
+
+    def __init__(self, units: Sequence[nnx.Module], head: nnx.Module | None = None) -> None:
+        self.units = nnx.List(list(units))
+        self.head = nnx.data(head)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for u in self.units:
+            x = u(x)
+        return x if self.head is None else self.head(x)
+
+
+class _Exits(nnx.Module):
+    """units, with head i applied after unit stops[i] - 1: logits of every exit in one pass."""
+
+    def __init__(self, units: Sequence[nnx.Module], heads: Sequence[nnx.Module], stops: Sequence[int]) -> None:
+        self.units, self.heads, self.stops = nnx.List(list(units)), nnx.List(list(heads)), tuple(stops)
+
+    def __call__(self, x: jax.Array) -> list[jax.Array]:
+        out, start = [], 0
+        for head, stop in zip(self.heads, self.stops):
+            for u in self.units[start:stop]:
+                x = u(x)
+            out.append(head(x))
+            start = stop
+        return out
+
+
+class ExitModel(nnx.Module):
+    """An exported exit: the units of the chosen prefix, then its head, in eval mode (copies).
+    Input (N, H, W, C) as the model's; output logits (N, num_classes). ``param_count``: its parameters."""
+
+    def __init__(self, units: Sequence[nnx.Module], head: nnx.Module) -> None:
+        self.units = nnx.List(list(units))
+        self.head = head
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for u in self.units:
+            x = u(x)
+        return self.head(x)
+
+    @property
+    def param_count(self) -> int:
+        return _param_count(self)
+
+
+def _param_count(*modules: nnx.Module) -> int:
+    return sum(int(np.prod(a.shape)) for m in modules for a in jax.tree_util.tree_leaves(nnx.state(m, nnx.Param)))
+
+
+def sequential_units(model: nnx.Module) -> tuple[list[tuple[str, nnx.Module]], Classifier]:
+    """The model as named units run one after another, and its classifier, with the torch twin's
+    names; the units share the model's modules (training them trains the model).
+
+    ResNet: stem (conv1-bn1-ReLU), then every BasicBlock. EfficientNet: stem, every MBConv, the 1x1
+    head conv; its classifier keeps the model's dropout.
+    """
+    if isinstance(model, ResNet):
+        units: list[tuple[str, nnx.Module]] = [("stem", _Stem(model.conv1, model.bn1))]
+        for i in range(1, model.num_stages + 1):
+            units += [(f"layer{i}.{j}", blk) for j, blk in enumerate(getattr(model, f"layer{i}"))]
+        return units, Classifier(model.fc)
+    if isinstance(model, EfficientNet):
+        units = [("stem", model.stem)] + [(f"blocks.{j}", blk) for j, blk in enumerate(model.blocks)]
+        return units + [("head", model.head)], Classifier(model.fc, model.dropout)
+    raise ValueError(f"model: {type(model).__name__} cannot be split into units; expected the ResNet or "
+                     "EfficientNet of triaccel.backends.jax.models")
+
+
+def set_compute_dtype(modules: Sequence[nnx.Module], dtype: Any) -> None:
+    """Set the compute dtype of every conv and linear inside `modules` (None: the inputs' and params'
+    promoted type); norm layers keep float32 statistics (their dtype is left alone)."""
+    for root in modules:
+        for _, m in nnx.iter_modules(root):
+            if isinstance(m, (nnx.Conv, nnx.Linear)):
+                m.dtype = dtype
+
+
+# -- jitted pure functions (graph definitions static: equal structures share compilations) ----------
+
+def _masked_ce(logits: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y)
+    return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+@partial(jax.jit, static_argnums=0)
+def _grad(gd: Any, params: Any, rest: Any, x: jax.Array, y: jax.Array, mask: jax.Array) -> tuple[Any, Any, Any]:
+    """(mask-weighted mean loss, grads of params, new non-param state: BatchNorm statistics, RNG)."""
+    def lf(p: Any) -> tuple[jax.Array, Any]:
+        m = nnx.merge(gd, p, rest, copy=True)
+        loss = _masked_ce(m(x), y, mask)
+        return loss, nnx.split(m, nnx.Param, ...)[2]
+
+    (loss, new_rest), grads = jax.value_and_grad(lf, has_aux=True)(params)
+    return loss, grads, new_rest
+
+
+@partial(jax.jit, static_argnums=0)
+def _forward(gd: Any, state: Any, x: jax.Array) -> Any:
+    """An eval-mode module's output (its state unchanged)."""
+    return nnx.merge(gd, state, copy=True)(x)
+
+
+@partial(jax.jit, static_argnums=0)
+def _correct(gd: Any, state: Any, x: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+    """int32 (n_exits,): correct top-1 predictions per exit over the real (mask 1) samples."""
+    logits = nnx.merge(gd, state, copy=True)(x)
+    return jnp.stack([jnp.sum((jnp.argmax(lg, -1) == y) * (mask > 0)) for lg in logits]).astype(jnp.int32)
+
+
+@lru_cache(maxsize=None)
+def _sgd(momentum: float, nesterov: bool, weight_decay: float) -> optax.GradientTransformation:
+    """torch's SGD update without its lr: g + wd * p, then the (nesterov) momentum trace."""
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum, nesterov=nesterov))
+
+
+@partial(jax.jit, static_argnums=0)
+def _update(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads: Any, lr: jax.Array) -> tuple[Any, Any]:
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return jax.tree_util.tree_map(lambda p, u: p - lr * u, params, updates), opt_state
+
+
+def _write_rows(buf: jax.Array, y: jax.Array, i: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_slice_in_dim(buf, y.astype(buf.dtype), i, 0)
+
+
+_write_donated = jax.jit(_write_rows, donate_argnums=0)   # in place on accelerators
+_write_copy = jax.jit(_write_rows)                          # CPU: donation unsupported (warns)
+
+
+def _peak_bytes(device: Any) -> int | None:
+    """The process' peak device bytes so far (XLA offers no reset); None where the device reports none."""
+    try:
+        s = device.memory_stats()
+    except Exception:  # noqa: BLE001 - platforms without statistics raise or return None
+        return None
+    return int(s["peak_bytes_in_use"]) if s and "peak_bytes_in_use" in s else None
+
+
+# -- the memory table --------------------------------------------------------------------------------
+
+def measure_layers(units: Sequence[tuple[str, nnx.Module]], example: Any) -> list[LayerMemory]:
+    """Per-unit memory table for `triaccel.local_plan`, from XLA's compiled memory analysis.
+
+    example: an (n, H, W, C) input batch, or its ``jax.ShapeDtypeStruct`` (nothing runs: each unit's
+    forward + backward, in training mode at the units' compute dtypes, is compiled at n and at 2n
+    samples). saved_bytes per sample = (temp(2n) - temp(n)) / n, where temp is
+    ``memory_analysis().temp_size_in_bytes``: what XLA keeps alive beyond the arguments (params,
+    input, cotangent) and outputs (gradients): the residuals carried from the forward to the backward
+    and the backward's transients at their peak. (torch's table counts the saved tensors, the unit's
+    input among them, and no transients; the plan adds the input and gradient buffers itself, so both
+    are conservative in their own way.) The units themselves are not touched (copies are measured).
+    """
+    shape = tuple(int(v) for v in example.shape)
+    if len(shape) != 4 or shape[0] < 1:
+        raise ValueError(f"example: expected an (n >= 1, H, W, C) batch or ShapeDtypeStruct, got shape {shape}")
+    n = shape[0]
+    x = jax.ShapeDtypeStruct(shape, example.dtype)
+    out: list[LayerMemory] = []
+    for name, unit in units:
+        m = nnx.clone(unit)
+        m.train()
+        gd, params, rest = nnx.split(m, nnx.Param, ...)
+
+        def fwd_bwd(p: Any, r: Any, xb: jax.Array, g: jax.Array, gd: Any = gd) -> Any:
+            y, vjp = jax.vjp(lambda p_, x_: nnx.merge(gd, p_, r, copy=True)(x_), p, xb)
+            return vjp(g)
+
+        temps = []
+        for k in (1, 2):
+            xk = jax.ShapeDtypeStruct((k * n, *x.shape[1:]), x.dtype)
+            yk = jax.eval_shape(lambda p_, x_, gd=gd, r=rest: nnx.merge(gd, p_, r, copy=True)(x_), params, xk)
+            stats = jax.jit(fwd_bwd).lower(params, rest, xk, yk).compile().memory_analysis()
+            if stats is None:
+                raise RuntimeError(f"measure_layers: this platform ({jax.default_backend()}) gives no compiled "
+                                   "memory analysis")
+            temps.append(int(stats.temp_size_in_bytes))
+            if k == 1:
+                y1 = yk
+        per = max(temps[1] - temps[0], 0) // n
+        h, w, c = y1.shape[1:]
+        out.append(LayerMemory(name, int(per), (int(c), int(h), int(w)), _param_count(unit)))
+        x = jax.ShapeDtypeStruct(y1.shape, y1.dtype)
+    return out
+
+
+# -- the trainer -----------------------------------------------------------------------------------
+
+class LocalTrainer:
+    """Trains `units` block by block as `plan` says (see the module docstring).
+
+    units / classifier: from :func:`sequential_units`. plan: `triaccel.local_plan.plan_local` over the
+    same units. num_classes: the heads' outputs. lr: SGD lr at `lr_batch` samples, scaled linearly to
+    each block's batch; momentum, nesterov, weight_decay: SGD's (torch's update). lr_factor(seen,
+    total): the schedule's multiplier after `seen` of a block's `total` training samples (default 1).
+    compute_dtype: the convs' and linears' compute dtype, set on the units (shared with the model) and
+    the heads; None leaves the units as they are and the heads in float32. cache: cache block outputs
+    (False: recompute the frozen prefix every step, the reference the cache must match). cache_dtype:
+    the cache's dtype. head_pool: AuxHead's pool. seed: heads' initialisation
+    (`triaccel.local_plan.head_init`, as the torch twin) and data order. device: where training runs
+    (default: the first device).
+    """
+
+    def __init__(self, units: Sequence[tuple[str, nnx.Module]], classifier: nnx.Module | None, plan: LocalPlan, *,
+                 num_classes: int, lr: float, lr_batch: int = 96, momentum: float = 0.9, nesterov: bool = True,
+                 weight_decay: float = 5e-4, lr_factor: Callable[[int, int], float] | None = None,
+                 compute_dtype: Any = None, cache: bool = True, cache_dtype: Any = jnp.bfloat16,
+                 head_pool: int = 4, seed: int = 0, device: Any = None) -> None:
+        if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
+            raise ValueError(f"units: names {[n for n, _ in units]} do not match the plan's layers "
+                             f"{[l.name for l in plan.layers]}")
+        if not lr > 0:
+            raise ValueError(f"lr={lr!r}: allowed (0, inf)")
+        self.units = [m for _, m in units]
+        self.plan = plan
+        self.num_classes = int(num_classes)
+        self.lr, self.lr_batch = float(lr), int(lr_batch)
+        self.tx = _sgd(float(momentum), bool(nesterov), float(weight_decay))
+        self.lr_factor = lr_factor or (lambda seen, total: 1.0)
+        self.cache, self.cache_dtype, self.seed = cache, jnp.dtype(cache_dtype), int(seed)
+        self.device = device if device is not None else jax.devices()[0]
+        if compute_dtype is not None:
+            set_compute_dtype(self.units, compute_dtype)
+        self.heads: list[nnx.Module] = []
+        for blk in plan.blocks:
+            if blk.stop == len(units) and blk.head_width == 0 and classifier is not None:
+                head = classifier     # the last block keeps the model's own classifier
+                if compute_dtype is not None:
+                    set_compute_dtype([head], compute_dtype)
+            else:
+                c = plan.layers[blk.stop - 1].out_shape[0]
+                head = _new_head(c, blk.head_width, num_classes, head_pool, compute_dtype,
+                                 head_init(c, blk.head_width, num_classes, seed=self.seed, index=blk.index))
+            self.heads.append(head)
+        self.records: list[BlockRecord] = []
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def _eval_split(self, module: nnx.Module) -> tuple[Any, Any]:
+        module.eval()
+        return nnx.split(module)
+
+    def _put(self, x: Any) -> jax.Array:
+        return jax.device_put(x, self.device)
+
+    # -- training ---------------------------------------------------------------------------------
+    def train(self, train_x: Any, train_y: Any, train_transform: Callable[[jax.Array, jax.Array], jax.Array],
+              views: Sequence[Any], view_transform: Callable[[jax.Array], jax.Array], epochs: int | Sequence[int],
+              on_epoch: Callable[[int, int, float, float], None] | None = None) -> list[BlockRecord]:
+        """Train every block in order; returns one record per block.
+
+        train_x (N, ...) raw samples, train_y (N,) int labels (device or host arrays);
+        train_transform(raw batch, key) -> block 0's augmented input (jitted here; the key comes from
+        the loader: seed, epoch, first sample). views: `plan`'s cache_views arrays (N, ...) of raw
+        samples from fixed augmentations (host or device), view_transform(raw) -> input (jitted here).
+        epochs: per block (an int for all). on_epoch(block, epoch, train_loss, seconds) after each
+        epoch (the trained weights are in the modules then, e.g. to evaluate the block's exit).
+        """
+        runs = block_runs(self.plan, epochs, lr=self.lr, lr_batch=self.lr_batch, seed=self.seed, cache=self.cache)
+        if not views:
+            raise ValueError("views: at least one fixed augmentation of the training set is needed")
+        n = int(train_x.shape[0])
+        if any(int(v.shape[0]) != n for v in views) or int(train_y.shape[0]) != n:
+            raise ValueError(f"views / train_y: each must have {n} rows, like train_x")
+        train_y = self._put(jnp.asarray(train_y, jnp.int32))
+        aug, prep = jax.jit(train_transform), jax.jit(view_transform)
+        cache: list[Any] | None = None
+        self.records = []
+        for blk, run in zip(self.plan.blocks, runs):
+            if run.source == "data":
+                sources = [(train_x, train_y)]
+                transform = lambda b, key: (aug(b[0], key), b[1])  # noqa: E731
+            elif run.source == "cache":
+                assert cache is not None
+                sources = [(c, train_y) for c in cache]
+                transform = None
+            else:
+                pre_gd, pre_state = self._eval_split(_Chain(self.units[:blk.start]))
+                sources = [(v, train_y) for v in views]
+                transform = lambda b, key, g=pre_gd, s=pre_state: (  # noqa: E731
+                    _forward(g, s, prep(b[0])).astype(self.cache_dtype), b[1])
+            self.records.append(self._train_block(run, sources, transform, n, on_epoch))
+            if run.cache_after is not None:
+                cache = self._build_cache(run.index, run.cache_after, cache, views, prep)
+        return self.records
+
+    def _train_block(self, run: BlockRun, sources: list[tuple[Any, Any]], transform: Any, n: int,
+                     on_epoch: Any) -> BlockRecord:
+        b, blk = run.index, self.plan.blocks[run.index]
+        body = _Chain(self.units[blk.start:blk.stop], self.heads[b])
+        body.train()
+        gd, params, rest = nnx.split(body, nnx.Param, ...)
+        st = {"params": params, "rest": rest, "opt": self.tx.init(params)}
+        ctl = Controller(run.controller_config(self.plan.memory_budget), [f"block{b}"])
+        loader = ElasticLoader(sources[0], batch_size=blk.batch, buckets=run.micro_batches, seed=run.seed,
+                               transform=transform, device=self.device)
+        total, seen = run.epochs * n, 0
+
+        def grad_fn(batch: Any, mask: jax.Array) -> tuple[jax.Array, Any]:
+            x, y = batch
+            loss, grads, new_rest = _grad(gd, st["params"], st["rest"], x, y, mask)
+            # wait before keeping the new statistics: an OOM of this micro-batch must leave them as they were
+            jax.block_until_ready((loss, grads, new_rest))
+            st["rest"] = new_rest
+            return loss, grads
+
+        rec = BlockRecord(index=b, batch=blk.batch)
+        for e in range(run.epochs):
+            loader.arrays = sources[BlockRun.view(e, len(sources))]
+            t0 = time.perf_counter()
+            losses: list[jax.Array] = []
+            while True:
+                lr = self._put(np.float32(run.lr * self.lr_factor(seen, total)))
+
+                def update(grads: Any, _decision: Any, lr: jax.Array = lr) -> None:
+                    st["params"], st["opt"] = _update(self.tx, st["params"], st["opt"], grads, lr)
+
+                res = elastic_step(loader, ctl, grad_fn, rec.steps, update_fn=update)
+                seen += res.samples
+                losses.append(res.loss * res.samples)
+                rec.steps += 1
+                rec.ooms += res.ooms
+                if res.end_of_epoch:
+                    break
+            rec.epoch_losses.append(float(jnp.stack(losses).sum()) / n)   # the sync that ends the epoch
+            rec.epoch_seconds.append(time.perf_counter() - t0)
+            nnx.update(body, st["params"], st["rest"])   # the shared modules hold the trained weights
+            if on_epoch is not None:
+                on_epoch(b, e, rec.epoch_losses[-1], rec.epoch_seconds[-1])
+        rec.peak_bytes = _peak_bytes(self.device)
+        body.eval()
+        return rec
+
+    def _build_cache(self, b: int, where: str, cache: list[Any] | None, views: Sequence[Any],
+                     prep: Callable[[Any], jax.Array]) -> list[Any]:
+        """Block b's outputs over every view of the training set, on the device or the host (`where`)."""
+        blk = self.plan.blocks[b]
+        gd, state = self._eval_split(_Chain(self.units[blk.start:blk.stop]))
+        c, h, w = self.plan.layers[blk.stop - 1].out_shape
+        write = _write_copy if self.device.platform == "cpu" else _write_donated
+        t0 = time.perf_counter()
+        out: list[Any] = []
+        for v, raw in enumerate(views):
+            n = int(raw.shape[0])
+            filled: list[Any] = []
+
+            def fill(bs: int, v: int = v, raw: Any = raw, n: int = n) -> None:
+                filled.clear()
+                if where == "device":
+                    buf: Any = self._put(jnp.zeros((n, h, w, c), self.cache_dtype))
+                else:
+                    buf = np.empty((n, h, w, c), self.cache_dtype)
+                for i in range(0, n, bs):
+                    x = prep(self._put(raw[i:i + bs])) if cache is None else self._put(cache[v][i:i + bs])
+                    y = _forward(gd, state, x)
+                    if where == "device":
+                        buf = write(buf, y, i)
+                    else:
+                        buf[i:i + bs] = np.asarray(y.astype(self.cache_dtype))
+                filled.append(jax.block_until_ready(buf) if where == "device" else buf)
+
+            halving_on_oom(fill, self.plan.infer_batch, is_oom=is_oom, free_memory=free_memory)
+            out.append(filled[0])
+        rec = self.records[b]
+        rec.cache_seconds = time.perf_counter() - t0
+        rec.cache_peak_bytes = _peak_bytes(self.device)
+        return out
+
+    # -- exits ------------------------------------------------------------------------------------
+    def evaluate_exits(self, x: Any, y: Any, transform: Callable[[jax.Array], jax.Array], upto: int | None = None,
+                       batch: int | None = None) -> list[float]:
+        """Top-1 accuracy of every exit (block heads, in order; only the first `upto` when given) on
+        raw samples x (N, ...) with labels y (N,), one forward pass through the prefix per batch (the
+        last batch padded with repeats, masked out)."""
+        nb = len(self.plan.blocks) if upto is None else int(upto)
+        if not 1 <= nb <= len(self.plan.blocks):
+            raise ValueError(f"upto={upto}: allowed [1, {len(self.plan.blocks)}]")
+        stops = [blk.stop for blk in self.plan.blocks[:nb]]
+        gd, state = self._eval_split(_Exits(self.units[:stops[-1]], self.heads[:nb], stops))
+        prep = jax.jit(transform)
+        total = int(x.shape[0])
+        labels = self._put(jnp.asarray(y, jnp.int32))
+        correct: list[Any] = []
+
+        def run(bs: int) -> None:
+            acc = jnp.zeros(nb, jnp.int32)
+            for i in range(0, total, bs):
+                idx = np.resize(np.arange(i, min(i + bs, total)), bs)
+                mask = (np.arange(bs) < min(bs, total - i)).astype(np.float32)
+                xb = jnp.take(x, idx, axis=0) if isinstance(x, jax.Array) else self._put(np.take(x, idx, axis=0))
+                acc = acc + _correct(gd, state, prep(self._put(xb)), jnp.take(labels, idx), self._put(mask))
+            correct[:] = [int(c) for c in np.asarray(acc)]
+
+        halving_on_oom(run, batch or self.plan.infer_batch, is_oom=is_oom, free_memory=free_memory)
+        return [c / total for c in correct]
+
+    def export(self, b: int) -> ExitModel:
+        """Exit b as a standalone module: copies of units [0, stop of block b) and block b's head, in
+        eval mode."""
+        if not 0 <= b < len(self.plan.blocks):
+            raise ValueError(f"b={b}: allowed [0, {len(self.plan.blocks) - 1}]")
+        stop = self.plan.blocks[b].stop
+        model = nnx.clone(ExitModel(self.units[:stop], self.heads[b]))
+        model.eval()
+        return model
+
+    def exit_params(self) -> list[int]:
+        """Parameter count of every exit's exported model."""
+        return [_param_count(*self.units[:blk.stop], self.heads[b]) for b, blk in enumerate(self.plan.blocks)]

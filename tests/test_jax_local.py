@@ -1,0 +1,216 @@
+"""triaccel.backends.jax.local: same plan as torch, cached == recomputed training, export, torch parity;
+and the core pieces both trainers share (triaccel.local_plan: block_runs, head_init, halving_on_oom)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from triaccel.backends.jax import local as jl
+from triaccel.backends.jax.models import create_model, to_canonical
+from triaccel.backends.torch import local as tl
+from triaccel.backends.torch.models import create_model as torch_model
+from triaccel.local_plan import (BlockRun, LocalPlanConfig, block_runs, halving_on_oom, head_init, micro_batches,
+                                 plan_local)
+
+N, K, S, WIDTH, EPOCHS = 32, 4, 8, 0.0625, 2
+
+
+def _data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((N, S, S, 3)).astype(np.float32), rng.integers(0, K, N).astype(np.int64)
+
+
+def _nchw(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a.transpose(0, 3, 1, 2)))
+
+
+@pytest.fixture(scope="module")
+def torch_table():
+    units, _ = tl.sequential_units(torch_model("resnet18", num_classes=K, width=WIDTH, seed=0))
+    return tl.measure_layers(units, torch.randn(2, 3, S, S), autocast_dtype=None)
+
+
+def _config(budget: int) -> LocalPlanConfig:
+    return LocalPlanConfig(memory_budget=budget, batch_buckets=(8, 16), act_bytes=4, cache_bytes=4,
+                           input_bytes=3 * S * S * 4, head_widths=(8, 16), max_blocks=4)
+
+
+@pytest.fixture(scope="module")
+def plan(torch_table):
+    """The largest budget of a fixed ladder that splits the tiny ResNet into >= 3 blocks."""
+    for budget in [2 ** p for p in range(24, 12, -1)]:
+        try:
+            p = plan_local(torch_table, _config(budget), num_samples=N, num_classes=K)
+        except ValueError:
+            continue
+        if len(p.blocks) >= 3:
+            return p
+    raise AssertionError("no budget of the ladder splits the tiny model into 3 blocks")
+
+
+# -- the core pieces ----------------------------------------------------------------------------------
+
+def test_block_runs_and_helpers(plan):
+    runs = block_runs(plan, [1, 2, 3][:len(plan.blocks)] + [1] * (len(plan.blocks) - 3), lr=0.1, lr_batch=16,
+                      seed=5, cache=True)
+    assert [r.source for r in runs] == ["data"] + ["cache"] * (len(runs) - 1)
+    assert [r.cache_after for r in runs] == [b.input_cache for b in plan.blocks[1:]] + [None]
+    assert all(r.lr == pytest.approx(0.1 * r.batch / 16) and r.seed == 5 + 1000 * r.index for r in runs)
+    assert [r.source for r in block_runs(plan, 1, lr=0.1, lr_batch=16, seed=0, cache=False)][1:] == \
+        ["recompute"] * (len(runs) - 1)
+    assert micro_batches(24) == (3, 6, 12, 24) and micro_batches(7) == (7,)
+    assert [BlockRun.view(e, 3) for e in range(5)] == [0, 1, 2, 0, 1]
+    cfg = runs[0].controller_config(plan.memory_budget)
+    assert cfg.batch_init == runs[0].batch and cfg.batch_buckets == micro_batches(runs[0].batch)
+    with pytest.raises(ValueError, match="epochs"):
+        block_runs(plan, [1], lr=0.1, lr_batch=16, seed=0, cache=True)
+    with pytest.raises(ValueError, match="lr="):
+        block_runs(plan, 1, lr=0.0, lr_batch=16, seed=0, cache=True)
+    # heads: seeded per (seed, block), the canonical layout of torch's AuxHead
+    a, b = head_init(8, 16, K, seed=0, index=1), head_init(8, 16, K, seed=0, index=2)
+    assert set(a) == set(tl.AuxHead(8, 16, K).state_dict())
+    assert not np.array_equal(a["body.0.weight"], b["body.0.weight"])
+    assert set(head_init(8, 0, K, seed=0, index=0)) == {"fc.weight", "fc.bias"}
+    # an inference pass restarts at half the batch after an OOM, re-raises anything else
+    tried = []
+
+    def fn(bs):
+        tried.append(bs)
+        if bs > 4:
+            raise MemoryError("oom")
+    assert halving_on_oom(fn, 16, is_oom=lambda e: isinstance(e, MemoryError), free_memory=lambda: None) == 4
+    assert tried == [16, 8, 4]
+    with pytest.raises(KeyError):
+        halving_on_oom(lambda bs: {}[bs], 8, is_oom=lambda e: False, free_memory=lambda: None)
+
+
+# -- units, table, plan -------------------------------------------------------------------------------
+
+def test_units_compose_and_table_matches_torch(torch_table, plan):
+    model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
+    model.eval()
+    units, clf = jl.sequential_units(model)
+    assert [n for n, _ in units] == [t.name for t in torch_table]
+    x = jnp.asarray(_data()[0])
+    h = x
+    for _, m in units:
+        h = m(h)
+    np.testing.assert_array_equal(np.asarray(clf(h)), np.asarray(model(x)))
+    table = jl.measure_layers(units, jax.ShapeDtypeStruct((2, S, S, 3), jnp.float32))
+    assert [(t.name, t.out_shape, t.params) for t in table] == [(t.name, t.out_shape, t.params) for t in torch_table]
+    assert all(t.saved_bytes > 0 for t in table)
+    # XLA keeps at least what torch's autograd saves minus the unit's input (an argument in JAX)
+    assert table[0].saved_bytes >= torch_table[0].saved_bytes - 3 * S * S * 4
+    # the same synthetic memory figures give the same plan from either backend's table
+    synthetic = [dataclasses.replace(tj, saved_bytes=tt.saved_bytes) for tj, tt in zip(table, torch_table)]
+    assert plan_local(synthetic, _config(plan.memory_budget), num_samples=N, num_classes=K).to_dict() == plan.to_dict()
+
+
+# -- training ---------------------------------------------------------------------------------------
+
+def _views(x: np.ndarray) -> list[np.ndarray]:
+    return [x[:, :, ::-1].copy(), x + 0.1]          # two fixed "augmentations" (NHWC: flip W)
+
+
+def _train_jax(plan, cache: bool):
+    model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
+    units, clf = jl.sequential_units(model)
+    tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.05, lr_batch=16, cache=cache,
+                         cache_dtype=jnp.float32, seed=0, lr_factor=lambda seen, total: 1.0 - seen / total)
+    x, y = _data()
+    recs = tr.train(jnp.asarray(x), y, lambda xb, key: xb * 0.9, _views(x), lambda v: v, epochs=EPOCHS)
+    return model, tr, recs
+
+
+@pytest.fixture(scope="module")
+def cached(plan):
+    return _train_jax(plan, cache=True)
+
+
+def _state(model, tr) -> dict[str, np.ndarray]:
+    out = to_canonical(model)
+    for b, head in enumerate(tr.heads):
+        if isinstance(head, jl.AuxHead):
+            out.update({f"head{b}.{k}": v for k, v in head.to_canonical().items()})
+    return out
+
+
+def test_cached_equals_recomputed_fp32(plan, cached):
+    model_a, a, ra = cached
+    model_b, b, rb = _train_jax(plan, cache=False)
+    assert len(plan.blocks) >= 3 and any(blk.input_cache == "device" for blk in plan.blocks[1:])
+    sa, sb = _state(model_a, a), _state(model_b, b)
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        np.testing.assert_allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for x, y in zip(ra, rb):
+        assert x.steps == y.steps and x.batch == y.batch
+        assert x.epoch_losses == pytest.approx(y.epoch_losses, rel=1e-5)
+
+
+def test_export_matches_trained_prefix(plan, cached):
+    _, tr, _ = cached
+    x, y = _data(1)
+    x = jnp.asarray(x)
+    params = tr.exit_params()
+    for b, blk in enumerate(plan.blocks):
+        exported = tr.export(b)
+        assert exported.param_count == params[b] == \
+            sum(l.params for l in plan.layers[:blk.stop]) + blk.head_params   # the plan's own count
+        h = x
+        for m in tr.units[:blk.stop]:
+            m.eval()
+            h = m(h)
+        tr.heads[b].eval()
+        np.testing.assert_array_equal(np.asarray(exported(x)), np.asarray(tr.heads[b](h)))
+    accs = tr.evaluate_exits(x, y, lambda v: v, batch=24)    # 32 = 24 + a padded 8
+    ref = [float(np.mean(np.asarray(tr.export(b)(x)).argmax(-1) == y)) for b in range(len(plan.blocks))]
+    assert accs == pytest.approx(ref)
+    assert tr.evaluate_exits(x, y, lambda v: v, upto=1) == pytest.approx(ref[:1])
+
+
+def test_torch_and_jax_train_alike(plan, cached):
+    """Same plan, same initial model (canonical init) and heads (head_init), same data order (the core
+    loader), same schedule: the trained weights and losses agree to float tolerance."""
+    model_j, tr_j, rec_j = cached
+    model_t = torch_model("resnet18", num_classes=K, width=WIDTH, seed=0)
+    units, clf = tl.sequential_units(model_t)
+    tr_t = tl.LocalTrainer(units, clf, plan, num_classes=K, device="cpu", lr=0.05, lr_batch=16, autocast_dtype=None,
+                           cache=True, cache_dtype=torch.float32, seed=0,
+                           lr_factor=lambda seen, total: 1.0 - seen / total)
+    x, y = _data()
+    views = [_nchw(v) for v in _views(x)]
+    rec_t = tr_t.train(_nchw(x), torch.from_numpy(y), lambda xb: xb * 0.9, views, lambda v: v, epochs=EPOCHS)
+    assert tr_j.exit_params() == tr_t.exit_params()
+    for rj, rt in zip(rec_j, rec_t):
+        assert rj.steps == rt.steps and rj.batch == rt.batch
+        assert rj.epoch_losses == pytest.approx(rt.epoch_losses, rel=1e-3)
+    st = {k: v.numpy() for k, v in model_t.state_dict().items()}
+    for b, head in enumerate(tr_t.heads):
+        if isinstance(head, tl.AuxHead):
+            st.update({f"head{b}.{k}": v.numpy() for k, v in head.state_dict().items()})
+    sj = _state(model_j, tr_j)
+    assert sj.keys() == st.keys()
+    for k in sj:
+        np.testing.assert_allclose(sj[k], st[k], rtol=2e-3, atol=2e-4, err_msg=k)
+
+
+def test_trainer_refuses_bad_input(plan):
+    model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
+    units, clf = jl.sequential_units(model)
+    with pytest.raises(ValueError, match="units"):
+        jl.LocalTrainer(units[:-1], clf, plan, num_classes=K, lr=0.1)
+    tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.1)
+    x, y = _data()
+    with pytest.raises(ValueError, match="epochs"):
+        tr.train(x, y, lambda v, k: v, [x], lambda v: v, epochs=[1])
+    with pytest.raises(ValueError, match="b="):
+        tr.export(len(plan.blocks))
+    with pytest.raises(ValueError, match="model"):
+        jl.sequential_units(units[0][1])
