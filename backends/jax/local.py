@@ -322,7 +322,10 @@ def measure_layers(units: Sequence[tuple[str, nnx.Module]], example: Any) -> lis
         for k in (1, 2):
             xk = jax.ShapeDtypeStruct((k * n, *x.shape[1:]), x.dtype)
             yk = jax.eval_shape(lambda p_, x_, gd=gd, r=rest: nnx.merge(gd, p_, r, copy=True)(x_), params, xk)
-            stats = jax.jit(fwd_bwd).lower(params, rest, xk, yk).compile().memory_analysis()
+            # Never run: on the CPU, skip LLVM's optimisation (half the compile time; buffer sizes
+            # are decided before it, measured equal).
+            opts = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+            stats = jax.jit(fwd_bwd).lower(params, rest, xk, yk).compile(opts).memory_analysis()
             if stats is None:
                 raise RuntimeError(f"measure_layers: this platform ({jax.default_backend()}) gives no compiled "
                                    "memory analysis")
@@ -389,7 +392,8 @@ class LocalTrainer:
     # -- pieces -----------------------------------------------------------------------------------
     def _eval_split(self, module: nnx.Module) -> tuple[Any, Any]:
         module.eval()
-        return nnx.split(module)
+        gd, state = nnx.split(module)
+        return gd, jax.device_put(state, self.device)
 
     def _put(self, x: Any) -> jax.Array:
         return jax.device_put(x, self.device)
@@ -441,7 +445,10 @@ class LocalTrainer:
         body = _Chain(self.units[blk.start:blk.stop], self.heads[b])
         body.train()
         gd, params, rest = nnx.split(body, nnx.Param, ...)
-        st = {"params": params, "rest": rest, "opt": self.tx.init(params)}
+        # committed to the device from the start: the step's outputs are, and a change of placement
+        # between calls would compile the step again
+        params, rest = jax.device_put((params, rest), self.device)
+        st = {"params": params, "rest": rest, "opt": jax.device_put(self.tx.init(params), self.device)}
         ctl = Controller(run.controller_config(self.plan.memory_budget), [f"block{b}"])
         loader = ElasticLoader(sources[0], batch_size=blk.batch, buckets=run.micro_batches, seed=run.seed,
                                transform=transform, device=self.device)
