@@ -282,3 +282,21 @@ def test_jax_planned_sequential_applies_the_controllers_plan_and_the_wrapper_ref
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(ValueError, match="offload='auto' is not supported by the JAX wrapper"):
         TriAccel(TriAccelConfig(offload="auto"))
+
+
+def test_budget_stands_for_memmax_where_memory_cannot_be_read():
+    c = Controller(config(memory_budget=LIMIT), ["a", "b"])
+    c.observe_offload_costs(0, fast_link())
+    d = c.decide(10)  # no observe_memory (a CPU device): the budget is MemMax
+    assert d.offload_plan is not None and d.batch_size > 64
+    assert c.telemetry.records[-1]["offload"]["target"] == int(0.85 * LIMIT)
+
+
+def test_demo_option():
+    from examples.cifar import train
+    opts = train.parse_args(["--offload", "auto", "--budget", "2GiB", "--device", "cpu"])
+    assert opts.triaccel_config().offload == "auto" and opts.triaccel_config().memory_budget == 2 * 2**30
+    assert train.parse_args(["--device", "cpu"]).triaccel_config().offload == "off"
+    for bad in (["--backend", "jax"], ["--method", "amp"], ["--compile", "default"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(["--offload", "auto", "--device", "cpu", *bad])

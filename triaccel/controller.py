@@ -291,10 +291,10 @@ class Controller:
         assert planner is not None
         return plan_for_budget(planner.model.at(batch), max(planner.target, 1))
 
-    def _decide_offload(self, step: int, b_noise: float | None) -> None:
-        """Batch and plan together at a batch boundary (needs cost tables and MemMax)."""
+    def _decide_offload(self, step: int, b_noise: float | None, limit: int) -> None:
+        """Batch and plan together at a batch boundary from the cost tables and MemMax `limit` (bytes)."""
         cfg, law = self.config, self._batch
-        budget = max(int(cfg.rho_high * self._mem_limit), 1)  # type: ignore[operator]
+        budget = max(int(cfg.rho_high * limit), 1)
         planner = self._planner
         if planner is None or planner.budget != budget:
             margin = 0 if planner is None else planner.margin
@@ -362,8 +362,10 @@ class Controller:
                 self._precision.update_levels(step, warm=step >= cfg.warmup_steps)
             # the noise law acts only on a filled EMA (early estimates swing, docs/results.md)
             b_noise = self.b_noise if self._noise.warm else None
-            if self._offload_model is not None and self._mem_limit is not None:
-                self._decide_offload(step, b_noise)
+            # MemMax: measured, else the budget (a device whose memory cannot be read)
+            limit = self._mem_limit if self._mem_limit is not None else cfg.memory_budget
+            if self._offload_model is not None and limit is not None:
+                self._decide_offload(step, b_noise, limit)
             elif cfg.elastic_batch and (cfg.batch_law == "noise" or (
                     self._mem_used is not None and self._mem_limit is not None)):
                 self._batch.update(self._mem_used, self._mem_limit, step, b_noise)

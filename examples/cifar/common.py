@@ -49,6 +49,7 @@ class RunOptions:
     train_subset: int | None = None   # first N train images (CPU runs)
     test_subset: int | None = None
     budget: str | None = None         # memory budget, e.g. "4GiB"
+    offload: str = "off"              # triaccel: "auto" = batch + activation swap plan together (torch)
     batch_max: int = 512             # see train.py --batch-max
     lr_rule: str = "linear"
     curvature: str = "fisher"
@@ -71,7 +72,8 @@ class RunOptions:
         # Few precision decisions and few batch sizes (under JAX each new dtype assignment and
         # each new batch shape is a compilation).
         # Curvature on the same boundaries as precision: its promotions change the policy too.
-        extra = {"t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl, **self.extra}
+        extra = {"t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl,
+                 "offload": self.offload if self.method == "triaccel" else "off", **self.extra}
         if "batch_buckets" not in extra:
             extra["batch_buckets"] = bucket_ladder(self.batch, 8, max(self.batch_max, self.batch))
         return TriAccelConfig(

@@ -184,4 +184,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "compiled_graphs": (None if opts.compile == "off"
                                 else int(torch._dynamo.utils.counters["stats"]["unique_graphs"])),
-            "report": opt.report() if opts.method == "triaccel" else None}
+            "report": opt.report() if opts.method == "triaccel" else None,
+            "offload": (None if getattr(opt, "offload", None) is None else   # plans taken, when measured
+                        {"plans": opt.offload.plans, "measurements": opt.offload.measurements,
+                         "units": list(opt.offload.offload.units)})}

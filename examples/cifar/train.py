@@ -73,6 +73,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    "2048 on CPU)")
     p.add_argument("--test-subset", type=int, default=None, help="evaluate on N images (default: all; 512 on CPU)")
     p.add_argument("--budget", default=None, help="memory budget, e.g. 4GiB (triaccel)")
+    p.add_argument("--offload", choices=["off", "auto"], default="off",
+                   help="triaccel, torch: auto = batch and activation swap/recompute plan chosen together under the "
+                        "budget from measured costs (TriAccelConfig.offload; the summary lists the plans taken)")
     p.add_argument("--batch-max", type=int, default=512,
                    help="upper bound of the elastic batch (samples). Default 512 (ladder 96/192/384): ResNet-18 runs "
                         "that stayed at 768 lost accuracy at 10 epochs (docs/results.md)")
@@ -112,6 +115,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     a = p.parse_args(argv)
     if a.compile != "off" and a.backend != "torch":
         p.error(f"--compile={a.compile}: only for --backend torch")
+    if a.offload == "auto" and (a.backend != "torch" or a.method != "triaccel" or a.compile != "off"):
+        p.error("--offload auto: only for --backend torch --method triaccel --compile off (the JAX wrapper refuses "
+                "it; saved-tensor hooks run eagerly)")
     if a.compile_cache is not None and a.backend != "jax":
         p.error(f"--compile-cache={a.compile_cache!r}: only for --backend jax")
     if a.devices is not None and (a.backend != "jax" or a.devices < 1):
@@ -138,7 +144,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         width=a.width if a.width is not None else (1.0 if gpu else 0.25), image_size=a.image_size,
         train_subset=a.train_subset if a.train_subset is not None else (None if gpu else 2048),
         test_subset=a.test_subset if a.test_subset is not None else (None if gpu else 512),
-        budget=a.budget, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
+        budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
         extra=_parse_set(a.set))
