@@ -1,18 +1,21 @@
-"""The CIFAR demo's `--method local` (torch): NeuroFlux-style block-wise training under `--budget`.
+"""The CIFAR demo's `--method local` (torch or JAX): NeuroFlux-style block-wise training under `--budget`.
 
-Steps: measure the model's per-unit activation memory (saved tensors, bf16 autocast) -> plan blocks,
-head widths, per-block batches and cache placement under the budget (`triaccel.local_plan`) -> on a
-GPU, cap the allocator at the budget and probe the largest batch at which plain end-to-end AMP
-training of the same model fits under it -> train block by block (`triaccel.backends.torch.local`),
-evaluating each block's exit after each of its epochs -> evaluate every exit, choose the smallest
-within `--exit-tolerance` of the best, export it and count its parameters.
+Steps: measure the model's per-unit activation memory (torch: saved tensors under bf16 autocast; JAX:
+XLA's compiled memory analysis of each unit's forward + backward, convs/linears in bf16) -> plan
+blocks, head widths, per-block batches and cache placement under the budget (`triaccel.local_plan`,
+the same plan from the same table in both) -> on a GPU, the largest batch at which plain end-to-end
+AMP training of the same model fits under the budget (torch: run under the capped allocator; JAX:
+XLA's compiled memory analysis of the whole training step) -> train block by block
+(`triaccel.backends.{torch,jax}.local`), evaluating each block's exit after each of its epochs ->
+evaluate every exit, choose the smallest within `--exit-tolerance` of the best, export it and count
+its parameters.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -83,7 +86,50 @@ def _e2e_probe(model: torch.nn.Module, transform: Any, xtr: torch.Tensor, ytr: t
     return out
 
 
+def _plan(table: list[Any], budget: int, lo: dict[str, Any], opts: RunOptions, resident: int, n: int,
+          num_classes: int, log: RunLog) -> Any:
+    """The plan under `budget` (logged and printed), the same for both backends."""
+    cfg = LocalPlanConfig(memory_budget=budget, batch_buckets=bucket_ladder(8, 8, max(opts.batch_max, 8)),
+                          max_blocks=lo["max_blocks"], target_batch=lo["block_batch"], cache_views=lo["cache_views"],
+                          input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=0.85)
+    plan = plan_local(table, cfg, num_samples=n, num_classes=num_classes)
+    log.write("local_plan", **plan.to_dict())
+    for blk in plan.blocks:
+        print(f"block {blk.index}: {blk.names[0]}..{blk.names[-1]}  batch {blk.batch}  head width {blk.head_width}  "
+              f"modelled peak {blk.peak_bytes / 2**20:.0f} MiB  input {blk.input_cache}", flush=True)
+    return plan
+
+
+def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[float], lo: dict[str, Any],
+                       model_params: int, log: RunLog) -> dict[str, Any]:
+    """Choose and export the exit, log the blocks and exits; the summary fields both backends share."""
+    chosen = select_exit(accs, lo["exit_tolerance"])
+    exported = trainer.export(chosen)
+    params = trainer.exit_params()
+    for blk, rec in zip(plan.blocks, records):
+        log.write("block", **blk.to_dict(), measured_peak_bytes=rec.peak_bytes, cache_peak_bytes=rec.cache_peak_bytes,
+                  cache_seconds=rec.cache_seconds, steps=rec.steps, ooms=rec.ooms)
+    log.write("exits", accs=accs, params=params, chosen=chosen, tolerance=lo["exit_tolerance"])
+    epoch_seconds = [s for r in records for s in r.epoch_seconds]
+    train_seconds = sum(epoch_seconds) + sum(r.cache_seconds for r in records)
+    peaks = [p for r in records for p in (r.peak_bytes, r.cache_peak_bytes) if p is not None]
+    print(f"exits: {', '.join(f'{100 * a:.2f}%' for a in accs)}; chosen exit {chosen} "
+          f"({exported.param_count} params, {model_params / exported.param_count:.1f}x fewer than the model); "
+          f"training {train_seconds:.1f}s", flush=True)
+    return {
+        "final_acc": accs[-1], "accs": list(accs), "exit_accs": accs, "exit_params": params,
+        "chosen_exit": chosen, "exit_tolerance": lo["exit_tolerance"], "exported_params": exported.param_count,
+        "model_params": model_params, "param_reduction": model_params / exported.param_count,
+        "chosen_acc": accs[chosen], "local_options": lo, "plan": plan.to_dict(),
+        "blocks": [r.to_dict() for r in records], "epoch_seconds": epoch_seconds, "train_seconds": train_seconds,
+        "s_per_epoch_median_last5": median_last(epoch_seconds), "peak_alloc_bytes": max(peaks) if peaks else None,
+        "e2e_largest_batch_modelled": plan.e2e_batch, "steps": sum(r.steps for r in records),
+    }
+
+
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
+    if opts.backend == "jax":
+        return _train_jax(opts, data, log)
     lo = {**LOCAL_DEFAULTS, **getattr(opts, "local", {})}
     budget, e2e_batch = parse_local_budget(opts.budget)
     device = pick_device(opts)
@@ -129,15 +175,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     t0 = time.perf_counter()
     table = measure_layers(units, prep(xtr[:2]), autocast_dtype=torch.bfloat16)
     resident = sum(t.numel() * t.element_size() for t in (xtr, ytr, xte, yte))
-    cfg = LocalPlanConfig(memory_budget=budget, batch_buckets=buckets, max_blocks=lo["max_blocks"],
-                          target_batch=lo["block_batch"], cache_views=lo["cache_views"],
-                          input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=0.85)
-    plan = plan_local(table, cfg, num_samples=len(xtr), num_classes=data.num_classes)
+    plan = _plan(table, budget, lo, opts, resident, len(xtr), data.num_classes, log)
     plan_s = time.perf_counter() - t0
-    log.write("local_plan", **plan.to_dict())
-    for blk in plan.blocks:
-        print(f"block {blk.index}: {blk.names[0]}..{blk.names[-1]}  batch {blk.batch}  head width {blk.head_width}  "
-              f"modelled peak {blk.peak_bytes / 2**20:.0f} MiB  input {blk.input_cache}", flush=True)
     print(f"end-to-end under the budget: modelled largest batch {plan.e2e_batch}"
           + (f", measured {max(e2e_fit) if e2e_fit else None} ({e2e_probe})" if e2e_probe else ""), flush=True)
 
@@ -166,30 +205,127 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
 
     records = trainer.train(xtr, ytr, train_transform, views, prep, opts.epochs, on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)
-    chosen = select_exit(accs, lo["exit_tolerance"])
-    exported = trainer.export(chosen)
-    params = trainer.exit_params()
-    total_params = sum(p.numel() for p in model.parameters())
-    for blk, rec in zip(plan.blocks, records):
-        log.write("block", **blk.to_dict(), measured_peak_bytes=rec.peak_bytes, cache_peak_bytes=rec.cache_peak_bytes,
-                  cache_seconds=rec.cache_seconds, steps=rec.steps, ooms=rec.ooms)
-    log.write("exits", accs=accs, params=params, chosen=chosen, tolerance=lo["exit_tolerance"])
-    epoch_seconds = [s for r in records for s in r.epoch_seconds]
-    train_seconds = sum(epoch_seconds) + sum(r.cache_seconds for r in records)
-    peaks = [p for r in records for p in (r.peak_bytes, r.cache_peak_bytes) if p is not None]
-    print(f"exits: {', '.join(f'{100 * a:.2f}%' for a in accs)}; chosen exit {chosen} "
-          f"({exported.param_count} params, {total_params / exported.param_count:.1f}x fewer than the model); "
-          f"training {train_seconds:.1f}s", flush=True)
+    summary = _exits_and_summary(trainer, plan, records, accs, lo, sum(p.numel() for p in model.parameters()), log)
     return {
-        "final_acc": accs[-1], "accs": [a for a in accs], "exit_accs": accs, "exit_params": params,
-        "chosen_exit": chosen, "exit_tolerance": lo["exit_tolerance"], "exported_params": exported.param_count,
-        "model_params": total_params, "param_reduction": total_params / exported.param_count,
-        "chosen_acc": accs[chosen], "local_options": lo, "memory_budget_bytes": budget,
-        "plan": plan.to_dict(), "plan_seconds": plan_s, "blocks": [r.to_dict() for r in records],
-        "epoch_seconds": epoch_seconds, "train_seconds": train_seconds,
-        "s_per_epoch_median_last5": median_last(epoch_seconds), "peak_alloc_bytes": max(peaks) if peaks else None,
+        **summary, "memory_budget_bytes": budget, "plan_seconds": plan_s,
         "e2e_probe_peak_bytes": {str(k): v for k, v in e2e_probe.items()},
-        "e2e_largest_batch_measured": max(e2e_fit) if e2e_fit else None, "e2e_largest_batch_modelled": plan.e2e_batch,
-        "steps": sum(r.steps for r in records), "device": str(device),
+        "e2e_largest_batch_measured": max(e2e_fit) if e2e_fit else None, "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
+
+
+def _jax_e2e_peaks(model: Any, batches: Sequence[int], image_size: int, fixed_bytes: int) -> dict[int, int]:
+    """Modelled device peak of one end-to-end training step (fwd + bwd + SGD-momentum update, the
+    model's compute dtypes) at each batch: fixed_bytes + arguments + XLA's compiled temporaries +
+    outputs not aliased to donated arguments. Compiled, never run."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    gd, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = optax.sgd(0.1, momentum=0.9, nesterov=True)
+
+    def step(p: Any, r: Any, o: Any, x: Any, y: Any) -> Any:
+        def lf(p_: Any) -> Any:
+            m = nnx.merge(gd, p_, r, copy=True)
+            ce = optax.softmax_cross_entropy_with_integer_labels(m(x).astype(jnp.float32), y).mean()
+            return ce, nnx.split(m, nnx.Param, ...)[2]
+
+        (loss, r), g = jax.value_and_grad(lf, has_aux=True)(p)
+        u, o = tx.update(g, o, p)
+        return optax.apply_updates(p, u), r, o, loss
+
+    opt = jax.eval_shape(tx.init, params)
+    out = {}
+    for bs in batches:
+        x = jax.ShapeDtypeStruct((bs, image_size, image_size, 3), jnp.float32)
+        y = jax.ShapeDtypeStruct((bs,), jnp.int32)
+        ma = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, rest, opt, x, y).compile().memory_analysis()
+        out[bs] = int(fixed_bytes + ma.argument_size_in_bytes + ma.temp_size_in_bytes
+                      + max(ma.output_size_in_bytes - ma.alias_size_in_bytes, 0))
+    return out
+
+
+def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, Any]:
+    """--method local --backend jax: the same steps as the torch path (module docstring)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from triaccel.backends.jax import augment as jaug
+    from triaccel.backends.jax import local as jlocal
+    from triaccel.backends.jax.models import create_model as jax_model
+
+    lo = {**LOCAL_DEFAULTS, **getattr(opts, "local", {})}
+    budget, e2e_batch = parse_local_budget(opts.budget)
+    dev = jax.devices()[0]
+    model = jax_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed)
+    units, clf = jlocal.sequential_units(model)
+    jlocal.set_compute_dtype([model], jnp.bfloat16)   # AMP's split: convs/linears bf16, norms fp32
+    mean, std = jnp.asarray(data.mean, jnp.float32), jnp.asarray(data.std, jnp.float32)
+    xtr, ytr = jax.device_put(data.train_x, dev), jax.device_put(data.train_y.astype(np.int32), dev)
+    xte, yte = jax.device_put(data.test_x, dev), jax.device_put(data.test_y.astype(np.int32), dev)
+    resident = sum(int(a.nbytes) for a in (xtr, ytr, xte, yte))
+
+    def prep(xb: Any) -> Any:
+        xb = jaug.normalize(xb, mean, std)
+        if opts.image_size != xb.shape[1]:
+            xb = jax.image.resize(xb, (xb.shape[0], opts.image_size, opts.image_size, 3), "bilinear")
+        return xb
+
+    def train_transform(xb: Any, key: Any) -> Any:
+        return prep(jaug.random_crop_flip(xb, key))
+
+    buckets = bucket_ladder(8, 8, max(opts.batch_max, 8))
+    e2e_peaks: dict[int, int] = {}
+    if budget is None:   # e2e:B: halfway between the end-to-end step's modelled peaks at B and 2B
+        e2e_peaks = _jax_e2e_peaks(model, (e2e_batch, 2 * e2e_batch), opts.image_size, resident)
+        budget = (e2e_peaks[e2e_batch] + e2e_peaks[2 * e2e_batch]) // 2
+        print(f"budget {budget} bytes ({budget / 2**20:.1f} MiB): halfway between end-to-end's modelled peaks at "
+              f"batch {e2e_batch} and {2 * e2e_batch} (XLA memory analysis; the XLA pool is not capped)", flush=True)
+    if dev.platform == "gpu":
+        e2e_peaks.update(_jax_e2e_peaks(model, [b for b in buckets if b not in e2e_peaks], opts.image_size, resident))
+    e2e_fit = [b for b, peak in sorted(e2e_peaks.items()) if peak <= budget]
+
+    t0 = time.perf_counter()
+    table = jlocal.measure_layers(units, jax.ShapeDtypeStruct((2, opts.image_size, opts.image_size, 3), jnp.float32))
+    plan = _plan(table, budget, lo, opts, resident, len(data.train_x), data.num_classes, log)
+    plan_s = time.perf_counter() - t0
+    print(f"end-to-end under the budget: modelled largest batch {plan.e2e_batch}"
+          + (f", by XLA's analysis of the whole step {max(e2e_fit) if e2e_fit else None}" if e2e_peaks else ""),
+          flush=True)
+
+    # Fixed augmentations of the training set, cached per block (host memory: uint8, small).
+    views = []
+    for v in range(lo["cache_views"]):
+        key = jax.random.key(1_000_003 * (opts.seed + 1) + v)
+        views.append(np.concatenate([np.asarray(jaug.random_crop_flip(xtr[i:i + 4096], jax.random.fold_in(key, i)))
+                                     for i in range(0, len(data.train_x), 4096)]))
+
+    warmup = int(opts.warmup_epochs * len(data.train_x))
+    trainer = jlocal.LocalTrainer(
+        units, clf, plan, num_classes=data.num_classes, lr=opts.lr, lr_batch=opts.batch, momentum=opts.momentum,
+        weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
+        compute_dtype=jnp.bfloat16, cache=True, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev)
+    epoch_no = [0]
+
+    def on_epoch(b: int, e: int, loss: float, seconds: float) -> None:
+        acc = trainer.evaluate_exits(xte, yte, prep, upto=b + 1)[-1]
+        epoch_no[0] += 1
+        log.write("epoch", epoch=epoch_no[0], block=b, block_epoch=e + 1, train_loss=loss, test_acc=acc,
+                  seconds=seconds, batch_size=plan.blocks[b].batch)
+        print(f"block {b} epoch {e + 1}: loss {loss:.4f}  exit {b} test acc {100 * acc:.2f}%  {seconds:.1f}s  "
+              f"batch {plan.blocks[b].batch}", flush=True)
+
+    records = trainer.train(xtr, ytr, train_transform, views, prep, opts.epochs, on_epoch=on_epoch)
+    accs = trainer.evaluate_exits(xte, yte, prep)
+    model_params = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
+    summary = _exits_and_summary(trainer, plan, records, accs, lo, model_params, log)
+    stats = dev.memory_stats() or {}
+    return {
+        **summary, "memory_budget_bytes": budget, "plan_seconds": plan_s,
+        "e2e_compiled_peak_bytes": {str(k): v for k, v in e2e_peaks.items()},
+        "e2e_largest_batch_compiled": max(e2e_fit) if e2e_fit else None, "device": str(dev),
+        "device_name": getattr(dev, "device_kind", str(dev)), "bytes_limit": stats.get("bytes_limit"),
     }

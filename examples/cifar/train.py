@@ -50,7 +50,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--model", choices=["resnet18", "efficientnet_b0"], default="resnet18")
     p.add_argument("--dataset", choices=["cifar10", "cifar100"], default="cifar10")
     p.add_argument("--method", choices=["fp32", "amp", "triaccel", "local"], default="triaccel",
-                   help="local: NeuroFlux-style block-wise training under --budget (torch; examples/cifar/local_loop.py)")
+                   help="local: NeuroFlux-style block-wise training under --budget (torch or jax; examples/cifar/local_loop.py)")
     p.add_argument("--exit-tolerance", type=float, default=0.01,
                    help="local: export the smallest exit within this accuracy fraction of the best (0.01 = 1 point)")
     p.add_argument("--max-blocks", type=int, default=4, help="local: at most this many blocks")
@@ -128,7 +128,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         p.error(f"--levers: unknown {bad}; allowed {list(LEVERS)}")
     if not a.warmup_epochs >= 0:
         p.error(f"--warmup-epochs={a.warmup_epochs}: allowed [0, inf)")
-    if a.backend == "jax" and a.budget is not None:
+    if a.backend == "jax" and a.budget is not None and not str(a.budget).startswith("e2e:"):
         # Before JAX starts its GPU backend (_has_gpu below): the XLA pool is capped at the budget,
         # so that compilation scratch cannot take the peak above it.
         from triaccel.backends.jax.memory import limit_device_memory
@@ -151,8 +151,6 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
     if a.method == "local":
-        if a.backend != "torch":
-            p.error("--method local: only for --backend torch")
         from .local_loop import parse_local_budget
         try:
             parse_local_budget(a.budget)
