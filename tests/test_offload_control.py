@@ -300,3 +300,21 @@ def test_demo_option():
     for bad in (["--backend", "jax"], ["--method", "amp"], ["--compile", "default"]):
         with pytest.raises(SystemExit):
             train.parse_args(["--offload", "auto", "--device", "cpu", *bad])
+
+
+def test_torch_curvature_pass_runs_without_the_plan():
+    from triaccel.backends.torch import wrap
+    model, xs, ys = _setup()
+    cfg = TriAccelConfig(offload="auto", curvature="fisher", t_curv=1, warmup_steps=0, top_k=2, b_curv=4,
+                         elastic_batch=False, adaptive_precision=False, base_precision="fp32", batch_init=8,
+                         batch_min=8, t_ctrl=1)
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, cfg, memory_probe=_Probe(10**12),
+               curvature_data=(xs[0], ys[0]), offload_options=dict(min_bytes=0, bandwidth=(1e9, 1e9), repeats=1))
+    n = len(opt.offload.offload.units)
+    opt.offload.offload.apply(["recompute"] * n)
+    opt.offload.applied = ("recompute",) * n  # as if decided: the curvature step must lift it
+    with opt.autocast():
+        loss = F.cross_entropy(model(xs[1]), ys[1])
+    opt.backward(loss)
+    opt.step()
+    assert opt.last_eigvals is not None and np.isfinite(opt.last_eigvals).all()

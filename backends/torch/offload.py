@@ -548,12 +548,13 @@ class OffloadDriver:
         self.plans: list[dict[str, Any]] = []   # each plan applied: step, batch, actions
         self.measurements: list[dict[str, Any]] = []  # each measurement: step, batches
         self._input: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self._capturing = True
         self._hook = model.register_forward_pre_hook(self._capture, with_kwargs=True)
         self._last: tuple[int, float, Any] | None = None  # (step, time, decision key) at the last boundary
         self._run = 0  # consecutive boundaries under the same key
 
     def _capture(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if torch.is_grad_enabled():  # a training forward (evaluation runs under no_grad)
+        if self._capturing and torch.is_grad_enabled():  # a training forward (evaluation runs under no_grad)
             self._input = (args, kwargs)
 
     def remove(self) -> None:
@@ -589,6 +590,19 @@ class OffloadDriver:
         stack.enter_context(precision_region)
         stack.enter_context(self.offload)
         return stack
+
+    @contextlib.contextmanager
+    def suspended(self) -> Any:
+        """No plan inside (e.g. the curvature pass: torch.func transforms refuse the recompute
+        checkpoints); the plan in force is restored on exit."""
+        applied = self.offload._applied
+        self.offload.apply(("keep",) * len(self.offload.units))
+        self._capturing = False  # a transform's inputs must not escape it
+        try:
+            yield
+        finally:
+            self._capturing = True
+            self.offload.apply(applied)
 
     # -- boundary ------------------------------------------------------------------------------
     def boundary(self, step: int) -> None:

@@ -556,7 +556,11 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         x, y = x[:b].to(self.device, non_blocking=True), y[:b].to(self.device, non_blocking=True)
         # eagerly, whether or not the model was compiled (double backward, functorch transforms)
         with torch.enable_grad(), torch.compiler.set_stance("force_eager"):
-            eig = self.curvature((x, y))
+            if self.offload is not None:  # torch.func transforms: no recompute checkpoints
+                with self.offload.suspended():
+                    eig = self.curvature((x, y))
+            else:
+                eig = self.curvature((x, y))
         if self.distributed is not None:   # every rank observes the mean over ranks
             eig = self.distributed.reduce_eigvals(eig, (len(self.layers), self.config.top_k), step)
         if not np.isfinite(eig).all():
