@@ -214,10 +214,12 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     }
 
 
-def _jax_e2e_peaks(model: Any, batches: Sequence[int], image_size: int, fixed_bytes: int) -> dict[int, int]:
+def _jax_e2e_peaks(model: Any, batches: Sequence[int], image_size: int, fixed_bytes: int,
+                   stop_above: int | None = None) -> dict[int, int]:
     """Modelled device peak of one end-to-end training step (fwd + bwd + SGD-momentum update, the
-    model's compute dtypes) at each batch: fixed_bytes + arguments + XLA's compiled temporaries +
-    outputs not aliased to donated arguments. Compiled, never run."""
+    model's compute dtypes) at each batch, ascending: fixed_bytes + arguments + XLA's compiled
+    temporaries + outputs not aliased to donated arguments. Compiled, never run; stops after the first
+    batch whose peak exceeds `stop_above` (peaks grow with the batch; each compilation costs time)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -238,12 +240,14 @@ def _jax_e2e_peaks(model: Any, batches: Sequence[int], image_size: int, fixed_by
 
     opt = jax.eval_shape(tx.init, params)
     out = {}
-    for bs in batches:
+    for bs in sorted(batches):
         x = jax.ShapeDtypeStruct((bs, image_size, image_size, 3), jnp.float32)
         y = jax.ShapeDtypeStruct((bs,), jnp.int32)
         ma = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, rest, opt, x, y).compile().memory_analysis()
         out[bs] = int(fixed_bytes + ma.argument_size_in_bytes + ma.temp_size_in_bytes
                       + max(ma.output_size_in_bytes - ma.alias_size_in_bytes, 0))
+        if stop_above is not None and out[bs] > stop_above:
+            break
     return out
 
 
@@ -284,12 +288,14 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         budget = (e2e_peaks[e2e_batch] + e2e_peaks[2 * e2e_batch]) // 2
         print(f"budget {budget} bytes ({budget / 2**20:.1f} MiB): halfway between end-to-end's modelled peaks at "
               f"batch {e2e_batch} and {2 * e2e_batch} (XLA memory analysis; the XLA pool is not capped)", flush=True)
-    if dev.platform == "gpu":
-        e2e_peaks.update(_jax_e2e_peaks(model, [b for b in buckets if b not in e2e_peaks], opts.image_size, resident))
+    if dev.platform == "gpu" and all(p <= budget for p in e2e_peaks.values()):
+        e2e_peaks.update(_jax_e2e_peaks(model, [b for b in buckets if b not in e2e_peaks], opts.image_size, resident,
+                                        stop_above=budget))
     e2e_fit = [b for b, peak in sorted(e2e_peaks.items()) if peak <= budget]
 
     t0 = time.perf_counter()
-    table = jlocal.measure_layers(units, jax.ShapeDtypeStruct((2, opts.image_size, opts.image_size, 3), jnp.float32))
+    # compiled at 32 and 64 samples (nothing runs): activations, not fixed workspaces, set the slope
+    table = jlocal.measure_layers(units, jax.ShapeDtypeStruct((32, opts.image_size, opts.image_size, 3), jnp.float32))
     plan = _plan(table, budget, lo, opts, resident, len(data.train_x), data.num_classes, log)
     plan_s = time.perf_counter() - t0
     print(f"end-to-end under the budget: modelled largest batch {plan.e2e_batch}"
