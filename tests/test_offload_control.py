@@ -102,7 +102,11 @@ def test_replans_when_memory_or_timings_move():
     c.observe_step_time(25, 100.0)   # the reference under this batch and plan
     c.observe_step_time(28, 110.0)   # within the tolerance
     assert not c.wants_offload_costs(30)
-    c.observe_step_time(29, 200.0)   # timings moved: new tables wanted
+    c.observe_step_time(29, 200.0)   # one window off: a one-off (an evaluation, say)
+    assert not c.wants_offload_costs(30)
+    c.observe_step_time(29, 100.0)
+    c.observe_step_time(29, 200.0)
+    c.observe_step_time(29, 190.0)   # two in a row: timings moved, new tables wanted
     assert c.wants_offload_costs(30) and not c.wants_offload_costs(31)
     c.observe_offload_costs(30, slow_link())
     assert not c.wants_offload_costs(30)

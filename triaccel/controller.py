@@ -135,6 +135,7 @@ class Controller:
         self._offload_info: dict[str, Any] | None = None
         self._oom_in_window = False   # the window's memory peak holds a failed try: not the plan's
         self._remeasure = False
+        self._moved_windows = 0   # consecutive step-time windows off the model
         self.telemetry = Telemetry()
         self._decision = self._make(step=-1, changed=frozenset(CHANGES))
 
@@ -260,7 +261,7 @@ class Controller:
         self._offload_model = model
         if self._planner is not None:
             self._planner.observe_tables(model.tables)
-        self._remeasure = False
+        self._remeasure, self._moved_windows = False, 0
 
     def wants_offload_costs(self, step: int) -> bool:
         """Whether the backend should measure cost tables now (no plan applied) and pass them to
@@ -273,13 +274,16 @@ class Controller:
 
     def observe_step_time(self, step: int, ms_per_step: float) -> None:
         """Mean wall time per optimizer step (ms) over a window run wholly under the decision in
-        force. Under an offload plan, a window off the first one under the same batch and plan by
-        more than the planner's tolerance asks for new tables (`wants_offload_costs`)."""
+        force. Under an offload plan, two windows in a row off the first one under the same batch
+        and plan by more than the planner's tolerance ask for new tables (`wants_offload_costs`);
+        one alone is taken for a one-off (an evaluation, a checkpoint written in the window)."""
         if isinstance(ms_per_step, bool) or not isinstance(ms_per_step, (int, float, np.floating)) \
                 or not np.isfinite(ms_per_step) or ms_per_step <= 0:
             raise ValueError(f"ms_per_step={ms_per_step!r}: allowed a finite number of milliseconds > 0")
         if self._planner is not None and self._swap is not None:
-            self._remeasure = self._planner.observe_step_time(self._swap, float(ms_per_step)) or self._remeasure
+            moved = self._planner.observe_step_time(self._swap, float(ms_per_step))
+            self._moved_windows = self._moved_windows + 1 if moved else 0
+            self._remeasure = self._remeasure or self._moved_windows >= 2
 
     @property
     def offload_swap_plan(self) -> SwapPlan | None:
@@ -467,7 +471,8 @@ class Controller:
                 "tables": None if self._offload_model is None else [t.to_dict() for t in self._offload_model.tables],
                 "planner": None if self._planner is None else self._planner.state_dict(),
                 "plan": None if self._swap is None else [self._swap.batch, list(self._swap.actions)],
-                "info": self._offload_info, "oom_in_window": self._oom_in_window, "remeasure": self._remeasure},
+                "info": self._offload_info, "oom_in_window": self._oom_in_window, "remeasure": self._remeasure,
+                "moved_windows": self._moved_windows},
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -497,3 +502,4 @@ class Controller:
             self._swap = simulate(self._planner.model.at(int(plan[0])), plan[1], budget=max(self._planner.target, 1))
         self._offload_info = off.get("info")
         self._oom_in_window, self._remeasure = bool(off.get("oom_in_window")), bool(off.get("remeasure"))
+        self._moved_windows = int(off.get("moved_windows", 0))
