@@ -353,7 +353,8 @@ class LocalTrainer:
     (False: recompute the frozen prefix every step, the reference the cache must match). cache_dtype:
     the cache's dtype. head_pool: AuxHead's pool. seed: heads' initialisation
     (`triaccel.local_plan.head_init`, as the torch twin) and data order. device: where training runs
-    (default: the first device).
+    (default: the first device). Records' peak bytes are the process' peak so far (XLA keeps one,
+    with no reset), None on the CPU.
     """
 
     def __init__(self, units: Sequence[tuple[str, nnx.Module]], classifier: nnx.Module | None, plan: LocalPlan, *,
