@@ -396,7 +396,8 @@ def head_init(in_channels: int, width: int, num_classes: int, *, seed: int, inde
         out["body.1.running_var"] = np.ones(w, np.float32)
         out["body.1.num_batches_tracked"] = np.zeros((), np.int64)
     fan_in = w if w > 0 else c
-    out["fc.weight"] = rng.uniform(-1.0 / math.sqrt(fan_in), 1.0 / math.sqrt(fan_in), size=(k, fan_in)).astype(np.float32)
+    bound = 1.0 / math.sqrt(fan_in)
+    out["fc.weight"] = rng.uniform(-bound, bound, size=(k, fan_in)).astype(np.float32)
     out["fc.bias"] = np.zeros(k, np.float32)
     return out
 

@@ -111,8 +111,9 @@ class AuxHead(nnx.Module):
         return self.fc(jnp.mean(x, axis=(1, 2)))
 
     def _entries(self) -> list[tuple[str, Any, Any, Any]]:
-        layers = ([("body.0", self.body[0]), ("body.1", self.body[1])] if self.body is not None else []) + [("fc", self.fc)]
-        return [(f"{name}.{suffix}", var, fwd, back) for name, m in layers for suffix, var, fwd, back in _canonical_entries(m)]
+        layers = [("body.0", self.body[0]), ("body.1", self.body[1])] if self.body is not None else []
+        return [(f"{name}.{suffix}", var, fwd, back) for name, m in [*layers, ("fc", self.fc)]
+                for suffix, var, fwd, back in _canonical_entries(m)]
 
     def to_canonical(self) -> dict[str, np.ndarray]:
         """The torch twin's ``state_dict`` names and layouts, as NumPy copies."""
@@ -267,7 +268,8 @@ def _sgd(momentum: float, nesterov: bool, weight_decay: float) -> optax.Gradient
 
 
 @partial(jax.jit, static_argnums=0)
-def _update(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads: Any, lr: jax.Array) -> tuple[Any, Any]:
+def _update(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads: Any,
+            lr: jax.Array) -> tuple[Any, Any]:
     updates, opt_state = tx.update(grads, opt_state, params)
     return jax.tree_util.tree_map(lambda p, u: p - lr * u, params, updates), opt_state
 
