@@ -184,7 +184,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     views = []
     for v in range(lo["cache_views"]):
         g = torch.Generator(device=device).manual_seed(1_000_003 * (opts.seed + 1) + v)
-        chunks = [augment.random_crop_flip(xtr[i:i + 4096], g).cpu() for i in range(0, len(xtr), 4096)]
+        # chunks of 512: the gather indices of a 4096-image chunk (~130 MB) broke a 520 MiB budget (H100)
+        chunks = [augment.random_crop_flip(xtr[i:i + 512], g).cpu() for i in range(0, len(xtr), 512)]
         views.append(torch.cat(chunks).pin_memory() if device.type == "cuda" else torch.cat(chunks))
 
     warmup = int(opts.warmup_epochs * len(xtr))
