@@ -307,8 +307,8 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
     views = []
     for v in range(lo["cache_views"]):
         key = jax.random.key(1_000_003 * (opts.seed + 1) + v)
-        views.append(np.concatenate([np.asarray(jaug.random_crop_flip(xtr[i:i + 4096], jax.random.fold_in(key, i)))
-                                     for i in range(0, len(data.train_x), 4096)]))
+        views.append(np.concatenate([np.asarray(jaug.random_crop_flip(xtr[i:i + 512], jax.random.fold_in(key, i)))
+                                     for i in range(0, len(data.train_x), 512)]))   # chunks of 512, as torch's
 
     warmup = int(opts.warmup_epochs * len(data.train_x))
     trainer = jlocal.LocalTrainer(
