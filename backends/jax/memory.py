@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["MemorySample", "MemoryProbe", "fit_batch", "limit_device_memory", "nvml_total_bytes"]
+__all__ = ["MemorySample", "MemoryProbe", "fit_batch", "limit_device_memory", "nvml_total_bytes", "pool_capped"]
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,11 @@ def _mem_fraction_var() -> str:
     except (ImportError, AttributeError, OSError, TypeError):
         pass
     return "XLA_PYTHON_CLIENT_MEM_FRACTION"
+
+
+def pool_capped() -> bool:
+    """True once `limit_device_memory` has capped this process's XLA pool at the budget."""
+    return _POOL_CAPPED
 
 
 def limit_device_memory(budget: int | str, device_total: int | None = None) -> float | None:

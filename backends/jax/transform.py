@@ -38,7 +38,7 @@ from triaccel.stats import feed_statistics
 
 from .curvature import FisherTopK, HessianTopK, nnx_loss
 from .layers import LayerMap, layer_map
-from .memory import MemoryProbe, fit_batch
+from .memory import MemoryProbe, fit_batch, pool_capped
 from .policy import CountingJit, policy_names, precision_policy
 
 __all__ = ["TriAccelState", "TriAccel", "TriAccelTransformation", "wrap", "find_state", "loss_scale",
@@ -463,7 +463,8 @@ class TriAccel:
                 if sample is not None:
                     ctl.observe_memory(step, sample.used, sample.limit)
                     budget = cfg.memory_budget
-                    if budget is not None and sample.limit > budget and not self._warned_pool:
+                    if (budget is not None and sample.limit > budget and not self._warned_pool
+                            and not pool_capped()):
                         self._warned_pool = True
                         warnings.warn(f"triaccel: the XLA allocator may use {sample.limit} bytes, more than "
                                       f"memory_budget={budget}: the batch follows the budget, but compilation "
