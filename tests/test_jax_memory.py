@@ -170,8 +170,10 @@ def test_reading_after_a_curvature_pass_covers_its_footprint_once(curvature):
 def test_limit_device_memory_sets_the_pool_fraction(monkeypatch):
     from jax._src import xla_bridge
 
+    from triaccel.backends.jax import memory as M
     from triaccel.backends.jax.memory import limit_device_memory
 
+    monkeypatch.setattr(M, "_POOL_CAPPED", False)   # restored after the test: the cap is process state
     for var in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE"):
         monkeypatch.delenv(var, raising=False)
     import jax.numpy as jnp
