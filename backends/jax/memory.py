@@ -35,17 +35,7 @@ class MemorySample:
 
 def nvml_total_bytes(device: Any) -> int | None:
     """Total memory of `device` from NVML (lazy import); None when NVML or the device is absent."""
-    try:
-        import pynvml  # nvidia-ml-py
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        idx = int(getattr(device, "local_hardware_id", None) or getattr(device, "id", 0))
-        handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    except Exception:  # NVML present but no NVIDIA device/driver: not an error for the caller
-        return None
+    return _nvml_total_at(int(getattr(device, "local_hardware_id", None) or getattr(device, "id", 0)))
 
 
 class MemoryProbe:
