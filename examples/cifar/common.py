@@ -7,7 +7,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -64,6 +64,7 @@ class RunOptions:
     compile_ahead: bool = True        # JAX: compile the likely next step variants on a background thread
     cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)
     compile: str = "off"              # torch: torch.compile mode of the model, off | default | reduce-overhead
+    inject_oom_every: int = 0         # test-only (benchmarks/soak.py): see OOMInjector; 0 = off
     extra: dict[str, Any] = field(default_factory=dict)
 
     def triaccel_config(self) -> TriAccelConfig:
@@ -83,6 +84,32 @@ class RunOptions:
             adaptive_precision="precision" in on, elastic_batch="batch" in on,
             base_precision="fp32" if self.method == "fp32" else "bf16",
             t_ctrl=self.t_ctrl, warmup_steps=self.warmup_steps, **extra)
+
+
+class OOMInjector:
+    """Test-only fault injection (`--inject-oom-every N`, used by benchmarks/soak.py): the first
+    micro-batch of every N-th optimizer step (steps N-1, 2N-1, ...) raises the framework's
+    out-of-memory error before its forward pass, so that the elastic step has to survive it as it
+    would a real one (shrink, replay the samples). `error(message)` builds that exception."""
+
+    def __init__(self, every: int, error: Callable[[str], BaseException]) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(f"every={every!r}: allowed an integer >= 0 (optimizer steps; 0 = off)")
+        self.every, self.error = every, error
+        self.injected = 0
+        self._armed = False
+
+    def arm(self, step: int) -> None:
+        """Call before optimizer step `step` (0-based): fire() raises once during it if chosen."""
+        self._armed = self.every > 0 and (step + 1) % self.every == 0
+
+    def fire(self) -> None:
+        """Call at the start of each micro-batch's loss; raises on the first one of an armed step."""
+        if self._armed:
+            self._armed = False
+            self.injected += 1
+            raise self.error(f"RESOURCE_EXHAUSTED: out of memory injected by --inject-oom-every="
+                             f"{self.every} (#{self.injected}, test-only)")
 
 
 def lr_factor(seen: int, total: int, warmup: int) -> float:

@@ -14,12 +14,12 @@ from flax import nnx
 from triaccel import Controller, Precision
 from triaccel.backends.jax import (SplitStep, TriAccel, augment, find_state, layer_flops, layer_map_from_model,
                                    loss_scale, precision_policy)
-from triaccel.backends.jax.data import ElasticLoader, elastic_step
+from triaccel.backends.jax.data import OOM_ERROR_TYPES, ElasticLoader, elastic_step
 from triaccel.backends.jax.models import create_model
 from triaccel.backends.jax.sharding import batch_sharding, check_config, data_mesh, num_shards, replicated
 from triaccel.flops import FlopShare
 
-from .common import RunLog, RunOptions, lr_factor, median_last, precision_record
+from .common import OOMInjector, RunLog, RunOptions, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
 
 
@@ -123,7 +123,11 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     step_key = [key if mesh is None else jax.device_put(key, place)]
     grad_scale: list[Any] = [1.0]   # the loss scale of the last micro-batch's grads (a device scalar)
 
+    # test-only (off by default): an XLA runtime error with RESOURCE_EXHAUSTED, as a real OOM
+    inject = OOMInjector(opts.inject_oom_every, OOM_ERROR_TYPES[0])
+
     def micro(x: jax.Array, y: jax.Array, mask: jax.Array) -> Any:
+        inject.fire()
         step_key[0], k = jax.random.split(step_key[0])
         loss, grads, grad_scale[0] = split(x, y, mask, k)
         return loss, grads
@@ -153,6 +157,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                     curv_key, k = jax.random.split(curv_key)
                     curv = (prep(xtr[idx], k), ytr[idx])
                 split.control(step, batch=curv)
+            inject.arm(step)
             res = elastic_step(loader, controller, lambda b, m: micro(b[0], b[1], m), step,
                                update_fn=lambda g, d: update(g, lr),
                                tensor_layer=lm if ta is not None else None,
@@ -184,7 +189,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     return {"final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times),
             "peak_alloc_bytes": stats.get("peak_bytes_in_use"), "steps": step,
-            "final_batch": controller.decision.batch_size, "device": str(dev),
+            "final_batch": controller.decision.batch_size, "device": str(dev), "injected_ooms": inject.injected,
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": getattr(dev, "device_kind", str(dev)),
             "devices": 1 if mesh is None else num_shards(mesh),

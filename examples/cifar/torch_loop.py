@@ -21,7 +21,7 @@ from triaccel.distributed import decision_digest
 from triaccel.backends.torch.models import create_model
 from triaccel.flops import FlopShare
 
-from .common import RunLog, RunOptions, lr_factor, median_last, precision_record
+from .common import OOMInjector, RunLog, RunOptions, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
 
 
@@ -124,8 +124,11 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     flops = FlopShare(layer_flops(net, tlayers, transform(xtr[:1])))
     static_prec = None if opts.method == "triaccel" else precision_record(opts.method, [l.spec for l in tlayers])
 
+    inject = OOMInjector(opts.inject_oom_every, torch.OutOfMemoryError)   # test-only (off by default)
+
     def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         xb, yb = batch
+        inject.fire()
         with cast():
             return F.cross_entropy(fwd(xb), yb)
 
@@ -143,6 +146,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         bar = progress(total=len(xtr), desc=f"epoch {epoch + 1}/{opts.epochs}")
         while True:
             ctl_step = opt.step_count if opts.method == "triaccel" else step
+            inject.arm(step)
             res = elastic_step(loader, controller, loss_fn, opt, ctl_step, **step_kwargs)
             seen[0] += res.samples
             flops.add(res.decision.precisions if static_prec is None else static_prec, res.samples)
@@ -180,6 +184,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     return {**ranks, "final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times), "peak_alloc_bytes": peak,
             "steps": step, "final_batch": controller.decision.batch_size, "device": str(device),
+            "injected_ooms": inject.injected,
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "compiled_graphs": (None if opts.compile == "off"

@@ -112,7 +112,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--compile", choices=["off", "default", "reduce-overhead"], default="off",
                    help="torch: torch.compile the model (every method; reduce-overhead = CUDA graphs). One "
                         "compilation per precision policy, the batch dim dynamic (triaccel.backends.torch.compile)")
+    p.add_argument("--inject-oom-every", type=int, default=0, metavar="N",
+                   help="test-only fault injection (benchmarks/soak.py): the first micro-batch of every N-th "
+                        "optimizer step raises the framework's out-of-memory error, which the elastic step must "
+                        "survive (default 0: off)")
     a = p.parse_args(argv)
+    if a.inject_oom_every < 0 or (a.inject_oom_every and a.method == "local"):
+        p.error(f"--inject-oom-every={a.inject_oom_every}: allowed an integer >= 0, not with --method local")
     if a.compile != "off" and a.backend != "torch":
         p.error(f"--compile={a.compile}: only for --backend torch")
     if a.offload == "auto" and (a.backend != "torch" or a.method != "triaccel" or a.compile != "off"):
@@ -147,7 +153,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        extra=_parse_set(a.set))
+        inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
     if a.method == "local":
