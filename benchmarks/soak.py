@@ -119,15 +119,15 @@ class IndexRecorder:
         fetch, complete, is_oom = loader_cls.fetch, loader_cls.complete, mod.is_oom
         rec = self
 
-        def fetch_w(loader: Any, indices: Any) -> Any:
+        def fetch_w(loader: Any, indices: Any, *args: Any, **kwargs: Any) -> Any:
             rec._keep()                      # the previous micro-batch returned without an OOM
-            out = fetch(loader, indices)
+            out = fetch(loader, indices, *args, **kwargs)   # e.g. JAX's pad_to
             rec.on_fetch(indices)
             return out
 
-        def complete_w(loader: Any, indices: Any, report: Any = None) -> Any:
+        def complete_w(loader: Any, indices: Any, *args: Any, **kwargs: Any) -> Any:
             rec.on_complete(loader.epoch, loader.num_samples, indices)
-            return complete(loader, indices, report)
+            return complete(loader, indices, *args, **kwargs)
 
         def is_oom_w(exc: BaseException) -> bool:
             r = is_oom(exc)
