@@ -68,11 +68,11 @@ def test_recorder_counts_each_index_once_per_epoch_torch() -> None:
     inject = OOMInjector(4, torch.OutOfMemoryError)
     rec = soak.IndexRecorder()
     with rec.installed("torch"):
-        steps, survived = _torch_epochs(3, inject, fetch_oom_at=2)
+        steps, survived = _torch_epochs(2, inject, fetch_oom_at=2)
     assert inject.injected >= 2
     assert rec.ooms_seen == survived == inject.injected + 1   # the transform's OOM too
     assert rec.step_mismatches == 0 and rec.steps == steps
-    assert sorted(rec.counts) == [0, 1, 2]
+    assert sorted(rec.counts) == [0, 1]
     assert all((c == 1).all() for c in rec.counts.values())
 
 
