@@ -247,3 +247,16 @@ def test_hopeless_budget_is_reported_at_once_and_no_plan_beats_the_bound():
     hopeless = 200 * MB + 50 * MB + 100 * MB - 1
     p = plan_for_budget(t, hopeless)
     assert p.fits is False and p.actions == ("recompute",) * 10
+
+
+def test_transient_from_a_measured_peak_counts_shared_bytes_once():
+    # the no-plan model of a table must give back the peak it was measured from (#17: the shared
+    # input of u1 was subtracted twice and modelled peaks fell short by it)
+    layers = [LayerCost("u0", 400 * MB, 5.0, 10.0, input_bytes=10 * MB),
+              LayerCost("u1", 300 * MB, 5.0, 10.0, input_bytes=100 * MB, shared_bytes=100 * MB),
+              LayerCost("u2", 50 * MB, 5.0, 10.0, input_bytes=10 * MB)]
+    peak, static = 1000 * MB, 200 * MB
+    tr = CostTable.transient_from_peak(peak, static, layers)
+    t = CostTable(32, layers, 400e9, 400e9, static_bytes=static, transient_bytes=tr)
+    assert t.resident_bytes == 650 * MB and tr == 150 * MB
+    assert simulate(t, ["keep"] * 3).peak_bytes == peak

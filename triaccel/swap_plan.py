@@ -93,9 +93,9 @@ class CostTable:
     layers: the units in forward order. d2h_bytes_per_s / h2d_bytes_per_s: measured copy bandwidth
     between device and pinned host memory (> 0). static_bytes: device memory that does not scale
     with the batch (weights, gradients, optimizer state). transient_bytes: the rest of the measured
-    peak, i.e. peak - static_bytes - sum(saved_bytes) (workspaces, activation gradients); it scales
-    with the batch and may be negative when units' saved bytes overlap. other_ms: step time outside
-    the units (loss, optimizer step).
+    peak, i.e. peak - static_bytes - resident_bytes (workspaces, activation gradients); it scales
+    with the batch. other_ms: step time outside the units (loss, optimizer step). With these,
+    `simulate(table, all "keep").peak_bytes` is the measured peak.
     """
 
     batch: int
@@ -134,6 +134,21 @@ class CostTable:
     @property
     def saved_bytes(self) -> int:
         return sum(x.saved_bytes for x in self.layers)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Device bytes of all units' saved tensors at once with no plan: each tensor once, i.e.
+        sum(saved_bytes) less the shared_bytes that two neighbours both count."""
+        return self.saved_bytes - sum(x.shared_bytes for x in self.layers)
+
+    @staticmethod
+    def transient_from_peak(peak_bytes: int, static_bytes: int, layers: Sequence[LayerCost]) -> int:
+        """transient_bytes of a table whose no-plan step peaked at `peak_bytes` (bytes) over
+        `static_bytes`: the peak less static and less the resident saved bytes of `layers` (shared
+        bytes once: subtracting sum(saved_bytes) would count a block's input, saved by it and by
+        its predecessor, twice, and every modelled peak would then fall short by those bytes)."""
+        resident = sum(x.saved_bytes - x.shared_bytes for x in layers)
+        return int(peak_bytes) - int(static_bytes) - resident
 
     def to_dict(self) -> dict:
         """JSON-safe; `CostTable.from_dict` rebuilds it."""

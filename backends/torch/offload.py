@@ -29,16 +29,19 @@ import gc
 import statistics
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from triaccel.swap_plan import ACTIONS, CostTable, LayerCost, SwapPlan
 
-__all__ = ["ActivationOffload", "OffloadDriver", "OffloadError", "check_pinnable", "default_units",
-           "measure_bandwidth"]
+__all__ = ["ActivationOffload", "CudaBytes", "LiveBytes", "OffloadDriver", "OffloadError", "check_pinnable",
+           "default_units", "measure_bandwidth"]
 
 
 class OffloadError(RuntimeError):
@@ -135,6 +138,67 @@ def _dense_stride(t: torch.Tensor) -> tuple[int, ...] | None:
     return None
 
 
+class CudaBytes:
+    """The CUDA caching allocator's bytes in use on `device`: allocated(), peak() since reset_peak().
+    (A block freed while a side-stream copy still reads it, `record_stream`, leaves these counters at
+    once but is reused only after the copy: `memory_reserved` holds it meanwhile.)"""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def allocated(self) -> int:
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def peak(self) -> int:
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+class LiveBytes(TorchDispatchMode):
+    """CPU stand-in for `CudaBytes`: bytes of the tensor storages created while the mode is active
+    that are still alive (allocated()), and their peak since reset_peak(). Storages that existed
+    before entering are not counted, so compare differences (peak - allocated at a start).
+
+    ignore: called at each op; True makes its outputs uncounted (e.g. `ActivationOffload.host_copying`:
+    a swap's host copy is host memory on a device, so CPU runs count what a device would hold).
+    For tests and CPU smoke runs of the planner against measured bytes; it slows every op.
+    """
+
+    def __init__(self, ignore: Callable[[], bool] | None = None) -> None:
+        super().__init__()
+        self.ignore = ignore
+        self._cur = self._peak = 0
+        self._seen: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.ignore is None or not self.ignore():
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                    s = t.untyped_storage()
+                    n = s.nbytes()
+                    if n and s not in self._seen:
+                        self._seen[s] = n
+                        self._cur += n
+                        self._peak = max(self._peak, self._cur)
+                        weakref.finalize(s, self._freed, n)
+        return out
+
+    def _freed(self, n: int) -> None:
+        self._cur -= n
+
+    def allocated(self) -> int:
+        return self._cur
+
+    def peak(self) -> int:
+        return self._peak
+
+    def reset_peak(self) -> None:
+        self._peak = self._cur
+
+
 class _Packed:
     """A saved tensor living in host memory, and its copy back to the device once issued."""
 
@@ -184,6 +248,7 @@ class ActivationOffload:
         self._hooks_ctx: Any = None
         self._streams: tuple[Any, Any] | None = None
         self.swapped_bytes = 0  # bytes copied to host in the last step
+        self.host_copying = False  # True while a swapped tensor's host copy is made (LiveBytes' ignore)
         # called as observer(event, unit) at "fwd_start", "fwd_end", "bwd_start" of each unit
         # (e.g. to trace memory over a step); None: off
         self.observer: Callable[[str, int], None] | None = None
@@ -335,9 +400,13 @@ class ActivationOffload:
                     ev.record(d2h)
                 t.record_stream(d2h)  # the device block is reused only after the copy
             else:
-                host = torch.empty(t.shape, dtype=t.dtype) if stride is None else torch.empty_strided(
-                    t.shape, stride, dtype=t.dtype)
-                host.copy_(t)
+                self.host_copying = True
+                try:
+                    host = torch.empty(t.shape, dtype=t.dtype) if stride is None else torch.empty_strided(
+                        t.shape, stride, dtype=t.dtype)
+                    host.copy_(t)
+                finally:
+                    self.host_copying = False
                 ev = None
         p = _Packed(host, t.device, ev, t.shape, t.stride())
         self._packed[i].append(p)
@@ -387,12 +456,15 @@ class ActivationOffload:
         self._rec_transfer[i] += nbytes
 
     def measure(self, loss_fn: Callable[[], torch.Tensor], batch: int, repeats: int = 3,
-                bandwidth: tuple[float, float] | None = None) -> CostTable:
+                bandwidth: tuple[float, float] | None = None, memory: Any = None) -> CostTable:
         """The cost table at `batch` samples: runs `loss_fn()` (a forward on `batch` samples giving a
         scalar loss) and its backward once to warm up, then `repeats` times with per-unit CUDA
         events (timestamps on CPU) and saved-tensor hooks, with no plan applied; medians of the
         times. Gradients accumulate into `.grad` as in training: zero them afterwards if needed.
-        bandwidth: (d2h, h2d) bytes/s, measured with `measure_bandwidth` when None.
+        bandwidth: (d2h, h2d) bytes/s, measured with `measure_bandwidth` when None. memory: what
+        reads the step's static and peak bytes (`allocated()`, `peak()`, `reset_peak()`): None is
+        the CUDA allocator on CUDA; on CPU None leaves static_bytes and transient_bytes at 0, and a
+        `LiveBytes` (entered by the caller) counts them.
         """
         if not (isinstance(batch, int) and batch >= 1) or not (isinstance(repeats, int) and repeats >= 1):
             raise ValueError(f"batch={batch!r}, repeats={repeats!r} are invalid: allowed integers >= 1")
@@ -400,6 +472,8 @@ class ActivationOffload:
         self.apply(("keep",) * len(self.units))
         dev = self._device()
         cuda = dev.type == "cuda"
+        mem = memory if memory is not None else (CudaBytes(dev) if cuda else None)
+        counted = mem is not None
         L = len(self.units)
         runs: list[dict[str, Any]] = []
         try:
@@ -420,9 +494,9 @@ class ActivationOffload:
                 self._rec_saved = [dict() for _ in range(L)]
                 self._rec_transfer = [0] * L
                 _sync(dev)
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats(dev)
-                static = torch.cuda.memory_allocated(dev) if cuda else 0
+                if mem is not None:
+                    mem.reset_peak()
+                static = mem.allocated() if mem is not None else 0
                 self._recorder = mark
                 self.__enter__()
                 try:
@@ -435,7 +509,7 @@ class ActivationOffload:
                     self.__exit__(None, None, None)
                     self._recorder = None
                 _sync(dev)
-                peak = torch.cuda.max_memory_allocated(dev) if cuda else 0
+                peak = mem.peak() if mem is not None else 0
                 runs.append(self._times(marks, cuda) | {"static": static, "peak": peak})
                 del loss
         finally:
@@ -456,10 +530,10 @@ class ActivationOffload:
                                  shared_bytes=shared[i])
                        for i in range(L))
         d2h, h2d = bandwidth if bandwidth is not None else measure_bandwidth(dev)
-        static = min(r["static"] for r in runs)
-        peak = max(r["peak"] for r in runs)
+        static = min(r["static"] for r in runs) if counted else 0
+        peak = max(r["peak"] for r in runs) if counted else 0
         other = statistics.median(r["other"] for r in runs)
-        transient = (peak - static - sum(saved)) if cuda else 0
+        transient = CostTable.transient_from_peak(peak, static, layers) if counted else 0
         return CostTable(batch, layers, d2h, h2d, static_bytes=static, transient_bytes=transient, other_ms=other)
 
     def _times(self, marks: list[tuple[str, int, Any]], cuda: bool) -> dict[str, Any]:
