@@ -141,14 +141,15 @@ class IndexRecorder:
             yield self
 
 
-def _step_records(log: Path) -> list[dict[str, Any]]:
+def _records(log: Path, kind: str) -> list[dict[str, Any]]:
+    """The demo log's records of one type ("step", "epoch"; written at each epoch's end)."""
     if not log.exists():
         return []
     out = []
     for line in log.read_text().splitlines():
         if line.strip():
             r = json.loads(line)
-            if r.get("type") == "step":
+            if r.get("type") == kind:
                 out.append(r)
     return out
 
@@ -169,7 +170,7 @@ def worker(out_json: Path, backend: str, demo_argv: list[str]) -> None:
         except Exception as exc:  # noqa: BLE001 - the soak reports any failure as "did not finish"
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     wall = time.perf_counter() - t0
-    steps = _step_records(Path(opts.out) / "log.jsonl")
+    steps = _records(Path(opts.out) / "log.jsonl", "step")
     by_epoch: dict[int, int] = {}
     ooms_logged = 0
     for r in steps:
@@ -179,7 +180,7 @@ def worker(out_json: Path, backend: str, demo_argv: list[str]) -> None:
     res = {
         "backend": backend, "demo_argv": demo_argv, "error": error, "wall_s": wall,
         "epochs_requested": opts.epochs,
-        "epochs_done": 0 if summary is None else len(summary.get("accs", [])),
+        "epochs_done": len(_records(Path(opts.out) / "log.jsonl", "epoch")),
         "samples_per_epoch_log": [by_epoch.get(e) for e in range(opts.epochs)],
         "samples_per_epoch_counted": [None if c is None else int(c.sum()) for c in counts],
         "exactly_once_per_epoch": [None if c is None else bool((c == 1).all()) for c in counts],
