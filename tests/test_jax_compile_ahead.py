@@ -1,7 +1,9 @@
 """Compilations off the critical path (SplitStep + AheadCompiler), the persistent compilation cache,
-and the bounded precision policies (core `precision_groups`, `Controller.likely_next`)."""
+the bounded precision policies (core `precision_groups`, `Controller.likely_next`), the compile log,
+and the padding that keeps the noise halves and short steps at the full step's shape."""
 
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -192,3 +194,230 @@ def test_likely_next_predicts_expiring_evidence_and_neighbour_buckets():
     assert prec == (Precision.BF16, Precision.BF16)       # expired by step 20, and dwell is over
     assert ctl.decide(20).precisions == prec
     assert ctl.likely_next(20)[0] == prec                  # nothing changed in the controller itself
+
+
+def test_likely_next_reach_lists_the_ladder_ascending():
+    cfg = TriAccelConfig(batch_init=16, batch_min=4, batch_max=64, batch_buckets=(4, 8, 16, 32, 64), batch_multiple=4)
+    ctl = Controller(cfg, _specs(["other"]))
+    assert ctl.likely_next(0)[1] == (8, 32)
+    assert ctl.likely_next(0, reach=4)[1] == (4, 8, 32, 64)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="reach"):
+            ctl.likely_next(0, reach=bad)
+
+
+# -- what the background compiler is given, and when --------------------------------------------
+
+class _Recorder:
+    """Stands in for the AheadCompiler: records what is queued, compiles nothing."""
+
+    compiled_ahead = 0
+
+    def __init__(self):
+        self.names, self.keys = [], set()
+
+    def submit(self, key, fn, name=""):
+        self.names.append(name)
+        self.keys.add(key)
+
+    def pending(self, key):
+        return key in self.keys
+
+    def take(self, key):
+        return None
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_prepare_queues_every_bucket_up_the_ladder_nearest_first(pad):
+    """From the first step on: the noise half batch (unless the loader pads it to the full batch),
+    then each larger bucket up to batch_max, then the one below; the update-like bound function
+    with example shapes before the step's own first call."""
+    from triaccel.backends.jax import SplitStep, TriAccel
+
+    cfg = TriAccelConfig(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=4, batch_max=32,
+                         batch_buckets=(4, 8, 16, 32), batch_multiple=4)
+    model = Net()
+    ta = TriAccel(cfg, model)
+    opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
+    split = SplitStep(_body, model, opt, ta=ta, compile_cache=False, pad_to_batch=pad)
+    rec = split.ahead = _Recorder()
+
+    def probe(m, x):
+        return m(x).sum()
+
+    split.bind(probe, model, example_args=(jnp.ones((3, 4)),))
+    split.control(0)
+    assert rec.names == ["probe@3"]                 # the step's shapes are not known yet
+    split(jnp.ones((8, 4)))
+    want = ["_body@16", "_body@32", "_body@4"] if pad else ["_body@4", "_body@16", "_body@32"]
+    assert rec.names[1:] == want
+
+
+def test_bound_function_compiled_ahead_under_current_and_likely_policy(monkeypatch):
+    """bind(example_args=...) -> compiled in the background at the next boundary, taken at its
+    first call with no trace; under the policy the controller expects next as well."""
+    from triaccel.backends.jax import precision_policy
+
+    model, ta, split = _split()
+    x = jnp.full((3, 4), 0.5)
+    expected = float(model(x).sum())
+
+    def probe(m, x):
+        return m(x).sum()
+
+    evaluate = split.bind(probe, model, example_args=(jax.ShapeDtypeStruct(x.shape, x.dtype),))
+    fp32 = tuple([Precision.FP32] * ta.layers.num_layers)
+    monkeypatch.setattr(ta.controller, "likely_next", lambda step, reach=1: (fp32, ()))
+    split.control(0)                                # current policy and fp32: two variants queued
+    split.wait_compiled()
+    traces = split.traces
+    assert traces == 2
+    assert float(evaluate(x)) == pytest.approx(expected, rel=2e-2)    # bf16 compute under the policy
+    assert split.traces == traces and split.compiled_ahead == 1
+    precision_policy(model, fp32, ta.layers)
+    split.resplit()
+    assert float(evaluate(x)) == pytest.approx(expected, rel=1e-6)
+    assert split.traces == traces and split.compiled_ahead == 2
+
+
+def test_example_args_checked():
+    _m, _ta, split = _split()
+    with pytest.raises(ValueError, match="example_args"):
+        split.bind(lambda m, x: x, _m, example_args=jnp.ones(3))
+
+
+def test_applied_policy_restores_the_exact_dtypes():
+    from triaccel.backends.jax.policy import applied_policy
+
+    model, ta, _split_ = _split()
+    graphdef = nnx.split(model)[0]
+    assert model.fc1.dtype is None
+    with applied_policy(model, [Precision.FP16] * ta.layers.num_layers, ta.layers):
+        assert model.fc1.dtype == jnp.float16
+    assert model.fc1.dtype is None and nnx.split(model)[0] == graphdef
+
+
+# -- the compile log ----------------------------------------------------------------------------
+
+def test_compile_log_splits_critical_path_and_background():
+    from triaccel.backends.jax.compile_log import BACKGROUND_THREAD_PREFIX, CompileLog, describe, note_wait
+
+    f = jax.jit(lambda x: x * 3 + 1)
+    g = jax.jit(lambda x: x - 2)
+    x, y = jnp.ones(5), jnp.ones(6)
+    with CompileLog() as log:
+        f(x)
+        t = threading.Thread(target=lambda: g.lower(jax.ShapeDtypeStruct((5,), jnp.float32)).compile(),
+                             name=BACKGROUND_THREAD_PREFIX + "-test")
+        t.start()
+        t.join()
+        note_wait("g@5", 0.25)
+        first = log.window()
+        g(x)                                        # compiled ahead: nothing new
+        second = log.window()
+    n = len(log.records)
+    f(y)                                            # after stop: not recorded
+    assert len(log.records) == n
+    assert first["critical"]["compiles"] == 1 and first["background"]["compiles"] == 1
+    assert first["critical"]["by_kind"]["wait"] == 0.25
+    assert {"trace", "lower", "compile"} <= set(first["background"]["by_kind"])
+    assert second["critical"]["compiles"] == 0 and second["background"]["compiles"] == 0
+    assert log.summary()["critical"]["compiles"] == 1
+    assert "1 on the critical path" in describe(first) and "waited 0.2s" in describe(first)
+
+
+# -- padding to the decided batch: one shape per decided size -----------------------------------
+
+def _noise_setup(pad):
+    from triaccel.backends.jax.data import ElasticLoader
+    from triaccel.backends.jax.layers import layer_map_from_params
+
+    rng = np.random.default_rng(0)
+    params = {"fc1": {"kernel": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+                      "bias": jnp.zeros((4,), jnp.float32)},
+              "fc2": {"kernel": jnp.asarray(rng.normal(size=(4, 1)), jnp.float32),
+                      "bias": jnp.zeros((1,), jnp.float32)}}
+    lm = layer_map_from_params(params)
+    cfg = TriAccelConfig(t_ctrl=1, warmup_steps=0, batch_init=16, batch_min=8, batch_max=32,
+                         batch_buckets=(8, 16, 32), adaptive_precision=False)
+    ctl = Controller(cfg, lm.specs)
+    arrays = {"x": rng.normal(size=(40, 3)).astype(np.float32), "t": rng.normal(size=(40,)).astype(np.float32)}
+    loader = ElasticLoader(arrays, batch_size=16, seed=3, pad_to_batch=pad)
+
+    def loss(p, b, m):
+        h = jnp.tanh(b["x"] @ p["fc1"]["kernel"] + p["fc1"]["bias"])
+        return jnp.sum(((h @ p["fc2"]["kernel"] + p["fc2"]["bias"])[:, 0] - b["t"]) ** 2 * m) / jnp.sum(m)
+
+    return params, lm, ctl, loader, jax.jit(jax.value_and_grad(loss))
+
+
+def test_pad_to_batch_runs_noise_halves_and_short_step_at_the_full_shape():
+    """40 samples at 16, every step a noise step: halves of 8 and the short last step of 8 (halves
+    of 4) all run at 16 with pad_to_batch, and give the same gradients and measurements."""
+    from triaccel.backends.jax.data import elastic_step
+
+    runs = {}
+    for pad in (False, True):
+        params, lm, ctl, loader, vg = _noise_setup(pad)
+        shapes, grads, sizes = [], [], []
+        spy = ctl.observe_gradient_noise
+
+        def observe(step, s, micro, total, spy=spy):
+            sizes.append(list(s))
+            spy(step, s, micro, total)
+
+        ctl.observe_gradient_noise = observe
+
+        def grad_fn(batch, mask, params=params, vg=vg, shapes=shapes):
+            shapes.append(int(mask.shape[0]))
+            return vg(params, batch, mask)
+
+        for step in range(3):
+            res = elastic_step(loader, ctl, grad_fn, step, tensor_layer=lm)
+            grads.append(res.grads)
+        assert res.end_of_epoch and ctl.decision.batch_size == 16
+        runs[pad] = shapes, grads, sizes
+    assert runs[False][0] == [8, 8, 8, 8, 8, 8]     # halves of 16, then halves of the short step (4 -> 8)
+    assert runs[True][0] == [16] * 6
+    assert runs[True][2] == runs[False][2] == [[8, 8], [8, 8], [4, 4]]
+    for a, b in zip(runs[False][1], runs[True][1]):
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def test_fetch_pad_to():
+    from triaccel.backends.jax.data import ElasticLoader
+
+    loader = ElasticLoader({"id": np.arange(20, dtype=np.int32)}, batch_size=16, buckets=(8, 16), shuffle=False)
+    batch, mask = loader.fetch(np.arange(3), pad_to=16)
+    assert mask.shape == (16,) and float(mask.sum()) == 3
+    assert np.asarray(batch["id"]).tolist() == [0, 1, 2] * 5 + [0]   # the real samples again
+    assert loader.fetch(np.arange(3))[1].shape == (8,)
+    with pytest.raises(ValueError, match="pad_to"):
+        loader.fetch(np.arange(3), pad_to=0)
+    with pytest.raises(ValueError, match="bucket"):
+        loader.fetch(np.arange(3), pad_to=32)
+    with pytest.raises(ValueError, match="pad_to_batch"):
+        ElasticLoader({"id": np.arange(4)}, batch_size=2, pad_to_batch=1)
+
+
+def test_noise_step_compiled_ahead_leaves_nothing_to_compile_for_the_caller():
+    """`noise_step_compilations` on a background thread -> a noise step compiles none of the
+    weighting, accumulation and norm functions on the caller's thread."""
+    from triaccel.backends.jax.compile_log import BACKGROUND_THREAD_PREFIX, CompileLog
+    from triaccel.backends.jax.data import elastic_step, noise_step_compilations
+
+    params, lm, ctl, loader, vg = _noise_setup(True)
+    grad_fn = lambda b, m: vg(params, b, m)   # noqa: E731
+    jobs = noise_step_compilations(params)
+    assert [n for n, _ in jobs] == ["noise:scale", "noise:add", "noise:sqnorms", "noise:rows"]
+    t = threading.Thread(target=lambda: [job() for _, job in jobs], name=BACKGROUND_THREAD_PREFIX + "-test")
+    t.start()
+    t.join()
+    elastic_step(loader, ctl, grad_fn, 0, tensor_layer=lm)   # the step's own function compiles here
+    with CompileLog() as log:
+        elastic_step(loader, ctl, grad_fn, 1, tensor_layer=lm)
+    names = {r.name for r in log.records if r.kind == "compile"}
+    assert not names & {"jit(_scale_tree)", "jit(_add_trees)", "jit(_sqnorms)", "jit(_noise_rows)"}
+    with pytest.raises(ValueError, match="grads_like"):
+        noise_step_compilations({})

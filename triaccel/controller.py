@@ -416,12 +416,15 @@ class Controller:
             **({"offload": self._offload_info} if self.config.offload == "auto" else {}),
         })
 
-    def likely_next(self, step: int) -> tuple[tuple[Precision, ...], tuple[int, ...]]:
+    def likely_next(self, step: int, reach: int = 1) -> tuple[tuple[Precision, ...], tuple[int, ...]]:
         """What the next decisions after `step` are likely to be, for backends that prepare
         (compile) variants ahead: the precisions the next precision boundary would decide if no new
         observation came (evidence that expires, promotions that end; the same law, on a copy),
-        and the batch sizes one grid step down and up from the current one (those the batch law
-        may move to; empty when the batch lever is off). Changes nothing."""
+        and the batch sizes up to `reach` (>= 1) grid steps down and up from the current one,
+        ascending (the batch law moves one step per decision; above only up to the OOM ceiling;
+        empty when the batch lever is off). Changes nothing."""
+        if isinstance(reach, bool) or not isinstance(reach, (int, np.integer)) or reach < 1:
+            raise ValueError(f"reach={reach!r}: allowed an integer >= 1")
         cfg = self.config
         every = cfg.t_precision or cfg.t_ctrl
         nxt = (step // every + 1) * every
@@ -435,7 +438,7 @@ class Controller:
                 list(range(cfg.batch_min, cfg.batch_max + 1, cfg.batch_multiple))
             b = self._decision.batch_size
             below, above = [g for g in grid if g < b], [g for g in grid if g > b and g <= self._batch.ceiling]
-            batches = tuple(x for x in (below[-1] if below else None, above[0] if above else None) if x is not None)
+            batches = (*below[-int(reach):], *above[:int(reach)])
         return precisions, batches
 
     # -- reporting & state ------------------------------------------------------------------

@@ -19,10 +19,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
 import jax
+
+from .compile_log import BACKGROUND_THREAD_PREFIX, note_wait
 
 __all__ = ["AheadCompiler", "abstract", "default_compile_cache_dir", "enable_compilation_cache"]
 
@@ -52,15 +55,18 @@ class AheadCompiler:
     """
 
     def __init__(self) -> None:
-        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="triaccel-compile")
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=BACKGROUND_THREAD_PREFIX)
         self._jobs: dict[Hashable, cf.Future[Any]] = {}
+        self._names: dict[Hashable, str] = {}
         self._lock = threading.Lock()
         self.compiled_ahead = 0
 
-    def submit(self, key: Hashable, fn: Callable[[], Any]) -> None:
+    def submit(self, key: Hashable, fn: Callable[[], Any], name: str = "") -> None:
+        """Queue ``fn()`` under `key` (name: how the compile log calls a wait on it)."""
         with self._lock:
             if key not in self._jobs:
                 self._jobs[key] = self._pool.submit(fn)
+                self._names[key] = name
 
     def pending(self, key: Hashable) -> bool:
         with self._lock:
@@ -69,12 +75,18 @@ class AheadCompiler:
     def take(self, key: Hashable) -> Any:
         with self._lock:
             job = self._jobs.pop(key, None)
+            name = self._names.pop(key, "")
         if job is None or job.cancel():
             return None
+        t0 = time.perf_counter()
+        running = not job.done()
         try:
             out = job.result()
         except Exception:  # the caller compiles again in the foreground and sees the error there
             return None
+        finally:
+            if running:  # the caller waited on the critical path: the compile log shows it
+                note_wait(name, time.perf_counter() - t0)
         self.compiled_ahead += 1
         return out
 

@@ -13,6 +13,12 @@ multiple of the count, else within one extra copy of some). Padding with copies 
 instead made an epoch's short last step (e.g. 80 real + 304 copies at bucket 384) normalise its
 real samples with the statistics of a single image, a large spurious gradient step.
 
+With ``pad_to_batch=True`` every micro-batch is padded at least to the bucket of the decided batch
+(`elastic_step` passes the controller's batch size in force, after any OOM shrink): the
+gradient-noise half batches and an epoch's short last step then run at the full step's shape, so
+under `jax.jit` they need no compilation of their own (a half batch is padded with its own samples
+once more). The padded rows cost compute: one short step per epoch and the noise steps' halves.
+
 `elastic_step(loader, controller, grad_fn, step)` runs one optimizer step with out-of-memory
 survival (`XlaRuntimeError`/`JaxRuntimeError` whose message contains RESOURCE_EXHAUSTED): the failed
 samples are replayed at the controller's shrunken size and gradients are accumulated with weights
@@ -45,7 +51,7 @@ from triaccel.noise import observe_split_step
 from .sharding import check_divides, take
 
 __all__ = ["ElasticLoader", "ElasticStepResult", "OOM_ERROR_TYPES", "elastic_step", "free_memory",
-           "is_oom"]
+           "is_oom", "noise_step_compilations"]
 
 
 def _oom_error_types() -> tuple[type[BaseException], ...]:
@@ -107,11 +113,14 @@ class ElasticLoader(ElasticIndexLoader):
     transform(batch, key): optional, applied to the gathered, padded batch (e.g. augmentation and
       normalisation on the device). `key` is a PRNG key derived from (seed, epoch, first sample
       id of the micro-batch), so augmentation is deterministic and resumes exactly.
+    pad_to_batch: `elastic_step` pads every micro-batch at least to the bucket of the decided
+      batch size (module docstring); False: to the bucket of its own size.
     """
 
     def __init__(self, arrays: Any, *, batch_size: int, buckets: Sequence[int] | None = None,
                  seed: int = 0, shuffle: bool = True,
-                 transform: Callable[[Any, jax.Array], Any] | None = None, device: Any = None) -> None:
+                 transform: Callable[[Any, jax.Array], Any] | None = None, device: Any = None,
+                 pad_to_batch: bool = False) -> None:
         leaves = jax.tree_util.tree_leaves(arrays)
         if not leaves:
             raise ValueError("arrays: no arrays given")
@@ -123,8 +132,11 @@ class ElasticLoader(ElasticIndexLoader):
         self.buckets = _check_buckets(buckets)
         if self.buckets is not None and self.batch_size > self.buckets[-1]:
             raise ValueError(f"batch_size={self.batch_size}: exceeds the largest bucket {self.buckets[-1]}")
+        if not isinstance(pad_to_batch, bool):
+            raise ValueError(f"pad_to_batch={pad_to_batch!r}: allowed True or False")
         self.transform = transform
         self.device = device
+        self.pad_to_batch = pad_to_batch
         self.seed = seed
         self.shapes_served: set[int] = set()   # padded micro-batch sizes handed out (compile count)
 
@@ -142,11 +154,14 @@ class ElasticLoader(ElasticIndexLoader):
         raise ValueError(f"micro-batch of n={n} samples exceeds the largest bucket {self.buckets[-1]} "
                          f"(buckets {self.buckets}); allowed [1, {self.buckets[-1]}]")
 
-    def fetch(self, indices: np.ndarray) -> tuple[Any, jax.Array]:
-        """(batch, mask) for the samples `indices`: leaves padded to `bucket_for(len)`, mask (bucket,)."""
+    def fetch(self, indices: np.ndarray, pad_to: int | None = None) -> tuple[Any, jax.Array]:
+        """(batch, mask) for the samples `indices`: leaves padded to `bucket_for(max(len, pad_to))`
+        (pad_to None: `bucket_for(len)`), mask (bucket,)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = int(idx.size)
-        size = self.bucket_for(n)
+        if pad_to is not None:
+            pad_to = check_batch_size("pad_to", pad_to)
+        size = self.bucket_for(max(n, pad_to or 0))
         if isinstance(self.device, jax.sharding.NamedSharding):
             check_divides(size, self.device, f"micro-batch of {n} samples padded to bucket")
         padded = np.resize(idx, size)  # cyclic repeat: BatchNorm sees the real samples' statistics
@@ -195,6 +210,39 @@ def _noise_rows(micro: list[jax.Array], total: list[jax.Array], scale: jax.Array
 
 
 _micro_sqnorms = jax.jit(_sqnorms)
+# A split step's gradient weighting and accumulation, one compilation per gradient tree (as eager
+# per-leaf ops they compiled one executable per leaf shape, on the critical path); the same
+# elementwise operations, so the same values.
+@jax.jit
+def _scale_tree(tree: Any, w: Any) -> Any:
+    return jax.tree_util.tree_map(lambda g: g * w, tree)
+
+
+@jax.jit
+def _add_trees(a: Any, b: Any) -> Any:
+    return jax.tree_util.tree_map(jnp.add, a, b)
+
+
+def noise_step_compilations(grads_like: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """(name, thunk) pairs that compile what `elastic_step` runs at a gradient-noise step besides the
+    user's functions (weighting, accumulation, squared norms, the rows read back), for gradients
+    shaped as `grads_like` (a pytree of arrays or `jax.ShapeDtypeStruct`s, placed as the step's
+    gradients are). Run them on a background thread before the first noise step (e.g.
+    `SplitStep.compile_in_background`): a later call with those shapes then finds them compiled
+    (jax.jit's caches hold ahead-of-time compilations)."""
+    from .compile_ahead import abstract
+
+    grads = jax.tree_util.tree_map(abstract, grads_like)
+    leaves = jax.tree_util.tree_leaves(grads)
+    if not leaves:
+        raise ValueError("grads_like: no arrays")
+    sharding = getattr(leaves[0], "sharding", None)
+    rows = jax.ShapeDtypeStruct((len(leaves),), jnp.float32, sharding=sharding)
+    scale = jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding)
+    return [("noise:scale", lambda: _scale_tree.lower(grads, 0.5).compile()),
+            ("noise:add", lambda: _add_trees.lower(grads, grads).compile()),
+            ("noise:sqnorms", lambda: _micro_sqnorms.lower(leaves).compile()),
+            ("noise:rows", lambda: _noise_rows.lower([rows, rows], leaves, scale).compile())]
 
 
 def _tensor_layer_fn(tensor_layer: Any, controller: Any) -> Callable[[Any], np.ndarray]:
@@ -257,12 +305,15 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     sq: list[jax.Array] = []   # per successful micro-batch of a noise step: (T,) squared norms
 
     def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
-        out, grads = grad_fn(*loader.fetch(chunk))
+        # the decision in force now: an OOM earlier in this step has shrunk it
+        pad_to = getattr(getattr(controller, "decision", None), "batch_size", loader.batch_size) \
+            if loader.pad_to_batch else None
+        out, grads = grad_fn(*loader.fetch(chunk, pad_to=pad_to))
         loss, aux = out if has_aux else (out, None)
         jax.block_until_ready((loss, grads))
-        # One dispatch per leaf: skipped for a whole batch (weight 1), the common step.
-        scaled = grads if weight == 1.0 else jax.tree_util.tree_map(lambda g: g * weight, grads)
-        acc["grads"] = scaled if "grads" not in acc else jax.tree_util.tree_map(jnp.add, acc["grads"], scaled)
+        # Skipped for a whole batch (weight 1), the common step.
+        scaled = grads if weight == 1.0 else _scale_tree(grads, weight)
+        acc["grads"] = scaled if "grads" not in acc else _add_trees(acc["grads"], scaled)
         acc["aux"] = aux
         if measure:
             sq.append(_micro_sqnorms(jax.tree_util.tree_leaves(scaled)))

@@ -31,7 +31,7 @@ from triaccel.precision import Precision
 
 from .layers import LayerMap, layer_map_from_model
 
-__all__ = ["DTYPES", "precision_policy", "current_policy", "linen_precision", "policy_names", "CountingJit",
+__all__ = ["DTYPES", "precision_policy", "applied_policy", "current_policy", "linen_precision", "policy_names", "CountingJit",
            "commit", "compiled_footprint", "counting_jit", "executable_footprint"]
 
 DTYPES = {Precision.FP16: jnp.float16, Precision.BF16: jnp.bfloat16, Precision.FP32: jnp.float32}
@@ -129,6 +129,22 @@ def linen_precision(policy: Any, layers: LayerMap) -> Iterator[tuple[str, ...]]:
 
     with nn.intercept_methods(interceptor):
         yield names
+
+
+@contextlib.contextmanager
+def applied_policy(model: Any, policy: Any, layers: LayerMap | None = None) -> Iterator[tuple[str, ...]]:
+    """Within the block, the NNX `model` computes under `policy` (`precision_policy`); after it, each
+    layer module gets back its exact previous ``dtype`` (None included), so the model's graph
+    definition is the one before the block. Yields the policy's short names."""
+    lm = layers if layers is not None else layer_map_from_model(model)
+    mods = _modules_by_name(model)
+    saved = [(mods[s.name], getattr(mods[s.name], "dtype", None)) for s in lm.specs if s.name in mods]
+    try:
+        yield precision_policy(model, policy, lm)
+    finally:
+        for mod, dtype in saved:
+            if mod.dtype is not dtype:
+                mod.dtype = dtype
 
 
 def current_policy(model: Any, layers: LayerMap | None = None) -> tuple[str, ...]:

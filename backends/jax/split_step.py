@@ -13,11 +13,14 @@ which a new precision policy then does not recompile).
 
 Compilations off the critical path (`compile_ahead`, on by default): each variant (graph
 definition x argument shapes) runs as an ahead-of-time executable (`jax.jit(...).lower(...).compile()`);
-at control boundaries the variants the controller is likely to ask for next
-(`Controller.likely_next`: the batch buckets one step down and up, the gradient-noise half batch,
-the precision policy the next decision would take) are compiled on a background thread from
-abstract shapes, and the step takes them when the controller switches, with no trace. The
-persistent compilation cache is on by default (`compile_cache`, see `enable_compilation_cache`).
+from the first step on, at each control boundary, the variants the controller may ask for
+(`Controller.likely_next`: every batch bucket up to the ceiling, the one below, the gradient-noise
+half batches unless the loader pads them to the full batch, the precision policy the next decision
+would take) and the bound functions with known argument shapes (e.g. an evaluation, compiled per
+policy) are queued, nearest first, on a background thread from abstract shapes; the step takes them
+when the controller switches, with no trace. `compile_log.CompileLog` shows what still compiles on
+the critical path. The persistent compilation cache is on by default (`compile_cache`, see
+`enable_compilation_cache`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from .compile_ahead import AheadCompiler, abstract, enable_compilation_cache
-from .policy import CountingJit, commit, current_policy, policy_names, precision_policy
+from .policy import CountingJit, applied_policy, commit, policy_names
 
 __all__ = ["SplitStep"]
 
@@ -46,6 +49,9 @@ class SplitStep:
     footprint (the micro-batch is the leading axis of the first array in ``args``).
     compile_ahead: compile the likely next variants on a background thread at control boundaries
     (needs ``ta``; module docstring); False: each variant compiles at its first call.
+    pad_to_batch: the loader pads every micro-batch to the bucket of the decided batch
+    (`ElasticLoader(pad_to_batch=True)`), so the gradient-noise half batches and the epoch's short
+    last step need no variants of their own: only the decided sizes are compiled ahead.
     compile_cache: JAX's persistent compilation cache: True (default) -> ``<cache>/jax`` unless
     the user set a folder, a folder, or False/None -> off (`enable_compilation_cache`).
     mesh: data parallelism (`sharding.data_mesh`; default: ``ta.mesh``): the state is replicated
@@ -59,12 +65,15 @@ class SplitStep:
 
     def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
                  compile_ahead: bool = True, compile_cache: str | Path | bool | None = True,
-                 mesh: Any = None, **jit_kwargs: Any) -> None:
+                 mesh: Any = None, pad_to_batch: bool = False, **jit_kwargs: Any) -> None:
         import jax
         from flax import nnx
 
         if not isinstance(compile_ahead, bool):
             raise ValueError(f"compile_ahead={compile_ahead!r}: allowed True or False")
+        if not isinstance(pad_to_batch, bool):
+            raise ValueError(f"pad_to_batch={pad_to_batch!r}: allowed True or False")
+        self.pad_to_batch = pad_to_batch
         self._nnx, self._tree_util = nnx, jax.tree_util
         self.objects, self.ta = (model, optimizer), ta
         self.compile_cache = enable_compilation_cache(compile_cache)
@@ -144,19 +153,29 @@ class SplitStep:
     def __call__(self, *args: Any) -> Any:
         return self._main(*args)
 
-    def bind(self, fn: Callable[..., Any], *objects: Any, **jit_kwargs: Any) -> Callable[..., Any]:
+    def bind(self, fn: Callable[..., Any], *objects: Any, example_args: tuple[Any, ...] | None = None,
+             **jit_kwargs: Any) -> Callable[..., Any]:
         """`fn(*objects, *args) -> out` jitted over the leaves of `objects` only, sharing this step's
         state: `objects` are graph nodes or `nnx.State`s whose Variables all belong to this step's
         objects (e.g. ``nnx.state(model, nnx.Param)`` and the optimizer). Its compiled variants are
         keyed by the graph definition of `objects` alone: an update bound over the parameters' state
-        does not compile again when a precision policy changes the model's graph. jit_kwargs: passed
-        to `jax.jit` (no donation unless given; on a mesh, outputs replicated unless out_shardings
-        is given)."""
+        does not compile again when a precision policy changes the model's graph.
+        example_args: the arguments of a call to come (arrays or `jax.ShapeDtypeStruct`s, placed as
+        the call's will be): with compile-ahead on, that variant is compiled in the background at
+        the next `prepare` (control boundary) under the current policy and the likely next one,
+        before its first call (e.g. an evaluation at each epoch's end). jit_kwargs: passed to
+        `jax.jit` (no donation unless given; on a mesh, outputs replicated unless out_shardings is
+        given)."""
         if self._variables is None:
             raise ValueError("bind: the objects hold Variables whose values are trees; only the whole "
                              "step (SplitStep(fn, ...)) can run over them")
+        if example_args is not None and not isinstance(example_args, tuple):
+            raise ValueError(f"example_args: a tuple of the call's arguments, got {type(example_args).__name__}")
         b = _Bound(self, fn, objects, {**self._jit_defaults, **jit_kwargs})
         b.locate()
+        if example_args is not None:
+            args = _abstract_tree(example_args)
+            b.templates[_signature(args)] = args
         self._bound.append(b)
         return b
 
@@ -197,78 +216,119 @@ class SplitStep:
 
     # -- compilations ahead ------------------------------------------------------------------
     def prepare(self, step: int) -> int:
-        """Queue the variants the controller is likely to need after `step` (`Controller.likely_next`):
-        the micro-batch buckets of the batch sizes one grid step down and up and of the
-        gradient-noise half batches, under the current policy, and the current ones under the
-        policy the next precision decision would take. Returns the number queued (0 before the
-        step's first call, which then triggers it)."""
+        """Queue, in the order they are likely needed, the variants the controller may ask for after
+        `step` (`Controller.likely_next`): under the current policy the gradient-noise half batch
+        (unless ``pad_to_batch``), then every larger batch bucket up to the ceiling (the batch law
+        climbs one per decision and the ladder is short) with its half, then the bucket one step
+        down; under the policy the next precision decision would take, the current size (and its
+        half); and the bound functions that know their argument shapes (`bind(example_args=...)`,
+        or a call) under both policies. Returns the number queued (the step's own sizes wait for
+        its first call, which then triggers this again)."""
         ctl = self.ta.controller if self.ta is not None else None
         if self.ahead is None or ctl is None:
             return 0
         cfg, d = ctl.config, ctl.decision
-        likely, near = ctl.likely_next(step)
-        noise = cfg.elastic_batch and cfg.batch_law == "noise"
-        sizes: list[int] = []
-        for n in (d.batch_size, *near):
-            for m in ((-(-n // 2),) if noise and n >= 2 else ()) + ((n,) if n != d.batch_size else ()):
-                b = _bucket(m, cfg.batch_buckets)
-                if b not in sizes:
-                    sizes.append(b)
-        policies = [likely] if policy_names(likely) != policy_names(d) else []
-        queued = self.compile_ahead(sizes, policies)
-        self._prepare_after_first_call = queued is None
-        return queued or 0
+        buckets = cfg.batch_buckets
+        likely, near = ctl.likely_next(step, reach=max(len(buckets or ()), 1))
+        halves = cfg.elastic_batch and cfg.batch_law == "noise" and not self.pad_to_batch
+        cur = d.batch_size
 
-    def compile_ahead(self, batches: Iterable[int] = (), policies: Sequence[Any] = ()) -> int | None:
-        """Queue background compilations of the step: at each micro-batch size in `batches` under the
-        current precision policy, and at the current size and those sizes under each of `policies`
+        def with_half(n: int) -> list[int]:
+            return [n, -(-n // 2)] if halves and n >= 2 else [n]
+
+        sizes: list[int] = []
+        for n in (*with_half(cur), *(m for u in near if u > cur for m in with_half(u)),
+                  *[n for n in near if n < cur][-1:]):
+            b = _bucket(n, buckets)
+            if b not in sizes:
+                sizes.append(b)
+        policies = [likely] if policy_names(likely) != policy_names(d) else []
+        queued = self._queue_bound(policies)
+        # under the likely policy: the current size and its half (sizes[:2] with halves)
+        main = self.compile_ahead(sizes, policies, policy_batches=len(with_half(cur)))
+        self._prepare_after_first_call = main is None
+        return queued + (main or 0)
+
+    def compile_ahead(self, batches: Iterable[int] = (), policies: Sequence[Any] = (),
+                      policy_batches: int | None = None) -> int | None:
+        """Queue background compilations of the step, size by size in the order given: at each
+        micro-batch size in `batches` under the current precision policy, and at the current size
+        and the first `policy_batches` of `batches` (None: all) under each of `policies`
         (Decisions or per-layer precision sequences, in the wrapper's layer order). The argument
-        shapes are those of the last call with the leading (micro-batch) axis changed. Returns the
-        number queued; None before the first call (no shapes known yet)."""
+        shapes are those of the last call with the leading (micro-batch) axis changed. Returns
+        the number queued; None before the first call (no shapes known yet)."""
         if self.ahead is None:
             return 0
         batches = [int(b) for b in batches]
         if any(b < 1 for b in batches):
             raise ValueError(f"batches={batches}: micro-batch sizes must be >= 1")
+        if policy_batches is not None and policy_batches < 0:
+            raise ValueError(f"policy_batches={policy_batches}: allowed None or an integer >= 0")
         main = self._main
         if main.last_sig is None:
             return None
         template = main.templates[main.last_sig]
         batched = next((a for a in template if hasattr(a, "shape") and len(a.shape) > 0), None)
         cur = int(batched.shape[0]) if batched is not None else None
-        keys = [(main.key, batches)]
-        for policy in policies:
-            graphdef = self._graphdef_for(policy)
-            if graphdef is not None and (graphdef, self._treedef) != main.key:
-                keys.append(((graphdef, self._treedef), [cur, *batches] if cur is not None else batches))
+        with_policy = set(([cur] if cur is not None else []) +
+                          (batches if policy_batches is None else batches[:policy_batches]))
+        pkeys = list(dict.fromkeys(k for policy in policies for k in self._keys_for(policy, [main])
+                                   if k is not None and k != main.key))
         leaves = [abstract(x) for x in self._leaves]
         queued = 0
-        for key, sizes in keys:
-            done = main.exes.get(key, {})
-            for n in dict.fromkeys(sizes):
-                args = tuple(abstract(a, cur, n) for a in template)
-                sig = _signature(args)
-                if sig in done or self.ahead.pending((id(main), key, sig)):
-                    continue
-                step = main.step_for(key)
-                self.ahead.submit((id(main), key, sig), functools.partial(step.compile, leaves, *args))
-                queued += 1
+        for n in dict.fromkeys(([cur] if cur is not None else []) + batches):
+            args = tuple(abstract(a, cur, n) for a in template)
+            sig = _signature(args)
+            for key in [main.key, *(pkeys if n in with_policy else [])]:
+                queued += self._submit(main, key, sig, leaves, args)
         return queued
 
-    def _graphdef_for(self, policy: Any) -> Any:
-        """The graph definition the objects would have under `policy` (set on the model, split,
-        and set back: the model's dtypes are static graph attributes)."""
+    def _queue_bound(self, policies: Sequence[Any]) -> int:
+        """Queue the bound functions' variants at the argument shapes they know (`bind`'s
+        example_args, their calls), under the current policy and each of `policies`."""
+        bound = [b for b in self._bound[1:] if b.templates]
+        keys = [[b.key] for b in bound]
+        for policy in policies:
+            for ks, k in zip(keys, self._keys_for(policy, bound)):
+                if k is not None and k not in ks:
+                    ks.append(k)
+        queued = 0
+        for b, ks in zip(bound, keys):
+            leaves = [abstract(self._leaves[i]) for i in b.pos]
+            for key in ks:
+                for sig, args in list(b.templates.items()):
+                    queued += self._submit(b, key, sig, leaves, args)
+        return queued
+
+    def _submit(self, b: "_Bound", key: Any, sig: Any, leaves: list[Any], args: tuple[Any, ...]) -> int:
+        """Queue the variant `sig` of `b` under `key` unless it is compiled or queued; 1 if queued."""
+        job = (id(b), key, sig)
+        if sig in b.exes.get(key, {}) or self.ahead.pending(job):
+            return 0
+        batched = next((a for a in args if hasattr(a, "shape") and len(a.shape) > 0), None)
+        name = f"{b.name}@{batched.shape[0]}" if batched is not None else b.name
+        self.ahead.submit(job, functools.partial(b.step_for(key).compile, leaves, *args), name=name)
+        return 1
+
+    def _keys_for(self, policy: Any, bound: Sequence["_Bound"]) -> list[Any]:
+        """The variant family (graph definition, treedef) of each of `bound` under `policy` (set on
+        the model, split, and set back: the model's dtypes are static graph attributes); Nones
+        without a TriAccel that knows its layers."""
         ta = self.ta
         if ta is None or ta.layers is None:
-            return None
-        model = self.objects[0]
-        now = current_policy(model, ta.layers)
-        precision_policy(model, policy_names(policy), ta.layers)
-        try:
-            graphdef, _ = self._nnx.split(self.objects)
-        finally:
-            precision_policy(model, now, ta.layers)
-        return graphdef
+            return [None] * len(bound)
+        with applied_policy(self.objects[0], policy, ta.layers):
+            return [(self._nnx.split(self.objects)[0], self._treedef) if b.everything
+                    else (self._nnx.split(b.objects)[0], b.key[1]) for b in bound]
+
+    def compile_in_background(self, name: str, fn: Callable[[], Any]) -> bool:
+        """Queue another compilation on this step's background compiler: ``fn()`` (e.g. a
+        ``jax.jit(f).lower(...).compile()``, whose result jax.jit's caches keep for later calls),
+        after those already queued. Returns False (nothing queued) when compile-ahead is off."""
+        if self.ahead is None:
+            return False
+        self.ahead.submit(("also", name), fn, name=name)
+        return True
 
     def wait_compiled(self) -> None:
         """Block until the queued background compilations are done (tests, benchmarks)."""
@@ -294,6 +354,7 @@ class _Bound:
                  jit_kwargs: dict[str, Any], everything: bool = False) -> None:
         self.owner, self.fn, self.objects, self.jit_kwargs = owner, fn, objects, jit_kwargs
         self.everything = everything
+        self.name = getattr(fn, "__name__", "fn")   # how compile logs and XLA name its variants
         self.steps: dict[Any, CountingJit] = {}   # (graph definition, treedef) -> its jitted function
         # (graph definition, treedef) -> argument signature -> its executable (`jax.stages.Compiled`)
         self.exes: dict[Any, dict[Any, Any]] = {}
@@ -340,6 +401,7 @@ class _Bound:
                                  "removed a Variable); SplitStep needs the same structure after each call")
             return out, new
 
+        pure.__name__ = pure.__qualname__ = self.name
         if o.ta is not None:
             return o.ta.jit(pure, use_nnx=False, **self.jit_kwargs)
         return CountingJit(pure, use_nnx=False, **self.jit_kwargs)
@@ -351,7 +413,7 @@ class _Bound:
         exe = o.ahead.take((id(self), self.key, sig)) if o.ahead is not None else None
         if exe is None:
             exe = self.step_for(self.key).compile(leaves, *args)
-        self.templates[sig] = tuple(abstract(a) for a in args)
+        self.templates[sig] = _abstract_tree(args)
         return exe
 
     def __call__(self, *args: Any) -> Any:
@@ -376,6 +438,14 @@ class _Bound:
             leaves[i] = a
         o._leaves = leaves
         return out
+
+
+def _abstract_tree(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`args` with every array, also inside pytrees, replaced by its `abstract` shape (a template
+    keeps no device buffer alive)."""
+    import jax
+
+    return tuple(jax.tree_util.tree_map(abstract, a) for a in args)
 
 
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -14,7 +14,8 @@ from flax import nnx
 from triaccel import Controller, Precision
 from triaccel.backends.jax import (SplitStep, TriAccel, augment, find_state, layer_flops, layer_map_from_model,
                                    loss_scale, precision_policy)
-from triaccel.backends.jax.data import OOM_ERROR_TYPES, ElasticLoader, elastic_step
+from triaccel.backends.jax.compile_log import CompileLog, describe
+from triaccel.backends.jax.data import OOM_ERROR_TYPES, ElasticLoader, elastic_step, noise_step_compilations
 from triaccel.backends.jax.models import create_model
 from triaccel.backends.jax.sharding import batch_sharding, check_config, data_mesh, num_shards, replicated
 from triaccel.flops import FlopShare
@@ -40,6 +41,9 @@ def _cross_entropy(logits: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Arra
 
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
     t_start = time.perf_counter()
+    # Every trace/lowering/XLA compilation of the run, timed on the critical path or in the background
+    clog = CompileLog().start()
+    compiles: dict[str, Any] = {"epochs": [], "evals": []}
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed)
     cfg = opts.triaccel_config()
     # Data parallel over a mesh when more than one device is used (--devices; default all): each
@@ -107,18 +111,30 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         hyper(opt).set_value(lr)
         opt.update(params, grads)
 
+    def eval_body(model: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        model.eval()   # the trace's own copy of the model: the training graph is not touched
+        return (model(prep(x, None)).argmax(-1) == y).sum()
+
     # jax.jit over the split state (SplitStep): nnx.jit's per-call graph walk costs the host more than
     # a whole bs-96 step on the GPU (docs/benchmarks.md). No donation: a micro-batch that runs out of
     # memory must leave the state intact for its retry. The update sees only the parameters' state
     # and the optimizer, not the model's graph: a new precision policy does not recompile it.
+    # Every micro-batch is padded to the decided batch's bucket (the noise halves, the epoch's short
+    # last step): only the decided sizes are step variants, all compiled ahead. The update and the
+    # evaluation (once per policy) are compiled in the background too, from the shapes they will see.
     cache = False if opts.compile_cache == "off" else (opts.compile_cache or True)
     split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=(), compile_ahead=opts.compile_ahead,
-                      compile_cache=cache, mesh=mesh)
-    update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
-
-    @nnx.jit
-    def predict(model: Any, x: jax.Array) -> jax.Array:
-        return model(prep(x, None)).argmax(-1)
+                      compile_cache=cache, mesh=mesh, pad_to_batch=True)
+    params = nnx.state(model, nnx.Param)
+    sharding = jax.sharding.SingleDeviceSharding(dev) if mesh is None else place
+    grads_like = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding), params)
+    if ta is not None and cfg.elastic_batch and cfg.batch_law == "noise":   # first noise step: step 100
+        for name, job in noise_step_compilations(grads_like):
+            split.compile_in_background(name, job)
+    update = split.bind(update_body, params, opt,
+                        example_args=(grads_like, jax.device_put(np.float32(opts.lr), place)))
+    eval_chunk = min(1000, len(data.test_x))
+    evaluate = split.bind(eval_body, model, example_args=(xte[:eval_chunk], yte[:eval_chunk]))
 
     step_key = [key if mesh is None else jax.device_put(key, place)]
     grad_scale: list[Any] = [1.0]   # the loss scale of the last micro-batch's grads (a device scalar)
@@ -132,7 +148,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         loss, grads, grad_scale[0] = split(x, y, mask, k)
         return loss, grads
 
-    loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed,
+    loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed, pad_to_batch=True,
                            buckets=cfg.batch_buckets, device=None if mesh is None else batch_sharding(mesh))
     total_samples = opts.epochs * len(data.train_x)
     warmup_samples = int(opts.warmup_epochs * len(data.train_x))
@@ -140,8 +156,11 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     rng = np.random.default_rng(opts.seed + 1)
     curv_key = jax.random.key(opts.seed + 1)
     epoch_times: list[float] = []
+    eval_times: list[float] = []   # evaluation and the epoch's records, outside epoch_times
     accs: list[float] = []
     step = 0
+    compiles["setup"] = clog.window()
+    setup_seconds = time.perf_counter() - t_start
     for epoch in range(opts.epochs):
         t0 = time.perf_counter()
         losses: list[jax.Array] = []
@@ -175,17 +194,27 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                 break
         jax.block_until_ready(losses[-1])
         epoch_times.append(time.perf_counter() - t0)
+        compiles["epochs"].append(clog.window())
         bar.close()
-        split.sync()
-        model.eval()
-        correct = sum(int((predict(model, xte[i:i + 1000]) == yte[i:i + 1000]).sum())
-                      for i in range(0, len(data.test_x), 1000))
-        model.train()
+        t_eval = time.perf_counter()
+        correct = sum(int(evaluate(xte[i:i + eval_chunk], yte[i:i + eval_chunk]))
+                      for i in range(0, len(data.test_x), eval_chunk))
         acc = correct / len(data.test_x)
         accs.append(acc)
-        log.end_epoch(controller, epoch, records, np.asarray(jnp.stack(losses), dtype=np.float64).tolist(), acc,
-                      epoch_times[-1], step, flop_share=flops.shares())
+        # one transfer per loss, no compilation (a stack of them compiled once per step count)
+        step_losses = np.asarray(jax.device_get(losses), dtype=np.float64).tolist()
+        log.end_epoch(controller, epoch, records, step_losses, acc, epoch_times[-1], step, flop_share=flops.shares())
+        eval_times.append(time.perf_counter() - t_eval)
+        compiles["evals"].append(clog.window())   # evaluation and the epoch's records
+        print(f"  train {describe(compiles['epochs'][-1])}\n  eval {eval_times[-1]:.1f}s, "
+              f"{describe(compiles['evals'][-1])}", flush=True)
     stats = dev.memory_stats() or {}
+    report = ta.report(split) if ta is not None else None
+    compiles["end"] = clog.window()
+    compiles["total"] = clog.summary()
+    compiles["records"] = [[r.kind, r.name, round(r.seconds, 4), r.background, round(r.end, 3)] for r in clog.records]
+    clog.stop()
+    wall = time.perf_counter() - t_start
     return {"final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times),
             "peak_alloc_bytes": stats.get("peak_bytes_in_use"), "steps": step,
@@ -193,8 +222,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": getattr(dev, "device_kind", str(dev)),
             "devices": 1 if mesh is None else num_shards(mesh),
-            "report": ta.report(split) if ta is not None else None,
-            "wall_seconds": time.perf_counter() - t_start, "train_seconds": sum(epoch_times),
+            "report": report, "wall_seconds": wall, "setup_seconds": setup_seconds, "eval_seconds": eval_times,
+            "compile_log": compiles, "train_seconds": sum(epoch_times),
             "step_traces": split.traces, "compiled_ahead": split.compiled_ahead,
             "compile_cache": split.compile_cache, "memory_budget": cfg.memory_budget,
             "bytes_limit": stats.get("bytes_limit")}
