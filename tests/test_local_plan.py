@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from triaccel.local_plan import (LayerMemory, LocalPlanConfig, _Model, head_cost, plan_local,
-                                 select_exit)
+from triaccel.local_plan import (BlockOutOfMemory, LayerMemory, LocalPlanConfig, NonFinitePolicy,
+                                 NonFiniteTraining, _Model, head_cost, plan_local, select_exit)
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -44,8 +44,11 @@ def test_train_peak_by_hand():
                           state_bytes_per_param=10, resident_bytes=1000)
     layers = [LayerMemory("a", 50, (2, 2, 2), 3), LayerMemory("b", 30, (1, 2, 2), 7)]
     m = _Model(layers, cfg, 10, 4)
-    # unit b alone, width 0: fixed 1000 + 10*(7 + 1*10+10); per sample: input 8*2 + 30 + 1*2 + 2*8*2
-    assert m.train_peak(1, 2, 0, 3) == 1000 + 10 * 27 + 3 * (16 + 30 + 2 + 32)
+    # unit b alone, width 0: fixed 1000 + 10*(7 + 1*10+10) + unit a's fp32 weights 4*3;
+    # per sample: input 8*2 + 30 + 1*2 + 2*8*2
+    assert m.train_peak(1, 2, 0, 3) == 1000 + 10 * 27 + 4 * 3 + 3 * (16 + 30 + 2 + 32)
+    # inference holds every unit's weights: 1000 + 4*10 + caches 5 + B*(100 + 3*8*2)
+    assert m.infer_peak(1, 3, 5) == 1000 + 40 + 5 + 3 * (100 + 48)
     # its input cache: 4 samples x 8 elements x 2 bytes
     assert m.train_peak(1, 2, 0, 3, device_cache=True) == m.train_peak(1, 2, 0, 3) + 64
 
@@ -171,3 +174,27 @@ def test_select_exit():
         select_exit([], 0.1)
     with pytest.raises(ValueError, match="accuracies"):
         select_exit([1.5], 0.1)
+
+
+def test_nonfinite_policy():
+    pol = NonFinitePolicy(patience=3, check_every=5)
+    assert [s for s in range(1, 16) if pol.due(s)] == [5, 10, 15]
+    assert pol.check(0, steps=5, skipped=0, consecutive=0, skipped_before=0) is False
+    assert pol.check(0, steps=10, skipped=2, consecutive=0, skipped_before=0) is True    # restore stats
+    assert pol.check(0, steps=15, skipped=4, consecutive=2, skipped_before=2) is True
+    with pytest.raises(NonFiniteTraining, match=r"block 2: the last 3 optimizer steps \(steps 17\.\.19"):
+        pol.check(2, steps=20, skipped=7, consecutive=3, skipped_before=4)
+    with pytest.raises(ValueError, match="consecutive"):
+        pol.check(0, steps=5, skipped=1, consecutive=2, skipped_before=0)
+    for kw in ({"patience": 0}, {"check_every": 0}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            NonFinitePolicy(**kw)
+
+
+def test_oom_message_names_block_and_plan():
+    _, plan = make(64 * MIB)
+    b = len(plan.blocks) - 1
+    msg = BlockOutOfMemory.message(plan, b, 7, "out of memory at batch 1", "12 bytes in use")
+    blk = plan.blocks[b]
+    assert msg.startswith(f"block {b} ({blk.names[0]}..{blk.names[-1]}, planned batch {blk.batch}")
+    assert "step 7" in msg and "12 bytes in use" in msg and str(plan.memory_budget) in msg

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from triaccel.backends.torch.local import LocalTrainer, measure_layers, sequential_units
+from triaccel.backends.torch.local import LocalTrainer, live_tensors, measure_layers, sequential_units
 from triaccel.backends.torch.models import create_model
-from triaccel.local_plan import LocalPlanConfig, plan_local
+from triaccel.local_plan import BlockOutOfMemory, LocalPlanConfig, NonFinitePolicy, NonFiniteTraining, plan_local
 
 N, K, S = 64, 4, 16
 
@@ -73,21 +73,29 @@ def test_measured_table():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # BN stats restored
 
 
-def _train(cache: bool):
+def _train(cache: bool, evaluate: bool = False, poison=None, nonfinite=None, epochs=2):
+    """Train the tiny model; evaluate: every exit so far after every epoch (as the demo does);
+    poison(call, batch) -> batch: block 0's input at its call-th fetch."""
     model = _model()
     units, clf = sequential_units(model)
     _, plan = _plan(units)
     tr = LocalTrainer(units, clf, plan, num_classes=K, device="cpu", lr=0.05, lr_batch=16, autocast_dtype=None,
-                      cache=cache, cache_dtype=torch.float32, seed=0,
+                      cache=cache, cache_dtype=torch.float32, seed=0, nonfinite=nonfinite,
                       lr_factor=lambda seen, total: 1.0 - seen / total)
     x, y = _data()
     views = [torch.flip(x, dims=[3]), x + 0.1]        # two fixed "augmentations"
     gen = torch.Generator().manual_seed(1)
+    calls = [0]
 
     def augment(xb):                                   # block 0: fresh noise every step
-        return xb + 0.01 * torch.randn(xb.shape, generator=gen)
+        calls[0] += 1
+        out = xb + 0.01 * torch.randn(xb.shape, generator=gen)
+        return out if poison is None else poison(calls[0], out)
 
-    recs = tr.train(x, y, augment, views, lambda v: v, epochs=2)
+    def on_epoch(b, e, loss, seconds):
+        tr.evaluate_exits(x, y, lambda v: v, upto=b + 1)
+
+    recs = tr.train(x, y, augment, views, lambda v: v, epochs=epochs, on_epoch=on_epoch if evaluate else None)
     return tr, plan, recs
 
 
@@ -127,6 +135,59 @@ def test_export_matches_trained_prefix(cached):
     # the last block keeps the model's classifier: its exit is the whole model
     assert params[-1] == sum(p.numel() for m in tr.units for p in m.parameters()) + \
         sum(p.numel() for p in tr.heads[-1].parameters())
+
+
+def _assert_same_state(a, b):
+    for ma, mb in zip([*a.units, *a.heads], [*b.units, *b.heads]):
+        for (na, pa), (_, pb) in zip(ma.state_dict().items(), mb.state_dict().items()):
+            torch.testing.assert_close(pa, pb, rtol=0, atol=0, msg=na)
+
+
+def test_evaluating_exits_between_epochs_changes_nothing(cached):
+    """The demo evaluates each exit after each epoch; that left the block in eval mode, so its later
+    epochs trained on BatchNorm running statistics (issue 18: block 0 diverged at peak LR)."""
+    a, _, ra = cached
+    b, _, rb = _train(cache=True, evaluate=True)
+    _assert_same_state(a, b)
+    assert [r.epoch_losses for r in ra] == [r.epoch_losses for r in rb]
+
+
+def test_finished_blocks_hold_no_gradients(cached):
+    tr, _, recs = cached
+    assert all(p.grad is None for m in [*tr.units, *tr.heads] for p in m.parameters())
+    assert all(r.skipped_steps == 0 for r in recs)
+
+
+def test_nonfinite_step_skipped_and_statistics_restored():
+    """A step whose input is NaN is skipped (weights and momentum untouched), its BatchNorm statistics
+    restored at the next check; the run goes on, finite."""
+    def poison(call, xb):
+        return torch.full_like(xb, float("nan")) if call == 3 else xb
+
+    tr, _, recs = _train(cache=True, poison=poison, nonfinite=NonFinitePolicy(patience=2, check_every=2))
+    assert recs[0].skipped_steps == 1 and all(r.skipped_steps == 0 for r in recs[1:])
+    for m in [*tr.units, *tr.heads]:
+        for name, t in m.state_dict().items():
+            assert torch.isfinite(t.float()).all(), name
+    assert all(torch.isfinite(torch.tensor(r.epoch_losses)).all() for r in recs)
+
+
+def test_persistent_nonfinite_fails_loudly():
+    def poison(call, xb):
+        return torch.full_like(xb, float("nan")) if call >= 2 else xb
+
+    with pytest.raises(NonFiniteTraining, match=r"block 0: the last [23] optimizer steps \(steps 1\.\."):
+        _train(cache=True, poison=poison, nonfinite=NonFinitePolicy(patience=2, check_every=1))
+
+
+def test_oom_at_batch_one_names_the_block():
+    def poison(call, xb):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    with pytest.raises(BlockOutOfMemory, match=r"block 0 \(stem\.\..*planned batch .*smallest allowed batch 1.*"
+                       r"live tensors: \d+ storages"):
+        _train(cache=True, poison=poison)
+    assert "storages" in live_tensors("cpu")
 
 
 def test_trainer_refuses_mismatched_units():

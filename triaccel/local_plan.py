@@ -18,10 +18,14 @@ decides, deterministically and from numbers only (no framework):
 
 Memory model (bytes; every figure per sample is multiplied by the batch):
 
-    training peak = resident + state_bytes_per_param * (block params + head params) + device cache
+    training peak = resident + state_bytes_per_param * (block params + head params)
+                    + frozen_bytes_per_param * (the other units' params) + device cache
                     + B * (input + sum of the units' saved bytes + head saved bytes
                            + 2 * largest activation in the block)
-    inference     = resident + 4 * params so far + device caches + B * (input + 3 * largest activation)
+    inference     = resident + frozen_bytes_per_param * all units' params + device caches
+                    + B * (input + 3 * largest activation)
+
+(Every unit's weights stay on the device throughout, trained or not.)
 
 `saved_bytes` is what autograd keeps for backward (the torch backend measures it with saved-tensor
 hooks); the "2 * largest activation" term stands for the gradient buffers alive during backward.
@@ -42,7 +46,7 @@ from .config import parse_bytes
 
 __all__ = ["LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan", "head_cost",
            "plan_local", "select_exit", "head_init", "micro_batches", "BlockRun", "block_runs", "BlockRecord",
-           "halving_on_oom"]
+           "halving_on_oom", "NonFinitePolicy", "NonFiniteTraining", "BlockOutOfMemory"]
 
 
 def _pos_int(name: str, v: Any, lo: int = 1) -> int:
@@ -97,7 +101,9 @@ class LocalPlanConfig:
       per block (epoch e of a block reads view e mod cache_views).
     input_bytes: bytes per sample of the model's input batch (CIFAR float32: 3*32*32*4).
     state_bytes_per_param: bytes per trained parameter (fp32 weight + grad + momentum + a 16-bit copy).
-    resident_bytes: bytes held on the device throughout (e.g. the training images).
+    frozen_bytes_per_param: bytes per parameter of the units not in training (their fp32 weights).
+    resident_bytes: bytes held on the device throughout (e.g. the training images, and workspaces the
+      framework keeps that the table does not show).
     """
 
     memory_budget: int | str
@@ -112,6 +118,7 @@ class LocalPlanConfig:
     cache_views: int = 1
     input_bytes: int = 3 * 32 * 32 * 4
     state_bytes_per_param: int = 14
+    frozen_bytes_per_param: int = 4
     resident_bytes: int = 0
     headroom: float = 0.9
 
@@ -133,7 +140,8 @@ class LocalPlanConfig:
         _pos_int("head_pool", self.head_pool)
         if self.last_head_width is not None:
             _pos_int("last_head_width", self.last_head_width, 0)
-        for name in ("act_bytes", "cache_bytes", "cache_views", "input_bytes", "state_bytes_per_param"):
+        for name in ("act_bytes", "cache_bytes", "cache_views", "input_bytes", "state_bytes_per_param",
+                     "frozen_bytes_per_param"):
             _pos_int(name, getattr(self, name))
         _pos_int("resident_bytes", self.resident_bytes, 0)
         if isinstance(self.headroom, bool) or not isinstance(self.headroom, (int, float)) or not 0 < self.headroom <= 1:
@@ -243,7 +251,9 @@ class _Model:
         largest = max(u.out_elements for u in units)
         if i > 0:
             largest = max(largest, self.layers[i - 1].out_elements)
-        fixed = c.resident_bytes + c.state_bytes_per_param * (sum(u.params for u in units) + hc.params)
+        own = sum(u.params for u in units)
+        frozen = sum(u.params for u in self.layers) - own
+        fixed = c.resident_bytes + c.state_bytes_per_param * (own + hc.params) + c.frozen_bytes_per_param * frozen
         per = self.in_bytes(i) + sum(u.saved_bytes for u in units) + hc.saved_bytes + 2 * largest * c.act_bytes
         return fixed + batch * per + (self.cache_size(i) if device_cache else 0)
 
@@ -251,7 +261,7 @@ class _Model:
         """Running units [0, j) forward with `caches` bytes of caches on the device."""
         c, units = self.cfg, self.layers[:j]
         largest = max(u.out_elements for u in units)
-        return (c.resident_bytes + 4 * sum(u.params for u in units) + caches
+        return (c.resident_bytes + c.frozen_bytes_per_param * sum(u.params for u in self.layers) + caches
                 + batch * (c.input_bytes + 3 * largest * c.act_bytes))
 
     def fits(self, peak: int) -> bool:
@@ -473,15 +483,17 @@ def block_runs(plan: LocalPlan, epochs: int | Sequence[int], *, lr: float, lr_ba
 
 @dataclass
 class BlockRecord:
-    """What training one block did: per epoch train loss and seconds; steps; OOMs survived; peak
-    device bytes while it trained (None where the device reports none); seconds to build the next
-    block's cache and the peak bytes then."""
+    """What training one block did: per epoch train loss (mean over the samples of steps that were
+    not skipped) and seconds; steps (skipped ones included); steps skipped for non-finite gradients;
+    OOMs survived; peak device bytes while it trained (None where the device reports none); seconds
+    to build the next block's cache and the peak bytes then."""
 
     index: int
     batch: int
     epoch_losses: list[float] = field(default_factory=list)
     epoch_seconds: list[float] = field(default_factory=list)
     steps: int = 0
+    skipped_steps: int = 0
     ooms: int = 0
     peak_bytes: int | None = None
     cache_seconds: float = 0.0
@@ -510,3 +522,69 @@ def halving_on_oom(fn: Any, batch: int, *, is_oom: Any, free_memory: Any) -> int
             return batch
         free_memory()
         batch //= 2
+
+
+# -- Non-finite steps: skipped on the device, checked on the host now and then ---------------------
+
+class NonFiniteTraining(RuntimeError):
+    """A block kept producing non-finite gradients: it diverged (see `NonFinitePolicy`)."""
+
+
+class BlockOutOfMemory(RuntimeError):
+    """A block ran out of memory at its smallest micro-batch (the message names the block, its plan
+    and what the device held)."""
+
+    @staticmethod
+    def message(plan: LocalPlan, block: int, step: int, error: str, device_state: str) -> str:
+        """The error's text: block `block` of `plan` failed at its optimizer step `step` with `error`
+        (the elastic machinery's); device_state: what the backend saw on the device then."""
+        blk = plan.blocks[block]
+        return (f"block {block} ({blk.names[0]}..{blk.names[-1]}, planned batch {blk.batch}, modelled peak "
+                f"{blk.peak_bytes} bytes of {plan.usable_bytes} usable, budget {plan.memory_budget} bytes) at its "
+                f"step {step}: {error}; device: {device_state}")
+
+
+@dataclass(frozen=True)
+class NonFinitePolicy:
+    """How the local trainers treat optimizer steps whose gradients hold NaN/Inf, in both backends.
+
+    Such a step is skipped on the device, with no host sync (weights and optimizer state untouched:
+    the TriAccel wrapper's guard in torch, ``optax.apply_if_finite`` in JAX); the device keeps
+    (skipped, consecutive) counters. Every `check_every` optimizer steps and at each epoch's end the
+    host reads them (one transfer): new skips restore the block's non-parameter state (BatchNorm
+    statistics, which a skipped step's forward pass moved) from the last check that found none,
+    and `consecutive` >= `patience` raises `NonFiniteTraining` naming the block and the steps.
+    A skipped step's samples count as seen (the schedule moves on) but not in the epoch's loss.
+
+    patience: consecutive skipped steps that end training, >= 1. check_every: optimizer steps between
+    host reads, >= 1.
+    """
+
+    patience: int = 10
+    check_every: int = 20
+
+    def __post_init__(self) -> None:
+        _pos_int("patience", self.patience)
+        _pos_int("check_every", self.check_every)
+
+    def due(self, steps: int) -> bool:
+        """Whether the host reads the counters after `steps` optimizer steps of a block."""
+        return _pos_int("steps", steps, 0) % self.check_every == 0
+
+    def check(self, block: int, steps: int, skipped: int, consecutive: int, skipped_before: int) -> bool:
+        """Judge one host read after `steps` optimizer steps of block `block`: `skipped` in all,
+        the last `consecutive` of them in a row, `skipped_before` at the previous read. Returns
+        whether steps were skipped since then (the backend then restores the saved statistics);
+        raises NonFiniteTraining when `consecutive` >= patience."""
+        steps, skipped, consecutive = (_pos_int(n, v, 0) for n, v in
+                                       (("steps", steps), ("skipped", skipped), ("consecutive", consecutive)))
+        if consecutive > skipped or skipped > steps:
+            raise ValueError(f"consecutive={consecutive}, skipped={skipped}, steps={steps}: "
+                             "need consecutive <= skipped <= steps")
+        if consecutive >= self.patience:
+            raise NonFiniteTraining(
+                f"block {block}: the last {consecutive} optimizer steps (steps {steps - consecutive}..{steps - 1} "
+                f"of the block, counted from 0) had non-finite gradients and were skipped ({skipped} skipped in "
+                f"all, patience {self.patience}): the block diverged; lower its learning rate (lr, or a smaller "
+                "block batch under the linear rule) or check its inputs")
+        return skipped > _pos_int("skipped_before", skipped_before, 0)

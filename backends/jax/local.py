@@ -10,7 +10,10 @@ again while later blocks train. Block 0 reads freshly augmented images; epoch e 
 view e mod cache_views. Each block steps through :func:`triaccel.backends.jax.data.elastic_step` with
 its own controller (fixed logical batch; an out-of-memory error shrinks the micro-batch, replays the
 same samples and accumulates gradients), with optax SGD (decoupled into weight decay + a momentum trace,
-which is torch's SGD update).
+which is torch's SGD update) under ``optax.apply_if_finite``: a step with non-finite gradients is skipped
+on the device, and the host checks the counters now and then (:class:`triaccel.local_plan.NonFinitePolicy`,
+as the torch twin: skipped steps restore the BatchNorm statistics of the last clean check; a block that
+keeps producing them raises ``NonFiniteTraining``; an OOM at a micro-batch of 1, ``BlockOutOfMemory``).
 
 Every step is a ``jax.jit`` over the split state of an NNX graph (``nnx.split`` once per block; the
 graph definition is a static argument, so equal structures share compilations), not ``nnx.jit``,
@@ -35,10 +38,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from triaccel import Controller
+from triaccel import Controller, OOMAtMinimumBatch
 from triaccel.layout import check_canonical
-from triaccel.local_plan import (BlockRecord, BlockRun, LayerMemory, LocalPlan, block_runs, halving_on_oom,
-                                 head_init)
+from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
+                                 block_runs, halving_on_oom, head_init)
 
 from .data import ElasticLoader, elastic_step, free_memory, is_oom
 from .models import BatchNorm2d, EfficientNet, ResNet, _canonical_entries, _conv, _linear
@@ -263,8 +266,18 @@ def _correct(gd: Any, state: Any, x: jax.Array, y: jax.Array, mask: jax.Array) -
 
 @lru_cache(maxsize=None)
 def _sgd(momentum: float, nesterov: bool, weight_decay: float) -> optax.GradientTransformation:
-    """torch's SGD update without its lr: g + wd * p, then the (nesterov) momentum trace."""
-    return optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum, nesterov=nesterov))
+    """torch's SGD update without its lr: g + wd * p, then the (nesterov) momentum trace; a step whose
+    gradients are not all finite gives zero updates and leaves the trace alone (``apply_if_finite``,
+    never giving up: NonFinitePolicy stops training first)."""
+    return optax.apply_if_finite(
+        optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum, nesterov=nesterov)),
+        max_consecutive_errors=2**31 - 1)
+
+
+@jax.jit
+def _add_loss(acc: jax.Array, loss: jax.Array, finite: jax.Array, samples: jax.Array) -> jax.Array:
+    """acc (2,) += [loss * samples, samples] of a step that was not skipped."""
+    return acc + jnp.where(finite, jnp.stack([loss.astype(jnp.float32) * samples, samples]), 0.0)
 
 
 @partial(jax.jit, static_argnums=0)
@@ -280,6 +293,17 @@ def _write_rows(buf: jax.Array, y: jax.Array, i: jax.Array) -> jax.Array:
 
 _write_donated = jax.jit(_write_rows, donate_argnums=0)   # in place on accelerators
 _write_copy = jax.jit(_write_rows)                          # CPU: donation unsupported (warns)
+
+
+def _memory_stats(device: Any) -> str:
+    """The device's bytes in use and peak, for out-of-memory reports ("no statistics" where it keeps none)."""
+    try:
+        s = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - platforms without statistics raise or return None
+        s = {}
+    if "bytes_in_use" not in s:
+        return "no statistics"
+    return f"{s['bytes_in_use']} bytes in use, peak {s.get('peak_bytes_in_use')}, limit {s.get('bytes_limit')}"
 
 
 def _peak_bytes(device: Any) -> int | None:
@@ -356,14 +380,16 @@ class LocalTrainer:
     the cache's dtype. head_pool: AuxHead's pool. seed: heads' initialisation
     (`triaccel.local_plan.head_init`, as the torch twin) and data order. device: where training runs
     (default: the first device). Records' peak bytes are the process' peak so far (XLA keeps one,
-    with no reset), None on the CPU.
+    with no reset), None on the CPU. nonfinite: how steps with non-finite gradients are skipped and
+    when training stops (`triaccel.local_plan.NonFinitePolicy`; default: its defaults).
     """
 
     def __init__(self, units: Sequence[tuple[str, nnx.Module]], classifier: nnx.Module | None, plan: LocalPlan, *,
                  num_classes: int, lr: float, lr_batch: int = 96, momentum: float = 0.9, nesterov: bool = True,
                  weight_decay: float = 5e-4, lr_factor: Callable[[int, int], float] | None = None,
                  compute_dtype: Any = None, cache: bool = True, cache_dtype: Any = jnp.bfloat16,
-                 head_pool: int = 4, seed: int = 0, device: Any = None) -> None:
+                 head_pool: int = 4, seed: int = 0, device: Any = None,
+                 nonfinite: NonFinitePolicy | None = None) -> None:
         if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
             raise ValueError(f"units: names {[n for n, _ in units]} do not match the plan's layers "
                              f"{[l.name for l in plan.layers]}")
@@ -376,6 +402,7 @@ class LocalTrainer:
         self.tx = _sgd(float(momentum), bool(nesterov), float(weight_decay))
         self.lr_factor = lr_factor or (lambda seen, total: 1.0)
         self.cache, self.cache_dtype, self.seed = cache, jnp.dtype(cache_dtype), int(seed)
+        self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
         self.device = device if device is not None else jax.devices()[0]
         if compute_dtype is not None:
             set_compute_dtype(self.units, compute_dtype)
@@ -466,24 +493,47 @@ class LocalTrainer:
             return loss, grads
 
         rec = BlockRecord(index=b, batch=blk.batch)
+        clean = {"rest": st["rest"], "skipped": 0}   # the statistics of the last check without new skips
+
+        def check() -> None:
+            state = st["opt"]
+            skipped, consecutive = (int(v) for v in jax.device_get((state.total_notfinite, state.notfinite_count)))
+            if skipped > clean["skipped"]:
+                st["rest"] = clean["rest"]
+            else:
+                clean["rest"] = st["rest"]
+            self.nonfinite.check(b, rec.steps, skipped, consecutive, clean["skipped"])
+            clean["skipped"] = rec.skipped_steps = skipped
+
         for e in range(run.epochs):
             loader.arrays = sources[BlockRun.view(e, len(sources))]
             t0 = time.perf_counter()
-            losses: list[jax.Array] = []
+            acc = self._put(np.zeros(2, np.float32))
             while True:
                 lr = self._put(np.float32(run.lr * self.lr_factor(seen, total)))
 
                 def update(grads: Any, _decision: Any, lr: jax.Array = lr) -> None:
                     st["params"], st["opt"] = _update(self.tx, st["params"], st["opt"], grads, lr)
 
-                res = elastic_step(loader, ctl, grad_fn, rec.steps, update_fn=update)
+                oom: str | None = None
+                try:
+                    res = elastic_step(loader, ctl, grad_fn, rec.steps, update_fn=update)
+                except OOMAtMinimumBatch as exc:
+                    oom = str(exc)   # the text only: the exception's frames hold the failed step's arrays
+                if oom is not None:
+                    stats = _memory_stats(self.device)
+                    raise BlockOutOfMemory(BlockOutOfMemory.message(self.plan, b, rec.steps, oom, stats))
                 seen += res.samples
-                losses.append(res.loss * res.samples)
+                acc = _add_loss(acc, res.loss, st["opt"].last_finite, np.float32(res.samples))
                 rec.steps += 1
                 rec.ooms += res.ooms
                 if res.end_of_epoch:
                     break
-            rec.epoch_losses.append(float(jnp.stack(losses).sum()) / n)   # the sync that ends the epoch
+                if self.nonfinite.due(rec.steps):
+                    check()
+            check()   # before on_epoch evaluates the statistics
+            total_loss, kept = (float(v) for v in np.asarray(acc))   # the sync that ends the epoch
+            rec.epoch_losses.append(total_loss / kept if kept > 0 else float("nan"))
             rec.epoch_seconds.append(time.perf_counter() - t0)
             nnx.update(body, st["params"], st["rest"])   # the shared modules hold the trained weights
             if on_epoch is not None:

@@ -10,6 +10,10 @@ block b > 0 reads the cache, whose ``cache_views`` copies come from fixed, seede
 the training set (epoch e reads view e mod cache_views). Each block steps through
 :func:`triaccel.backends.torch.data.elastic_step` with its own controller (fixed logical batch; an
 out-of-memory error shrinks the micro-batch and replays the same samples, gradients accumulated).
+Steps with non-finite gradients are skipped on the device and checked on the host now and then
+(:class:`triaccel.local_plan.NonFinitePolicy`); a block that keeps producing them stops training with
+``NonFiniteTraining``, one that runs out of memory at a micro-batch of 1 with ``BlockOutOfMemory``
+(naming what the device held).
 
 Pieces: :func:`sequential_units` (a model as a list of units + its classifier), :func:`measure_layers`
 (the per-unit memory table, from autograd's saved tensors), :class:`AuxHead`, :class:`LocalTrainer`
@@ -20,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -28,14 +34,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triaccel import Controller
+from triaccel import Controller, OOMAtMinimumBatch
 from triaccel.elastic import ElasticIndexLoader
-from triaccel.local_plan import (BlockRecord, BlockRun, LayerMemory, LocalPlan, block_runs, halving_on_oom,
-                                 head_init)
+from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
+                                 block_runs, halving_on_oom, head_init)
 
 from .data import elastic_step, free_memory, is_oom
 
-__all__ = ["AuxHead", "Classifier", "ExitModel", "LocalTrainer", "BlockRecord", "measure_layers",
+__all__ = ["AuxHead", "Classifier", "ExitModel", "LocalTrainer", "BlockRecord", "live_tensors", "measure_layers",
            "sequential_units"]
 
 
@@ -179,6 +185,85 @@ class _FnLoader(ElasticIndexLoader):
         return self.fetch_fn(indices)
 
 
+def live_tensors(device: torch.device | str, top: int = 6) -> str:
+    """The distinct tensor storages alive on `device` (found through the garbage collector): their
+    count and bytes, and the `top` largest as shape/dtype/bytes. For out-of-memory reports."""
+    dev = torch.device(device)
+    storages: dict[int, tuple[int, str]] = {}
+    with warnings.catch_warnings():   # isinstance on deprecated module proxies warns
+        warnings.simplefilter("ignore")
+        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    for o in tensors:
+        try:
+            if o.device.type != dev.type or (dev.index is not None and o.device.index != dev.index):
+                continue
+            st = o.untyped_storage()
+        except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse, subclasses)
+            continue
+        if st.nbytes() > storages.get(st.data_ptr(), (-1, ""))[0]:
+            storages[st.data_ptr()] = (st.nbytes(), f"{tuple(o.shape)} {str(o.dtype).replace('torch.', '')}")
+    big = sorted(storages.values(), reverse=True)[:top]
+    return (f"{len(storages)} storages, {sum(v for v, _ in storages.values())} bytes; largest: "
+            + ", ".join(f"{d} {v}" for v, d in big))
+
+
+class _StepGuard:
+    """The TriAccel wrapper's device-side guard on one block's fused SGD. Per step, the gradients'
+    non-finite counts (`triaccel.kernels.grad_moments`, one launch) set ``found_inf``, which the fused
+    kernel reads (the GradScaler protocol): a flagged step leaves weights and momentum untouched with
+    no host sync; device counters (skipped, consecutive) follow the flag. `check` is the policy's
+    host read: new skips restore the buffers (BatchNorm statistics) saved at the last clean check."""
+
+    def __init__(self, params: list[torch.Tensor], opt: torch.optim.SGD, buffers: list[torch.Tensor],
+                 policy: NonFinitePolicy, block: int) -> None:
+        from triaccel.kernels.grad_moments import grad_moments
+
+        dev = params[0].device
+        self.params, self.opt, self.policy, self.block = params, opt, policy, block
+        self.moments_fn = grad_moments
+        self.impl = "auto" if dev.type == "cuda" else "reference"   # the kernel is for GPUs
+        self.moments = torch.zeros((len(params), 3), dtype=torch.float32, device=dev)
+        self.flag = torch.zeros((), dtype=torch.float32, device=dev)      # 1.0: this step was skipped
+        self.counts = torch.zeros(2, dtype=torch.float32, device=dev)     # skipped, consecutive
+        # Momentum buffers start at zero: torch's first update is the same (0.9 * 0 + g == g), and a
+        # skipped first step leaves them defined (the fused kernel would leave them uninitialised).
+        for group in opt.param_groups:
+            if group["momentum"] != 0:
+                for p in group["params"]:
+                    opt.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        self.buffers = buffers
+        self.saved = [t.clone() for t in buffers]
+        self.skipped = 0
+
+    def step(self, _decision: Any) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads:
+            rows = self.moments[:len(grads)]
+            self.moments_fn(grads, out=rows, impl=self.impl)
+            torch.clamp(rows[:, 2].sum(), max=1.0, out=self.flag)
+        else:
+            self.flag.zero_()
+        self.opt.found_inf = self.flag
+        try:
+            self.opt.step()
+        finally:
+            del self.opt.found_inf
+        self.counts.add_(self.flag)
+        self.counts[1:].mul_(self.flag)     # consecutive: (c + f) * f
+
+    def check(self, steps: int) -> int:
+        """One host read after `steps` steps; returns the steps skipped so far."""
+        skipped, consecutive = (int(v) for v in self.counts.tolist())
+        fresh = skipped > self.skipped
+        if fresh and self.buffers:
+            torch._foreach_copy_(self.buffers, self.saved)
+        elif self.buffers:
+            torch._foreach_copy_(self.saved, self.buffers)
+        self.policy.check(self.block, steps, skipped, consecutive, self.skipped)
+        self.skipped = skipped
+        return skipped
+
+
 class LocalTrainer:
     """Trains `units` block by block as `plan` says (see the module docstring).
 
@@ -189,6 +274,8 @@ class LocalTrainer:
     autocast_dtype: the compute dtype (None: fp32). cache: cache block outputs (False: recompute the
     frozen prefix every step, the reference the cache must match). cache_dtype: the cache's dtype.
     memory_format: applied to every input batch (channels_last on CUDA). head_pool: AuxHead's pool.
+    nonfinite: how steps with non-finite gradients are skipped and when training stops
+    (`triaccel.local_plan.NonFinitePolicy`; default: its defaults).
     """
 
     def __init__(self, units: Sequence[tuple[str, nn.Module]], classifier: nn.Module, plan: LocalPlan, *,
@@ -197,7 +284,7 @@ class LocalTrainer:
                  lr_factor: Callable[[int, int], float] | None = None,
                  autocast_dtype: torch.dtype | None = torch.bfloat16, cache: bool = True,
                  cache_dtype: torch.dtype = torch.bfloat16, memory_format: torch.memory_format = torch.contiguous_format,
-                 head_pool: int = 4, seed: int = 0) -> None:
+                 head_pool: int = 4, seed: int = 0, nonfinite: NonFinitePolicy | None = None) -> None:
         if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
             raise ValueError(f"units: names {[n for n, _ in units]} do not match the plan's layers "
                              f"{[l.name for l in plan.layers]}")
@@ -211,6 +298,7 @@ class LocalTrainer:
         self.lr_factor = lr_factor or (lambda seen, total: 1.0)
         self.autocast_dtype, self.cache, self.cache_dtype = autocast_dtype, cache, cache_dtype
         self.memory_format, self.seed = memory_format, seed
+        self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
         self.heads: list[nn.Module] = []
         for blk in plan.blocks:
             last = blk.stop == len(units)
@@ -305,10 +393,14 @@ class LocalTrainer:
                      on_epoch: Any) -> BlockRecord:
         b, blk, epochs = run.index, self.plan.blocks[run.index], run.epochs
         body, head = self.block(b), self.heads[b]
-        body.train().requires_grad_(True)
-        head.train().requires_grad_(True)
+        body.requires_grad_(True)
+        head.requires_grad_(True)
         params = [*body.parameters(), *head.parameters()]
-        opt = torch.optim.SGD(params, lr=run.lr, momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.wd)
+        # fused: the kernel takes the GradScaler protocol's found_inf (a device-side skip); same update
+        # and state (momentum buffers) as the default SGD
+        opt = torch.optim.SGD(params, lr=run.lr, momentum=self.momentum, nesterov=self.nesterov,
+                              weight_decay=self.wd, fused=True)
+        guard = _StepGuard(params, opt, [*body.buffers(), *head.buffers()], self.nonfinite, b)
         ctl = Controller(run.controller_config(self.plan.memory_budget), [f"block{b}"])
         epoch_of = [0]
         loader = _FnLoader(n, batch_size=blk.batch, seed=run.seed,
@@ -326,28 +418,56 @@ class LocalTrainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         for e in range(epochs):
             epoch_of[0] = e
+            # every epoch: on_epoch (evaluate_exits) leaves the modules in eval mode, and BatchNorm in
+            # eval mode trains on stale running statistics (block 0 diverged at peak LR that way)
+            body.train()
+            head.train()
             self._sync()
             t0 = time.perf_counter()
-            losses: list[torch.Tensor] = []
+            loss_sum = torch.zeros((), device=self.device)
+            kept = torch.zeros((), device=self.device)
             while True:
-                res = elastic_step(loader, ctl, loss_fn, opt, rec.steps)
+                oom: str | None = None
+                try:
+                    res = elastic_step(loader, ctl, loss_fn, opt, rec.steps, optimizer_step=guard.step)
+                except OOMAtMinimumBatch as exc:
+                    oom = str(exc)   # the text only: the exception's frames hold the failed step's tensors
+                if oom is not None:
+                    raise BlockOutOfMemory(self._oom_report(b, rec.steps, oom))
                 seen[0] += res.samples
                 sched.step()
-                losses.append(res.loss * res.samples)
+                loss_sum += torch.where(guard.flag > 0, 0.0, res.loss.float()) * res.samples
+                kept += (1.0 - guard.flag) * res.samples
                 rec.steps += 1
                 rec.ooms += res.ooms
                 if res.end_of_epoch:
                     break
+                if self.nonfinite.due(rec.steps):
+                    rec.skipped_steps = guard.check(rec.steps)
+            rec.skipped_steps = guard.check(rec.steps)   # before on_epoch evaluates the statistics
             self._sync()
             rec.epoch_seconds.append(time.perf_counter() - t0)
-            rec.epoch_losses.append(float(torch.stack(losses).sum()) / n)
+            rec.epoch_losses.append(float(loss_sum / kept))
             if on_epoch is not None:
                 on_epoch(b, e, rec.epoch_losses[-1], rec.epoch_seconds[-1])
         if self.device.type == "cuda":
             rec.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
         body.eval().requires_grad_(False)
         head.eval().requires_grad_(False)
+        # Free the block's gradients and momentum now: LambdaLR and its optimizer form a reference
+        # cycle that only a garbage collection frees, and later blocks plan without them.
+        opt.zero_grad(set_to_none=True)
+        opt.state.clear()
         return rec
+
+    def _oom_report(self, b: int, step: int, msg: str) -> str:
+        """BlockOutOfMemory's message: the block, its plan, what the device holds (largest live tensors)."""
+        gc.collect()
+        state = ""
+        if self.device.type == "cuda":
+            state = (f"allocated {torch.cuda.memory_allocated(self.device)} bytes now, peak "
+                     f"{torch.cuda.max_memory_allocated(self.device)}; ")
+        return BlockOutOfMemory.message(self.plan, b, step, msg, state + "live tensors: " + live_tensors(self.device))
 
     @torch.no_grad()
     def _build_cache(self, b: int, cache_after: str, cache: list[torch.Tensor] | None, views: Sequence[torch.Tensor],
