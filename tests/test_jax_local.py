@@ -15,8 +15,8 @@ from triaccel.backends.jax import local as jl
 from triaccel.backends.jax.models import create_model, to_canonical
 from triaccel.backends.torch import local as tl
 from triaccel.backends.torch.models import create_model as torch_model
-from triaccel.local_plan import (BlockRun, LocalPlanConfig, block_runs, halving_on_oom, head_init, micro_batches,
-                                 plan_local)
+from triaccel.local_plan import (BlockOutOfMemory, BlockRun, LocalPlanConfig, NonFinitePolicy, NonFiniteTraining,
+                                 block_runs, halving_on_oom, head_init, micro_batches, plan_local)
 
 N, K, S, WIDTH, EPOCHS = 32, 4, 8, 0.0625, 2
 
@@ -43,8 +43,8 @@ def _config(budget: int) -> LocalPlanConfig:
 
 @pytest.fixture(scope="module")
 def plan(torch_table):
-    """The largest budget of a fixed ladder that splits the tiny ResNet into >= 3 blocks."""
-    for budget in [2 ** p for p in range(24, 12, -1)]:
+    """The largest budget of a fixed ladder (steps of 2**(1/4)) that splits the tiny ResNet into >= 3 blocks."""
+    for budget in [int(2 ** (p / 4)) for p in range(96, 48, -1)]:
         try:
             p = plan_local(torch_table, _config(budget), num_samples=N, num_classes=K)
         except ValueError:
@@ -118,13 +118,20 @@ def _views(x: np.ndarray) -> list[np.ndarray]:
     return [x[:, :, ::-1].copy(), x + 0.1]          # two fixed "augmentations" (NHWC: flip W)
 
 
-def _train_jax(plan, cache: bool):
+def _train_jax(plan, cache: bool, evaluate: bool = False, transform=None, nonfinite=None):
+    """evaluate: every exit so far after every epoch (as the demo does); transform: block 0's."""
     model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
     units, clf = jl.sequential_units(model)
     tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.05, lr_batch=16, cache=cache,
-                         cache_dtype=jnp.float32, seed=0, lr_factor=lambda seen, total: 1.0 - seen / total)
+                         cache_dtype=jnp.float32, seed=0, lr_factor=lambda seen, total: 1.0 - seen / total,
+                         nonfinite=nonfinite)
     x, y = _data()
-    recs = tr.train(jnp.asarray(x), y, lambda xb, key: xb * 0.9, _views(x), lambda v: v, epochs=EPOCHS)
+
+    def on_epoch(b, e, loss, seconds):
+        tr.evaluate_exits(jnp.asarray(x), y, lambda v: v, upto=b + 1)
+
+    recs = tr.train(jnp.asarray(x), y, transform or (lambda xb, key: xb * 0.9), _views(x), lambda v: v,
+                    epochs=EPOCHS, on_epoch=on_epoch if evaluate else None)
     return model, tr, recs
 
 
@@ -199,6 +206,43 @@ def test_torch_and_jax_train_alike(plan, cached):
     assert sj.keys() == st.keys()
     for k in sj:
         np.testing.assert_allclose(sj[k], st[k], rtol=2e-3, atol=2e-4, err_msg=k)
+
+
+def test_evaluating_exits_between_epochs_changes_nothing(plan, cached):
+    model_a, a, ra = cached
+    model_b, b, rb = _train_jax(plan, cache=True, evaluate=True)
+    sa, sb = _state(model_a, a), _state(model_b, b)
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+    assert [r.epoch_losses for r in ra] == [r.epoch_losses for r in rb]
+    assert all(r.skipped_steps == 0 for r in ra)
+
+
+def test_nonfinite_steps_skipped_then_fail_loudly(plan):
+    """One NaN training image (block 0 only; the views stay clean): the step holding it is skipped in
+    each epoch, statistics restored, training goes on finite. All NaN: raises after `patience`."""
+    def nan_sample(xb, key):
+        return xb * 0.9 + jnp.where(xb[:, :1, :1, :1] == 0.0, jnp.nan, 0.0)
+
+    x0 = _data()[0][:, 0, 0, 0]
+    assert (x0 != 0).all()
+    zero_first = lambda xb: xb.at[:, 0, 0, 0].set(jnp.where(xb[:, 0, 0, 0] == x0[5], 0.0, xb[:, 0, 0, 0]))  # noqa: E731
+    model, tr, recs = _train_jax(plan, cache=True, transform=lambda xb, key: nan_sample(zero_first(xb), key),
+                                 nonfinite=NonFinitePolicy(patience=3, check_every=1))
+    assert recs[0].skipped_steps == EPOCHS and all(r.skipped_steps == 0 for r in recs[1:])
+    assert all(np.isfinite(v).all() for v in _state(model, tr).values())
+    assert all(np.isfinite(r.epoch_losses).all() for r in recs)
+    with pytest.raises(NonFiniteTraining, match=r"block 0: the last 2 optimizer steps \(steps 0\.\.1"):
+        _train_jax(plan, cache=True, transform=lambda xb, key: xb * jnp.nan,
+                   nonfinite=NonFinitePolicy(patience=2, check_every=1))
+
+
+def test_oom_at_batch_one_names_the_block(plan):
+    def oom(xb, key):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory (simulated)")
+
+    with pytest.raises(BlockOutOfMemory, match=r"block 0 \(stem\.\..*smallest allowed batch 1"):
+        _train_jax(plan, cache=True, transform=oom)
 
 
 def test_trainer_refuses_bad_input(plan):
