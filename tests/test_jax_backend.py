@@ -349,7 +349,7 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
     x, y, model_a, opt_a, ta_a, step = _split_setup("fisher")
     jitted = ta_a.jit(step)
     x, y, model_b, opt_b, ta_b, step_b = _split_setup("fisher")
-    split = SplitStep(step_b, model_b, opt_b, ta=ta_b)
+    split = SplitStep(step_b, model_b, opt_b, ta=ta_b, compile_ahead=False)   # foreground compilations only
     la, lb = [], []
     xc, yc = jax.device_put((x[:16], y[:16]), jax.devices()[0])   # committed data: committed outputs
     curv = (x[16:24], y[16:24])
@@ -362,8 +362,9 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
         lb.append(float(split(xc, yc)))
     assert 0 < ta_b.policy_version < boundaries   # both kinds of boundary were crossed
     assert not np.allclose(ta_b.decision.lr_multipliers, 1.0)
-    # One executable per policy: the state keeps its placement from the first call on.
-    assert all(j._jitted._cache_size() == 1 for j in split._main.steps.values())
+    # One executable per policy: the state keeps its placement from the first call on (the step runs
+    # ahead-of-time executables, one per argument signature of each policy).
+    assert all(len(exes) == 1 for exes in split._main.exes.values())
     np.testing.assert_allclose(lb, la, rtol=1e-6)
     split.sync()
     np.testing.assert_allclose(np.asarray(find_state(opt_b).lr_mult.get_value()), ta_b.decision.lr_multipliers,
@@ -401,7 +402,7 @@ def test_bound_update_shares_the_state_and_is_not_recompiled_by_a_new_policy():
     def update(params, opt, g):
         opt.update(params, g)
 
-    split = SplitStep(grad, model_b, opt_b, ta=ta_b, donate_argnums=())
+    split = SplitStep(grad, model_b, opt_b, ta=ta_b, donate_argnums=(), compile_ahead=False)
     upd = split.bind(update, nnx.state(model_b, nnx.Param), opt_b)
     la, lb = [], []
     for s in range(16):
