@@ -164,7 +164,7 @@ def test_nonfinite_step_skipped_and_statistics_restored():
     def poison(call, xb):
         return torch.full_like(xb, float("nan")) if call == 3 else xb
 
-    tr, _, recs = _train(cache=True, poison=poison, nonfinite=NonFinitePolicy(patience=2, check_every=2))
+    tr, _, recs = _train(cache=True, poison=poison, nonfinite=NonFinitePolicy(patience=2, check_every=2), epochs=1)
     assert recs[0].skipped_steps == 1 and all(r.skipped_steps == 0 for r in recs[1:])
     for m in [*tr.units, *tr.heads]:
         for name, t in m.state_dict().items():
