@@ -274,13 +274,12 @@ class SplitStep:
                           (batches if policy_batches is None else batches[:policy_batches]))
         pkeys = list(dict.fromkeys(k for policy in policies for k in self._keys_for(policy, [main])
                                    if k is not None and k != main.key))
-        leaves = [abstract(x) for x in self._leaves]
         queued = 0
         for n in dict.fromkeys(([cur] if cur is not None else []) + batches):
             args = tuple(abstract(a, cur, n) for a in template)
             sig = _signature(args)
             for key in [main.key, *(pkeys if n in with_policy else [])]:
-                queued += self._submit(main, key, sig, leaves, args)
+                queued += self._submit(main, key, sig, args)
         return queued
 
     def _queue_bound(self, policies: Sequence[Any]) -> int:
@@ -294,17 +293,17 @@ class SplitStep:
                     ks.append(k)
         queued = 0
         for b, ks in zip(bound, keys):
-            leaves = [abstract(self._leaves[i]) for i in b.pos]
             for key in ks:
                 for sig, args in list(b.templates.items()):
-                    queued += self._submit(b, key, sig, leaves, args)
+                    queued += self._submit(b, key, sig, args)
         return queued
 
-    def _submit(self, b: "_Bound", key: Any, sig: Any, leaves: list[Any], args: tuple[Any, ...]) -> int:
+    def _submit(self, b: "_Bound", key: Any, sig: Any, args: tuple[Any, ...]) -> int:
         """Queue the variant `sig` of `b` under `key` unless it is compiled or queued; 1 if queued."""
         job = (id(b), key, sig)
         if sig in b.exes.get(key, {}) or self.ahead.pending(job):
             return 0
+        leaves = [abstract(x) for x in (self._leaves if b.pos is None else [self._leaves[i] for i in b.pos])]
         batched = next((a for a in args if hasattr(a, "shape") and len(a.shape) > 0), None)
         name = f"{b.name}@{batched.shape[0]}" if batched is not None else b.name
         self.ahead.submit(job, functools.partial(b.step_for(key).compile, leaves, *args), name=name)
