@@ -231,6 +231,18 @@ def test_demo_local_loop(tmp_path):
     assert all(b["peak_bytes"] <= summary["plan"]["usable_bytes"] for b in summary["plan"]["blocks"])
     names = {p.name for p in plot_run(tmp_path / "log.jsonl", tmp_path)}
     assert {"local_blocks.png", "local_exits.png"} <= names
+    assert summary["unmodelled_fixed_bytes"] is None     # no end-to-end probe on the CPU
     with pytest.raises(ValueError, match="e2e"):
         parse_local_budget("e2e:0")
     assert parse_local_budget("e2e:32") == (None, 32) and parse_local_budget("1KiB") == (1024, None)
+
+
+def test_unmodelled_fixed_bytes_from_end_to_end_peaks():
+    from examples.cifar.local_loop import unmodelled_fixed_bytes
+
+    # the H100 run of issue 18: peaks at 8 and 16, data 184.8 MB, ResNet-18's 11,173,962 parameters
+    probe = {8: 452680192, 16: 470555136, 32: 509057536, 64: None}
+    got = unmodelled_fixed_bytes(probe, 184_800_000, 11_173_962)
+    assert got == 2 * 452680192 - 470555136 - 184_800_000 - 14 * 11_173_962
+    assert unmodelled_fixed_bytes({8: 100, 16: None}, 0, 0) is None
+    assert unmodelled_fixed_bytes({8: 1000, 16: 1800}, 500, 0) == 0       # intercept 200 < data: never negative
