@@ -474,6 +474,8 @@ class LocalTrainer:
         b, blk = run.index, self.plan.blocks[run.index]
         body = _Chain(self.units[blk.start:blk.stop], self.heads[b])
         body.train()
+        # the step runs this train-mode graph definition: on_epoch's exit evaluation, which puts the
+        # shared modules in eval mode, cannot reach training (the torch twin sets train mode each epoch)
         gd, params, rest = nnx.split(body, nnx.Param, ...)
         # committed to the device from the start: the step's outputs are, and a change of placement
         # between calls would compile the step again
