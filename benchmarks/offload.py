@@ -26,10 +26,11 @@ CPU smoke (bottleneck net + JAX):
                --min-bytes 0 --jax --out /tmp/offload-b.json
 CPU smoke (ResNet-18):
              python benchmarks/offload.py --device cpu --model resnet18 --width 0.125 --image 16 \
-               --budget 2MiB --steps 2 --max-batch 48 --measure-batches 4,8 --lr-batch 8 --min-bytes 0 \
+               --budget 4MiB --steps 2 --max-batch 32 --measure-batches 4,8 --lr-batch 8 --min-bytes 0 \
                --out /tmp/offload.json
-On CPU nothing measures memory: peaks are the model's (marked "model"), so the smoke test checks the
-mechanics and the table, not the budget.
+On CPU, peaks are the live bytes of torch storages (`LiveBytes`; host copies of swapped tensors
+excluded, as on a device), so the smoke test also runs the peak checks; every op is slower under it.
+Progress (tables, each measured batch and peak, each run) is printed as it goes.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from torch import nn
 
 from triaccel import TriAccelConfig, parse_bytes
 from triaccel.backends.torch.models import create_model
-from triaccel.backends.torch.offload import ActivationOffload, measure_bandwidth
+from triaccel.backends.torch.offload import ActivationOffload, CudaBytes, LiveBytes, measure_bandwidth
 from triaccel.swap_plan import CostModel, OffloadPlanner, SwapPlan, plan_for_budget, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,9 +235,13 @@ def jax_runs(bench: "Bench", plan: SwapPlan, batch: int, steps: int) -> dict[str
     return out
 
 
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
 def nbytes(v: int | None) -> str:
     if v is None:
-        return "n/a (cpu)"
+        return "n/a"
     return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.2f} MiB"
 
 
@@ -249,7 +254,7 @@ def device_name(device: torch.device) -> str:
 class Bench:
     """Runs timed SGD steps of one model at a batch under one memory mode."""
 
-    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
+    def __init__(self, args: argparse.Namespace, device: torch.device, mem: LiveBytes | None = None) -> None:
         self.args, self.device = args, device
         torch.manual_seed(0)
         if args.model == "resnet152":
@@ -262,6 +267,9 @@ class Bench:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.off = ActivationOffload(self.model, min_bytes=args.min_bytes)
         self.cuda = device.type == "cuda"
+        # the allocator's counters on CUDA; on CPU the live bytes of storages made under `mem`,
+        # which main() enters before building the Bench (weights and optimizer state count)
+        self.mem: Any = CudaBytes(device) if self.cuda else mem
 
     def data(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator(device="cpu").manual_seed(b)
@@ -312,8 +320,7 @@ class Bench:
             for _ in range(2):
                 step()
             self.sync()
-            if self.cuda:
-                torch.cuda.reset_peak_memory_stats(self.device)
+            self.mem.reset_peak()
             for _ in range(steps):
                 t0 = time.perf_counter()
                 step()
@@ -321,6 +328,7 @@ class Bench:
                 times.append(time.perf_counter() - t0)
         except torch.OutOfMemoryError:
             self.opt.zero_grad(set_to_none=True)
+            log(f"  {mode} bs {b}: out of memory")
             return None
         finally:
             self.off.apply(["keep"] * len(self.off.units))
@@ -328,19 +336,18 @@ class Bench:
             if self.cuda:
                 torch.cuda.empty_cache()
         med = statistics.median(times)
-        out = {"batch": b, "mode": mode, "step_s": med, "samples_per_s": b / med}
-        if self.cuda:
-            out["peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        out = {"batch": b, "mode": mode, "step_s": med, "samples_per_s": b / med, "peak_bytes": self.mem.peak()}
+        if self.cuda:  # also holds blocks whose device->host copy is still running (record_stream)
             out["reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
+        if steps > 1:
+            log(f"  run {mode} bs {b}: {out['samples_per_s']:.1f} samples/s, peak {nbytes(out['peak_bytes'])}")
         return out
 
     def memory_trace(self, b: int, plan: SwapPlan | None) -> list[tuple[str, int, int]]:
         """(event, unit, bytes allocated) at every unit's forward start/end and backward start over
-        one step at b (the last of run()'s three), with `plan` or none; empty on CPU."""
-        if not self.cuda:
-            return []
+        one step at b (the last of run()'s three), with `plan` or none."""
         trace: list[tuple[str, int, int]] = []
-        self.off.observer = lambda ev, i: trace.append((ev, i, torch.cuda.memory_allocated(self.device)))
+        self.off.observer = lambda ev, i: trace.append((ev, i, self.mem.allocated()))
         try:
             self.run(b, "plan" if plan is not None else "plain", 1, plan)
         finally:
@@ -350,11 +357,14 @@ class Bench:
         return trace[starts[-1]:] if starts else trace
 
     def peak(self, b: int, mode: str, plan: Any = None, model_peak: int | None = None) -> int | None:
-        """Measured peak bytes of one step at b (on CPU: `model_peak`, the plan's modelled peak)."""
+        """Measured peak bytes of one step at b (None: out of memory); prints it beside `model_peak`."""
         r = self.run(b, mode, 1, plan)
         if r is None:
             return None
-        return r["peak_bytes"] if self.cuda else model_peak
+        what = "no plan" if plan is None else (f"plan ({plan.count('swap')} swap, {plan.count('recompute')} "
+                                               f"recompute)" if isinstance(plan, SwapPlan) else "plan")
+        log(f"  peak bs {b:>4} {what}: measured {nbytes(r['peak_bytes'])}, modelled {nbytes(model_peak)}")
+        return r["peak_bytes"]
 
 
 def plot_traces(traces: dict[str, list[tuple[str, int, int]]], budget: int, path: Path | None) -> None:
@@ -413,17 +423,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if len(mb) != 2 or mb[0] == mb[1]:
         raise ValueError(f"--measure-batches={args.measure_batches!r}: allowed two distinct batches")
     grid = list(range(args.multiple, args.max_batch + 1, args.multiple))
-    bench = Bench(args, device)
-    L = len(bench.off.units)
+    if device.type == "cuda":
+        return bench_main(args, device, budget, mb, grid, None)
+    mem = LiveBytes()
+    with mem:  # before the model exists: weights, gradients and optimizer state count
+        return bench_main(args, device, budget, mb, grid, mem)
+
+
+def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: list[int], grid: list[int],
+        mem: LiveBytes | None) -> dict[str, Any]:
+    """The benchmark proper (main's steps 1-4, table, JSON); mem: the CPU byte counter or None."""
     t_start = time.perf_counter()
+    log(f"offload benchmark: {args.model} {args.image}x{args.image}, {args.amp}, budget {nbytes(budget)}, "
+        f"{device_name(device)}")
+    bench = Bench(args, device, mem)
+    if mem is not None:
+        mem.ignore = lambda: bench.off.host_copying  # a swap's host copy is not device memory
+    L = len(bench.off.units)
 
     # 1. cost model from two measured batches
     bw = measure_bandwidth(device)
+    log(f"bandwidth: d2h {bw[0] / 1e9:.1f} GB/s, h2d {bw[1] / 1e9:.1f} GB/s")
     bench.run(mb[0], "plain", 1)  # optimizer state exists before the tables count static bytes
     tables = []
     for b in mb:
         x, y = bench.data(b)
-        tables.append(bench.off.measure(bench.loss_fn(x, y), b, bandwidth=bw))
+        t = bench.off.measure(bench.loss_fn(x, y), b, bandwidth=bw, memory=bench.mem)
+        tables.append(t)
+        log(f"table bs {b}: static {nbytes(t.static_bytes)}, saved {nbytes(t.saved_bytes)} (resident "
+            f"{nbytes(t.resident_bytes)}), transient {nbytes(t.transient_bytes)}, no-plan peak "
+            f"{nbytes(simulate(t, ['keep'] * L).peak_bytes)}, fwd+bwd "
+            f"{sum(u.forward_ms + u.backward_ms for u in t.layers):.1f} ms")
         bench.opt.zero_grad(set_to_none=True)
         del x, y
     model = CostModel(tuple(tables))
@@ -432,17 +462,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     keep = ["keep"] * L
     fit_model = [b for b in grid if simulate(model.at(b), keep).peak_bytes <= budget]
     b0 = fit_model[-1] if fit_model else None
+    log(f"largest batch without a plan: modelled {b0}; measuring")
+    seen: dict[int, int | None] = {}
+
+    def plain_peak(b: int) -> int | None:
+        if b not in seen:
+            seen[b] = bench.peak(b, "plain", model_peak=simulate(model.at(b), keep).peak_bytes)
+        return seen[b]
+
     while b0 is not None:
-        p = bench.peak(b0, "plain", model_peak=simulate(model.at(b0), keep).peak_bytes)
+        p = plain_peak(b0)
         if p is not None and p <= budget:
             nxt = b0 + args.multiple  # the model may be conservative: try one step up
-            q = (bench.peak(nxt, "plain", model_peak=simulate(model.at(nxt), keep).peak_bytes)
-                 if nxt <= args.max_batch else None)
+            q = plain_peak(nxt) if nxt <= args.max_batch else None
             if q is not None and q <= budget:
                 b0 = nxt
                 continue
             break
         b0 = b0 - args.multiple if b0 > args.multiple else None
+    log(f"B0 = {b0}")
     plain_b0 = bench.run(b0, "plain", args.steps) if b0 else None
 
     # 3. largest batch with a plan, checked by measurement
@@ -454,8 +492,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         """Plan b, run it, and replan below the budget while the measured peak breaks it (3 tries)."""
         tries: list[dict[str, Any]] = []
         for _ in range(3):
-            plan = planner.plan(b)
+            plan = planner.plan(b)  # ValueError naming the peaks once the model misses by the budget
             if not plan.fits:
+                log(f"  bs {b}: no plan fits target {nbytes(planner.target)}")
                 return plan, None, tries
             p = bench.peak(b, "plan", plan, model_peak=plan.peak_bytes)
             tries.append({"target": planner.target, "modelled_peak": plan.peak_bytes, "measured_peak": p,
@@ -464,6 +503,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 return plan, None, tries
             if not planner.observe_peak(plan, p):
                 return plan, p, tries
+            log(f"  bs {b}: measured {nbytes(p)} > budget; the model missed by {nbytes(p - plan.peak_bytes)}: "
+                f"planning for {nbytes(planner.target)}")
         return plan, None, tries
 
     lo, hi, top = 0, len(grid) - 1, None  # bisect the modelled feasibility
@@ -474,14 +515,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             hi = mid - 1
     bp, plan_bp, peak_bp, replans = None, None, None, []
+    log(f"largest batch with a plan: modelled {None if top is None else grid[top]}; measuring")
     i = top
     while i is not None and i >= 0:
-        plan, p, tries = planned(grid[i])
+        try:
+            plan, p, tries = planned(grid[i])
+        except ValueError as e:
+            raise SystemExit(f"offload benchmark: {e}") from e
         replans.append({"batch": grid[i], "tries": tries})
         if p is not None:
             bp, plan_bp, peak_bp = grid[i], plan, p
             break
         i -= 1
+    log(f"Bp = {bp}")
     rows: dict[str, Any] = {"plain_b0": plain_b0}
     if bp is not None:
         rows["plan_bp"] = bench.run(bp, "plan", args.steps, plan_bp)
@@ -499,7 +545,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"joint choice: {e}", file=sys.stderr)
 
     traces: dict[str, Any] = {}
-    if bp is not None and bench.cuda:
+    if bp is not None:
         traces = {"plan_bp": bench.memory_trace(bp, plan_bp), "nobudget_bp": bench.memory_trace(bp, None)}
         plot_traces(traces, budget, Path(args.out).with_suffix(".png") if args.out else None)
 
@@ -525,7 +571,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if plan_bp is not None:
         print(f"plan at Bp: {plan_bp.count('swap')} swap, {plan_bp.count('recompute')} recompute, "
               f"{plan_bp.count('keep')} keep of {L} units; modelled peak {nbytes(plan_bp.peak_bytes)}, "
-              f"measured {nbytes(peak_bp if bench.cuda else None)}; modelled step "
+              f"measured {nbytes(peak_bp)}; modelled step "
               f"{plan_bp.step_ms:.1f} ms (exposed {plan_bp.exposed_ms:.1f} ms)")
     print("ratios: samples/s against 'no budget' at Bp")
     for key, label in (("plain_b0", "no plan, B0"), ("plan_bp", "plan, Bp"), ("nobudget_bp", "no budget, Bp"),
@@ -561,7 +607,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "plan_bp": plan_bp.to_dict() if plan_bp else None, "measured_peak_bp": peak_bp, "replans": replans,
         "model_margin_bytes": planner.margin,
         "memory_traces": traces, "runs": rows, "joint": choice.to_dict() if choice else None,
-        "peaks_are": "measured (max_memory_allocated)" if bench.cuda else "modelled (cpu)",
+        "peaks_are": "measured (max_memory_allocated)" if bench.cuda else "measured (LiveBytes: cpu storages)",
         "wall_s": time.perf_counter() - t_start,
     }
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / "offload" / (

@@ -322,3 +322,57 @@ def test_torch_curvature_pass_runs_without_the_plan():
     opt.backward(loss)
     opt.step()
     assert opt.last_eigvals is not None and np.isfinite(opt.last_eigvals).all()
+
+
+# -- how often the wrapper measures (#17: the demo's epochs ran ~5 s longer under offload="auto") --
+
+def test_no_plan_in_force_step_times_never_ask_for_tables():
+    c = controller(fast_link())
+    c.observe_memory(0, 500 * MB, 10**13)  # room for everything: no plan
+    c.decide(10)
+    assert c.decision.offload_plan == ("keep",) * 10
+    for k, ms in enumerate((100.0, 300.0, 320.0, 90.0, 400.0, 410.0)):  # evaluations, clocks, data...
+        c.observe_step_time(11 + k, ms)
+    assert not c.wants_offload_costs(20)
+
+
+def test_a_model_missing_by_the_whole_budget_is_remeasured_once_not_at_every_boundary():
+    c = controller(fast_link())
+    c.decide(10)
+    p = c.offload_swap_plan
+    assert p.active
+    c.observe_memory(15, p.peak_bytes + 2000 * MB, LIMIT)  # 2 GB over a 1.5 GB target
+    with pytest.warns(RuntimeWarning, match=f"modelled at {p.peak_bytes} bytes peaked at {p.peak_bytes + 2000 * MB}"):
+        c.decide(20)
+    assert c.wants_offload_costs(30) and c.offload_swap_plan.actions == ("recompute",) * 10
+    c.observe_offload_costs(30, fast_link())  # the same tables again: the margin stays
+    measured = 0
+    for step in range(30, 100, 10):
+        measured += c.wants_offload_costs(step)
+        c.decide(step)
+    assert measured == 0 and c.telemetry.records[-1]["offload"]["target"] <= 0
+
+
+def test_torch_wrapper_measures_once_and_adds_nothing_per_step_without_a_plan():
+    import time
+
+    from triaccel.backends.torch import wrap
+    model, xs, ys = _setup()
+    cfg = TriAccelConfig(offload="auto", batch_law="memory", elastic_batch=False, adaptive_precision=False,
+                         base_precision="fp32", batch_init=8, batch_min=8, warmup_steps=2, t_ctrl=2)
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, cfg, memory_probe=_Probe(10**12),
+               offload_options=dict(min_bytes=0, bandwidth=(1e9, 1e9), repeats=1))
+    drv = opt.offload
+    unit = drv.offload.modules[3]
+    for i in range(24):
+        with opt.autocast():
+            loss = F.cross_entropy(model(xs[i % 6]), ys[i % 6])
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        if i % 5 == 4:
+            time.sleep(0.05 * (1 + i % 3))  # an "evaluation": windows far off each other
+        if i >= 3:  # after the first boundary's measurement: no plan, no unit hooks
+            assert opt.decision.offload_plan == ("keep",) * len(drv.offload.units)
+            assert not drv.offload.hooked and not unit._forward_pre_hooks and not unit._forward_hooks
+    assert drv.measurements == [{"step": 2, "batches": [4, 8]}]

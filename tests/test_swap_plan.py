@@ -260,3 +260,20 @@ def test_transient_from_a_measured_peak_counts_shared_bytes_once():
     t = CostTable(32, layers, 400e9, 400e9, static_bytes=static, transient_bytes=tr)
     assert t.resident_bytes == 650 * MB and tr == 150 * MB
     assert simulate(t, ["keep"] * 3).peak_bytes == peak
+
+
+def test_offload_planner_refuses_to_plan_once_the_model_misses_the_whole_budget():
+    # #17 (H100, ResNet-152): a measured peak ~29 GB over its plan's modelled peak took an 8 GiB
+    # target below 0 and plan_for_budget failed on "budget=-21116792832"; the planner now says why
+    m = _model_with_overhead()
+    cfg = TriAccelConfig(offload="auto", batch_init=64, batch_max=512)
+    planner = OffloadPlanner(cfg, m, 1500 * MB)
+    p = planner.plan(128)
+    assert not planner.observe_peak(p, 1500 * MB) and planner.last_breach is None
+    measured = p.peak_bytes + 1600 * MB
+    assert planner.observe_peak(p, measured) and planner.target < 0
+    assert planner.last_breach == (128, measured, p.peak_bytes)
+    msg = f"batch 128 under a plan modelled at {p.peak_bytes} bytes peaked at {measured} bytes"
+    for call in (lambda: planner.plan(128), planner.decide):
+        with pytest.raises(ValueError, match=msg):
+            call()

@@ -7,6 +7,7 @@ controller never touches a framework. Same inputs -> same decisions, whichever b
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -136,6 +137,7 @@ class Controller:
         self._oom_in_window = False   # the window's memory peak holds a failed try: not the plan's
         self._remeasure = False
         self._moved_windows = 0   # consecutive step-time windows off the model
+        self._remeasured_margin: int | None = None  # planner margin a target <= 0 asked new tables for
         self.telemetry = Telemetry()
         self._decision = self._make(step=-1, changed=frozenset(CHANGES))
 
@@ -274,13 +276,14 @@ class Controller:
 
     def observe_step_time(self, step: int, ms_per_step: float) -> None:
         """Mean wall time per optimizer step (ms) over a window run wholly under the decision in
-        force. Under an offload plan, two windows in a row off the first one under the same batch
-        and plan by more than the planner's tolerance ask for new tables (`wants_offload_costs`);
-        one alone is taken for a one-off (an evaluation, a checkpoint written in the window)."""
+        force. Under an active offload plan (some unit swaps or recomputes), two windows in a row off
+        the first one under the same batch and plan by more than the planner's tolerance ask for new
+        tables (`wants_offload_costs`); one alone is taken for a one-off (an evaluation, a checkpoint
+        written in the window). With no plan in force step times ask for nothing."""
         if isinstance(ms_per_step, bool) or not isinstance(ms_per_step, (int, float, np.floating)) \
                 or not np.isfinite(ms_per_step) or ms_per_step <= 0:
             raise ValueError(f"ms_per_step={ms_per_step!r}: allowed a finite number of milliseconds > 0")
-        if self._planner is not None and self._swap is not None:
+        if self._planner is not None and self._swap is not None and self._swap.active:
             moved = self._planner.observe_step_time(self._swap, float(ms_per_step))
             self._moved_windows = self._moved_windows + 1 if moved else 0
             self._remeasure = self._remeasure or self._moved_windows >= 2
@@ -315,8 +318,16 @@ class Controller:
                 choice = planner.decide(b_noise)
             except ValueError:  # not even the smallest candidate fits the model
                 choice = None
-        else:  # the model under-estimates by more than the budget: measure it again
+        elif self._remeasured_margin != planner.margin:
+            # the model under-estimates by the whole budget: measure it again, once per margin (new
+            # tables that leave it so would otherwise be re-measured at every boundary)
+            self._remeasured_margin = planner.margin
             self._remeasure = True
+            try:
+                planner.check_target()
+            except ValueError as e:
+                warnings.warn(f"offload: {e}. Until then: the smallest candidate batch, every unit recomputed",
+                              RuntimeWarning, stacklevel=3)
         plan = choice.plan if choice is not None else self._plan_for(grid[0])
         if cfg.elastic_batch:
             law.move_to(plan.batch, step)

@@ -592,34 +592,54 @@ class OffloadPlanner:
             raise ValueError(f"tolerance={tolerance!r} is invalid: allowed a real number in (0, 1)")
         self.cfg, self.model, self.budget, self.batches, self.tolerance = cfg, model, budget, batches, tolerance
         self.margin = 0
+        # (batch, measured, modelled) bytes of the step that last broke the budget (error messages)
+        self.last_breach: tuple[int, int, int] | None = None
         self.choice: BatchChoice | None = None
         self._moved = False
         self._refs: dict[tuple[int, tuple[str, ...]], float] = {}  # first ms/step per (batch, actions)
 
     @property
     def target(self) -> int:
-        """Bytes the plans are made for: the budget less the model's largest observed under-estimate."""
+        """Bytes the plans are made for: the budget less the model's largest observed under-estimate.
+        At or below 0 once the model under-estimated a peak by the whole budget: `plan` and `decide`
+        then raise (see `check_target`)."""
         return self.budget - self.margin
 
+    def check_target(self) -> None:
+        """ValueError naming the measured and modelled peaks when `target` <= 0 (the model
+        under-estimates peaks by at least the budget: no plan made from it can be trusted)."""
+        if self.target > 0:
+            return
+        seen = ""
+        if self.last_breach is not None:
+            b, measured, modelled = self.last_breach
+            seen = (f": a step at batch {b} under a plan modelled at {modelled} bytes peaked at {measured} "
+                    f"bytes ({measured - modelled} bytes over the model)")
+        raise ValueError(
+            f"budget={self.budget} bytes: the cost model under-estimates peaks by {self.margin} bytes, at least "
+            f"the whole budget{seen}; planning target {self.target} bytes <= 0. The plan did not take effect "
+            "or the tables miss device memory: check the plan's mechanics and re-measure the cost tables")
+
     def decide(self, b_noise: float | None = None) -> BatchChoice:
-        """Choose batch and plan for `target` bytes (choose_batch)."""
-        if self.target <= 0:
-            raise ValueError(f"budget={self.budget}: the model under-estimates peaks by {self.margin} bytes, "
-                             "more than the budget; re-measure the cost tables")
+        """Choose batch and plan for `target` bytes (choose_batch); ValueError when target <= 0."""
+        self.check_target()
         self.choice = choose_batch(self.model, self.target, self.cfg, b_noise=b_noise, batches=self.batches)
         return self.choice
 
     def plan(self, batch: int) -> SwapPlan:
-        """The plan for `batch` at `target` bytes (fits=False when none fits)."""
+        """The plan for `batch` at `target` bytes (fits=False when none fits); ValueError when
+        target <= 0."""
+        self.check_target()
         return plan_for_budget(self.model.at(batch), self.target)
 
     def observe_peak(self, plan: SwapPlan, measured_bytes: int) -> bool:
         """Record the measured peak of a step run under `plan`; True when it broke the budget (the
-        margin grew: decide/plan again)."""
+        margin grew: decide/plan again, which raise if the target fell to 0 or below)."""
         if not (isinstance(measured_bytes, int) and measured_bytes >= 0):
             raise ValueError(f"measured_bytes={measured_bytes!r} is invalid: allowed an integer >= 0")
         if measured_bytes <= self.budget:
             return False
+        self.last_breach = (plan.batch, int(measured_bytes), plan.peak_bytes)
         err = measured_bytes - plan.peak_bytes
         # a plan made for target bytes breaks the budget only when err > margin; a plan made for
         # more than the target lowers the target by its excess instead
@@ -663,4 +683,4 @@ class OffloadPlanner:
     def load_state_dict(self, sd: dict) -> None:
         self.model = CostModel(tuple(CostTable.from_dict(t) for t in sd["tables"]))
         self.budget, self.margin = int(sd["budget"]), int(sd["margin"])
-        self._moved, self._refs, self.choice = False, {}, None
+        self._moved, self._refs, self.choice, self.last_breach = False, {}, None, None

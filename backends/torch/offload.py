@@ -249,13 +249,38 @@ class ActivationOffload:
         self._streams: tuple[Any, Any] | None = None
         self.swapped_bytes = 0  # bytes copied to host in the last step
         self.host_copying = False  # True while a swapped tensor's host copy is made (LiveBytes' ignore)
-        # called as observer(event, unit) at "fwd_start", "fwd_end", "bwd_start" of each unit
-        # (e.g. to trace memory over a step); None: off
-        self.observer: Callable[[str, int], None] | None = None
-        self._handles = []
-        for i, m in enumerate(self.modules):
-            self._handles.append(m.register_forward_pre_hook(self._make_pre(i)))
-            self._handles.append(m.register_forward_hook(self._make_post(i)))
+        self._observer: Callable[[str, int], None] | None = None
+        # the units' forward hooks exist only while something needs them (a plan, a measurement, an
+        # observer): with no plan in force a forward runs as without this object
+        self._handles: list[Any] = []
+
+    @property
+    def observer(self) -> Callable[[str, int], None] | None:
+        """Called as observer(event, unit) at "fwd_start", "fwd_end", "bwd_start" of each unit
+        (e.g. to trace memory over a step); None: off."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, fn: Callable[[str, int], None] | None) -> None:
+        self._observer = fn
+        self._sync_hooks()
+
+    @property
+    def hooked(self) -> bool:
+        """Whether the units' forward hooks are installed (a plan, a measurement or an observer)."""
+        return bool(self._handles)
+
+    def _sync_hooks(self) -> None:
+        want = self.plan_active or self._observer is not None or self._recorder is not None
+        if want and not self._handles:
+            for i, m in enumerate(self.modules):
+                self._handles.append(m.register_forward_pre_hook(self._make_pre(i)))
+                self._handles.append(m.register_forward_hook(self._make_post(i)))
+        elif not want and self._handles:
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            self._stack = []
 
     # -- plan --------------------------------------------------------------------------------
     @property
@@ -288,13 +313,12 @@ class ActivationOffload:
         for j, k in enumerate(pf):
             if k is not None:
                 self._triggers.setdefault(k, []).append(j)
+        self._sync_hooks()
 
     def remove(self) -> None:
-        """Remove hooks and recompute wrappers."""
+        """Remove hooks, recompute wrappers and the observer."""
+        self._observer = None
         self.apply(("keep",) * len(self.units))
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
     def _device(self) -> torch.device:
         p = next(self.model.parameters(), None)
@@ -339,8 +363,8 @@ class ActivationOffload:
     def _make_pre(self, i: int) -> Callable[..., None]:
         def pre(module: nn.Module, args: Any) -> None:
             self._stack.append(i)
-            if self.observer is not None:
-                self.observer("fwd_start", i)
+            if self._observer is not None:
+                self._observer("fwd_start", i)
             if self._recorder is not None:
                 self._recorder("fwd_start", i)
                 self._recorder_inputs(i, args)
@@ -350,11 +374,11 @@ class ActivationOffload:
         def post(module: nn.Module, args: Any, out: Any) -> None:
             if self._stack and self._stack[-1] == i:
                 self._stack.pop()
-            if self.observer is not None:
-                self.observer("fwd_end", i)
+            if self._observer is not None:
+                self._observer("fwd_end", i)
             if self._recorder is not None:
                 self._recorder("fwd_end", i)
-            want = (self._recorder is not None or self.observer is not None
+            want = (self._recorder is not None or self._observer is not None
                     or (self._hooks_ctx is not None and i in self._triggers))
             if want and torch.is_grad_enabled():
                 t = out if isinstance(out, torch.Tensor) else next(
@@ -364,8 +388,8 @@ class ActivationOffload:
         return post
 
     def _backward_start(self, i: int) -> None:
-        if self.observer is not None:
-            self.observer("bwd_start", i)
+        if self._observer is not None:
+            self._observer("bwd_start", i)
         if self._recorder is not None:
             self._recorder("bwd_start", i)
         for j in self._triggers.get(i, ()):
@@ -498,6 +522,7 @@ class ActivationOffload:
                     mem.reset_peak()
                 static = mem.allocated() if mem is not None else 0
                 self._recorder = mark
+                self._sync_hooks()
                 self.__enter__()
                 try:
                     mark("start", -1)
@@ -508,6 +533,7 @@ class ActivationOffload:
                 finally:
                     self.__exit__(None, None, None)
                     self._recorder = None
+                    self._sync_hooks()
                 _sync(dev)
                 peak = mem.peak() if mem is not None else 0
                 runs.append(self._times(marks, cuda) | {"static": static, "peak": peak})
@@ -600,7 +626,9 @@ class OffloadDriver:
     """The torch wrapper's half of offload="auto" (`triaccel.backends.torch.wrap`): an
     `ActivationOffload` over the model, measurement of its cost tables when the controller asks
     (`Controller.wants_offload_costs`), the decided plan (`Decision.offload_plan`) applied when it
-    changes, and wall time per step of windows run under one decision (`observe_step_time`).
+    changes, and wall time per step of windows run under one active plan (`observe_step_time`).
+    With no plan in force the steady state costs one forward pre-hook per step (the input capture):
+    no unit hooks, no timing, no re-measurement.
 
     The measuring steps re-run the last training forward's input (a reference kept by a forward
     pre-hook) at two batch sizes, n and n/2 (n/2 and n/4 while a plan is active, since without a plan
@@ -689,8 +717,9 @@ class OffloadDriver:
         if self._last is not None:
             s0, t0, k0 = self._last
             self._run = self._run + 1 if k0 == key else 0
-            # the first window under a new decision holds its warm-up (allocator, cuDNN, pinned blocks)
-            if self._run >= 1 and step > s0:
+            # the first window under a new decision holds its warm-up (allocator, cuDNN, pinned blocks);
+            # with no plan in force nothing is timed (step times then only ask for re-measurements)
+            if self._run >= 1 and step > s0 and self.offload.plan_active:
                 ctl.observe_step_time(step, (now - t0) * 1e3 / (step - s0))
         if ctl.wants_offload_costs(step) and self._input is not None:
             tables = self.measure()
