@@ -124,7 +124,7 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
     params = trainer.exit_params()
     for blk, rec in zip(plan.blocks, records):
         log.write("block", **blk.to_dict(), measured_peak_bytes=rec.peak_bytes, cache_peak_bytes=rec.cache_peak_bytes,
-                  cache_seconds=rec.cache_seconds, steps=rec.steps, ooms=rec.ooms)
+                  cache_seconds=rec.cache_seconds, steps=rec.steps, skipped_steps=rec.skipped_steps, ooms=rec.ooms)
     log.write("exits", accs=accs, params=params, chosen=chosen, tolerance=lo["exit_tolerance"])
     epoch_seconds = [s for r in records for s in r.epoch_seconds]
     train_seconds = sum(epoch_seconds) + sum(r.cache_seconds for r in records)
