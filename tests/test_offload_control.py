@@ -376,3 +376,17 @@ def test_torch_wrapper_measures_once_and_adds_nothing_per_step_without_a_plan():
             assert opt.decision.offload_plan == ("keep",) * len(drv.offload.units)
             assert not drv.offload.hooked and not unit._forward_pre_hooks and not unit._forward_hooks
     assert drv.measurements == [{"step": 2, "batches": [4, 8]}]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="allocator statistics need CUDA")
+def test_memory_probe_leaves_excluded_work_out_of_the_window_peak():
+    from triaccel.backends.torch.memory import MemoryProbe
+    probe = MemoryProbe("cuda")
+    probe.read()
+    a = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")  # the window's own 64 MiB
+    del a
+    with probe.excluded():   # an evaluation's 512 MiB
+        b = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+        del b
+    used = probe.read().used_bytes
+    assert 64 * 2**20 <= used < 512 * 2**20

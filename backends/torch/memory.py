@@ -12,8 +12,10 @@ wrapper then skips memory observations (the batch size stays where the controlle
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +55,7 @@ class MemoryProbe:
         self._nvml_tried = False
         self.available = dev.type == "cuda" and torch.cuda.is_available()
         self.peak_bytes = 0  # largest `used_bytes` ever read (reads reset torch's own peak counter)
+        self._carried = 0  # the window's peak before an `excluded()` block reset torch's counter
         if not self.available:
             self._warn(f"MemoryProbe: device {dev} is not a CUDA device; memory is not measured and "
                        "the batch size is not adapted to memory (it stays at the controller's value).")
@@ -98,6 +101,21 @@ class MemoryProbe:
         me = os.getpid()
         return int(sum((p.usedGpuMemory or 0) for p in procs if p.pid != me))
 
+    @contextlib.contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Work inside (an evaluation at its own batch size, say) does not count in the next read's
+        `used_bytes`: the batch lever cannot move that memory, and counted as the training step's it
+        shrinks the batch (or, under offload="auto", raises the plan margin) at every evaluation."""
+        if not self.available:
+            yield
+            return
+        before = int(torch.cuda.max_memory_allocated(self.device))
+        try:
+            yield
+        finally:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._carried = max(self._carried, before)
+
     def read(self) -> MemoryReading | None:
         """Peak allocated since the last read (then resets the peak), and the usable limit.
 
@@ -106,7 +124,8 @@ class MemoryProbe:
         if not self.available:
             return None
         dev = self.device
-        used = int(torch.cuda.max_memory_allocated(dev))
+        used = max(int(torch.cuda.max_memory_allocated(dev)), self._carried)
+        self._carried = 0
         torch.cuda.reset_peak_memory_stats(dev)
         self.peak_bytes = max(self.peak_bytes, used)
         free, total = torch.cuda.mem_get_info(dev)
