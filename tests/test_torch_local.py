@@ -243,6 +243,7 @@ def test_unmodelled_fixed_bytes_from_end_to_end_peaks():
     # the H100 run of issue 18: peaks at 8 and 16, data 184.8 MB, ResNet-18's 11,173,962 parameters
     probe = {8: 452680192, 16: 470555136, 32: 509057536, 64: None}
     got = unmodelled_fixed_bytes(probe, 184_800_000, 11_173_962)
-    assert got == 2 * 452680192 - 470555136 - 184_800_000 - 14 * 11_173_962
+    # the probe trains a copy (14 bytes per parameter) beside the model's own fp32 weights (4)
+    assert got == 2 * 452680192 - 470555136 - 184_800_000 - 18 * 11_173_962
     assert unmodelled_fixed_bytes({8: 100, 16: None}, 0, 0) is None
     assert unmodelled_fixed_bytes({8: 1000, 16: 1800}, 500, 0) == 0       # intercept 200 < data: never negative

@@ -87,19 +87,20 @@ def _e2e_probe(model: torch.nn.Module, transform: Any, xtr: torch.Tensor, ytr: t
 
 
 def unmodelled_fixed_bytes(probe: dict[int, int | None], resident: int, params: int,
-                           state_bytes_per_param: int = LocalPlanConfig.state_bytes_per_param) -> int | None:
-    """Bytes end-to-end training held beyond its data and its parameters' training state, at batch 0:
-    the intercept of the probe's peaks at its two smallest batches (peaks are linear in the batch)
-    less resident + state_bytes_per_param * params. That is the framework's own workspaces (cuBLAS,
-    cuDNN) and anything else the per-unit table does not show, which every block pays as well (the
-    H100 run of issue 18: ~94 MB, more than the plan's headroom). None with fewer than two batches
-    measured; never negative."""
+                           state_bytes_per_param: int = LocalPlanConfig.state_bytes_per_param,
+                           weight_bytes_per_param: int = LocalPlanConfig.frozen_bytes_per_param) -> int | None:
+    """Bytes end-to-end training (`_e2e_probe`) held beyond what the plan models, at batch 0: the
+    intercept of the probe's peaks at its two smallest batches (peaks are linear in the batch) less
+    the data (resident), the trained copy's state (state_bytes_per_param * params) and the model's own
+    weights beside it (weight_bytes_per_param * params). That is the framework's workspaces (cuBLAS,
+    cuDNN) and whatever else the per-unit table does not show, which every block pays as well (the
+    H100 run of issue 18: ~49 MB). None with fewer than two batches measured; never negative."""
     ran = sorted((b, peak) for b, peak in probe.items() if peak is not None)
     if len(ran) < 2:
         return None
     (b1, p1), (b2, p2) = ran[:2]
     intercept = p1 - b1 * (p2 - p1) / (b2 - b1)
-    return max(int(intercept) - resident - state_bytes_per_param * params, 0)
+    return max(int(intercept) - resident - (state_bytes_per_param + weight_bytes_per_param) * params, 0)
 
 
 def _plan(table: list[Any], budget: int, lo: dict[str, Any], opts: RunOptions, resident: int, n: int,
