@@ -465,8 +465,10 @@ class LocalTrainer:
         gc.collect()
         state = ""
         if self.device.type == "cuda":
-            state = (f"allocated {torch.cuda.memory_allocated(self.device)} bytes now, peak "
-                     f"{torch.cuda.max_memory_allocated(self.device)}; ")
+            # reserved well above allocated: the cap (which counts reserved segments) was lost to fragmentation
+            dev = self.device
+            state = (f"allocated {torch.cuda.memory_allocated(dev)} bytes now, peak {torch.cuda.max_memory_allocated(dev)}, "
+                     f"reserved {torch.cuda.memory_reserved(dev)}, peak reserved {torch.cuda.max_memory_reserved(dev)}; ")
         return BlockOutOfMemory.message(self.plan, b, step, msg, state + "live tensors: " + live_tensors(self.device))
 
     @torch.no_grad()
