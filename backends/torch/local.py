@@ -466,9 +466,9 @@ class LocalTrainer:
         state = ""
         if self.device.type == "cuda":
             # reserved well above allocated: the cap (which counts reserved segments) was lost to fragmentation
-            dev = self.device
-            state = (f"allocated {torch.cuda.memory_allocated(dev)} bytes now, peak {torch.cuda.max_memory_allocated(dev)}, "
-                     f"reserved {torch.cuda.memory_reserved(dev)}, peak reserved {torch.cuda.max_memory_reserved(dev)}; ")
+            cuda, dev = torch.cuda, self.device
+            state = (f"allocated {cuda.memory_allocated(dev)} bytes now, peak {cuda.max_memory_allocated(dev)}, "
+                     f"reserved {cuda.memory_reserved(dev)}, peak reserved {cuda.max_memory_reserved(dev)}; ")
         return BlockOutOfMemory.message(self.plan, b, step, msg, state + "live tensors: " + live_tensors(self.device))
 
     @torch.no_grad()
