@@ -461,8 +461,8 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
     # 2. largest batch without a plan (modelled, then checked by measurement)
     keep = ["keep"] * L
     fit_model = [b for b in grid if simulate(model.at(b), keep).peak_bytes <= budget]
-    b0 = fit_model[-1] if fit_model else None
-    log(f"largest batch without a plan: modelled {b0}; measuring")
+    b0 = fit_model[-1] if fit_model else grid[0]  # the model may be conservative: measure the smallest
+    log(f"largest batch without a plan: modelled {fit_model[-1] if fit_model else None}; measuring")
     seen: dict[int, int | None] = {}
 
     def plain_peak(b: int) -> int | None:
