@@ -247,20 +247,21 @@ def test_prepare_queues_every_bucket_up_the_ladder_nearest_first(pad):
 
     split.bind(probe, model, example_args=(jnp.ones((3, 4)),))
     split.control(0)
-    assert rec.names == ["probe@3"]                 # the step's shapes are not known yet
+    assert rec.names == []                          # all wait for the step's first lowering
     split(jnp.ones((8, 4)))
     want = ["_body@16", "_body@32", "_body@4"] if pad else ["_body@4", "_body@16", "_body@32"]
-    assert rec.names[1:] == want
+    assert rec.names == ["probe@3", *want]
+    split.control(2)
+    assert len(rec.names) == 4                      # nothing new at the next boundary
 
 
 def test_bound_function_compiled_ahead_under_current_and_likely_policy(monkeypatch):
-    """bind(example_args=...) -> compiled in the background at the next boundary, taken at its
+    """bind(example_args=...) -> compiled in the background once the step is lowered, taken at its
     first call with no trace; under the policy the controller expects next as well."""
     from triaccel.backends.jax import precision_policy
 
     model, ta, split = _split()
     x = jnp.full((3, 4), 0.5)
-    expected = float(model(x).sum())
 
     def probe(m, x):
         return m(x).sum()
@@ -268,16 +269,19 @@ def test_bound_function_compiled_ahead_under_current_and_likely_policy(monkeypat
     evaluate = split.bind(probe, model, example_args=(jax.ShapeDtypeStruct(x.shape, x.dtype),))
     fp32 = tuple([Precision.FP32] * ta.layers.num_layers)
     monkeypatch.setattr(ta.controller, "likely_next", lambda step, reach=1: (fp32, ()))
-    split.control(0)                                # current policy and fp32: two variants queued
+    split.control(0)
+    split(XS[0])                                    # queues the probe and the step's variants
     split.wait_compiled()
-    traces = split.traces
-    assert traces == 2
-    assert float(evaluate(x)) == pytest.approx(expected, rel=2e-2)    # bf16 compute under the policy
-    assert split.traces == traces and split.compiled_ahead == 1
+    traces, ahead = split.traces, split.compiled_ahead
+    assert traces == 6    # step at 8; probe x 2 policies; step at its half 4, and at 8 and 4 under fp32
+    got = float(evaluate(x))
+    assert split.traces == traces and split.compiled_ahead == ahead + 1
+    split.sync()
+    assert got == pytest.approx(float(model(x).sum()), rel=2e-2)     # bf16 compute under the policy
     precision_policy(model, fp32, ta.layers)
     split.resplit()
-    assert float(evaluate(x)) == pytest.approx(expected, rel=1e-6)
-    assert split.traces == traces and split.compiled_ahead == 2
+    assert float(evaluate(x)) == pytest.approx(float(model(x).sum()), rel=1e-6)
+    assert split.traces == traces and split.compiled_ahead == ahead + 2
 
 
 def test_example_args_checked():

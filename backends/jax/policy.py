@@ -264,12 +264,17 @@ class CountingJit:
         with self._lock:
             self.footprints[key] = max(fp, self.footprints.get(key, 0))
 
-    def compile(self, *args: Any, compiler_options: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+    def compile(self, *args: Any, compiler_options: Mapping[str, Any] | None = None,
+                after_lowering: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """Lower and compile the variant for `args` (arrays, or `jax.ShapeDtypeStruct`s for a call
         not made yet) and return the executable (`jax.stages.Compiled`): calling it runs the
         variant with no trace and no compilation. Its trace is counted as a call's, its footprint
-        recorded (class docstring). Thread-safe: a background compiler may call it."""
+        recorded (class docstring). after_lowering: called between lowering and XLA's compilation
+        (which releases the GIL: a background thread's tracing then costs this one nothing).
+        Thread-safe: a background compiler may call it."""
         lowered = self._jitted.lower(*args, **kwargs)
+        if after_lowering is not None:
+            after_lowering()
         compiled = lowered.compile(dict(compiler_options)) if compiler_options else lowered.compile()
         self._store_footprint(args, executable_footprint(compiled))
         return compiled

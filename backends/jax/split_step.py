@@ -227,6 +227,11 @@ class SplitStep:
         ctl = self.ta.controller if self.ta is not None else None
         if self.ahead is None or ctl is None:
             return 0
+        if self._main.last_sig is None:
+            # Before the step's first call: everything waits for its lowering (`_obtain`), so that
+            # background tracing (which holds the GIL) does not slow the step's own trace.
+            self._prepare_after_first_call = True
+            return 0
         cfg, d = ctl.config, ctl.decision
         buckets = cfg.batch_buckets
         likely, near = ctl.likely_next(step, reach=max(len(buckets or ()), 1))
@@ -279,6 +284,8 @@ class SplitStep:
             args = tuple(abstract(a, cur, n) for a in template)
             sig = _signature(args)
             for key in [main.key, *(pkeys if n in with_policy else [])]:
+                if key == main.key and sig == main.last_sig:
+                    continue   # compiled, or compiling on the caller's thread (its first call)
                 queued += self._submit(main, key, sig, args)
         return queued
 
@@ -407,12 +414,18 @@ class _Bound:
 
     def _obtain(self, sig: Any, leaves: list[Any], args: tuple[Any, ...]) -> Any:
         """The executable for `sig` under the current key: from the background compiler when it
-        compiled it, else compiled now."""
+        compiled it, else compiled now. The step's first compilation queues the variants ahead
+        (`SplitStep.prepare`) once it is lowered, while XLA compiles it."""
         o = self.owner
+        self.templates[sig] = _abstract_tree(args)
         exe = o.ahead.take((id(self), self.key, sig)) if o.ahead is not None else None
         if exe is None:
-            exe = self.step_for(self.key).compile(leaves, *args)
-        self.templates[sig] = _abstract_tree(args)
+            hook = None
+            if self.everything and o._prepare_after_first_call and o.ta is not None and o.ta.controller is not None:
+                def hook() -> None:
+                    self.last_sig = sig
+                    o.prepare(o.ta.controller.decision.step)
+            exe = self.step_for(self.key).compile(leaves, *args, after_lowering=hook)
         return exe
 
     def __call__(self, *args: Any) -> Any:
