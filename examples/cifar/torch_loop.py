@@ -135,6 +135,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     epoch_times: list[float] = []
+    eval_peak = 0   # bytes, the evaluations' peak (CUDA)
     accs: list[float] = []
     step = 0
     for epoch in range(opts.epochs):
@@ -168,13 +169,17 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         bar.close()
         if distributed is not None:
             distributed.sync_buffers()   # rank 0's BatchNorm statistics on every rank
-        acc = evaluate(model, xte, yte, mean, std, opts.image_size, cast)
+        # the evaluation's batch of 1000 is not the training step's memory: left out of the probe
+        with opt.memory.excluded() if opts.method == "triaccel" else contextlib.nullcontext():
+            acc = evaluate(model, xte, yte, mean, std, opts.image_size, cast)
+            if device.type == "cuda":   # read before excluded() resets the counter: the run's peak keeps it
+                eval_peak = max(eval_peak, torch.cuda.max_memory_allocated(device))
         accs.append(acc)
         log.end_epoch(controller, epoch, records, torch.stack(losses).float().cpu().tolist(), acc,
                       epoch_times[-1], step, flop_share=flops.shares())
     peak = None
     if device.type == "cuda":  # the wrapper's probe resets torch's peak counter at each read
-        peak = max(torch.cuda.max_memory_allocated(device),
+        peak = max(torch.cuda.max_memory_allocated(device), eval_peak,
                    opt.memory.peak_bytes if opts.method == "triaccel" else 0)
     ranks: dict[str, Any] = {"world_size": 1}
     if distributed is not None:   # equal digests: every rank took the same decisions
