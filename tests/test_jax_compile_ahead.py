@@ -229,9 +229,9 @@ class _Recorder:
 
 @pytest.mark.parametrize("pad", [False, True])
 def test_prepare_queues_every_bucket_up_the_ladder_nearest_first(pad):
-    """From the first step on: the noise half batch (unless the loader pads it to the full batch),
-    then each larger bucket up to batch_max, then the one below; the update-like bound function
-    with example shapes before the step's own first call."""
+    """Once the step is first lowered: a bound function with example shapes, the noise half batch
+    (unless the loader pads it to the full batch), then each larger bucket up to batch_max; not
+    the buckets below."""
     from triaccel.backends.jax import SplitStep, TriAccel
 
     cfg = TriAccelConfig(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=4, batch_max=32,
@@ -249,10 +249,10 @@ def test_prepare_queues_every_bucket_up_the_ladder_nearest_first(pad):
     split.control(0)
     assert rec.names == []                          # all wait for the step's first lowering
     split(jnp.ones((8, 4)))
-    want = ["_body@16", "_body@32", "_body@4"] if pad else ["_body@4", "_body@16", "_body@32"]
+    want = ["_body@16", "_body@32"] if pad else ["_body@4", "_body@16", "_body@32"]   # 4: the half
     assert rec.names == ["probe@3", *want]
     split.control(2)
-    assert len(rec.names) == 4                      # nothing new at the next boundary
+    assert len(rec.names) == 1 + len(want)          # nothing new at the next boundary
 
 
 def test_bound_function_compiled_ahead_under_current_and_likely_policy(monkeypatch):
@@ -425,3 +425,22 @@ def test_noise_step_compiled_ahead_leaves_nothing_to_compile_for_the_caller():
     assert not names & {"jit(_scale_tree)", "jit(_add_trees)", "jit(_sqnorms)", "jit(_noise_rows)"}
     with pytest.raises(ValueError, match="grads_like"):
         noise_step_compilations({})
+
+
+def test_gather_compiled_ahead_leaves_nothing_to_compile_for_the_caller():
+    from triaccel.backends.jax.compile_log import BACKGROUND_THREAD_PREFIX, CompileLog
+    from triaccel.backends.jax.data import ElasticLoader
+
+    arrays = (jax.device_put(np.arange(60, dtype=np.float32).reshape(20, 3), jax.devices()[0]),
+              jax.device_put(np.arange(20, dtype=np.int32), jax.devices()[0]))
+    loader = ElasticLoader(arrays, batch_size=4, buckets=(4, 8, 16), shuffle=False)
+    jobs = loader.gather_compilations([5, 8, 16])          # 5 -> bucket 8: one job per array and bucket
+    assert [n for n, _ in jobs] == ["gather:0@8", "gather:1@8", "gather:0@16", "gather:1@16"]
+    t = threading.Thread(target=lambda: [job() for _, job in jobs], name=BACKGROUND_THREAD_PREFIX + "-test")
+    t.start()
+    t.join()
+    with CompileLog() as log:
+        (x, y), mask = loader.fetch(np.arange(10, 16))
+    assert x.shape == (8, 3) and np.asarray(y)[:6].tolist() == list(range(10, 16))
+    assert "jit(_gather)" not in {r.name for r in log.records if r.kind == "compile"}
+    assert ElasticLoader({"x": np.ones((4, 2))}, batch_size=2).gather_compilations([2]) == []   # host arrays

@@ -54,8 +54,14 @@ class AheadCompiler:
     then raises the error where it belongs. ``compiled_ahead`` counts those taken from the thread.
     """
 
-    def __init__(self) -> None:
-        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=BACKGROUND_THREAD_PREFIX)
+    def __init__(self, nice: int = 10) -> None:
+        """nice: the background thread's scheduling niceness increment (Linux: per thread, inherited
+        by the threads XLA's compiler starts from it), so that the training loop's thread keeps
+        the CPU when compilation saturates the cores; 0 leaves it as is."""
+        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+            raise ValueError(f"nice={nice!r}: allowed an integer in [0, 19]")
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=BACKGROUND_THREAD_PREFIX,
+                                           initializer=_lower_priority, initargs=(nice,))
         self._jobs: dict[Hashable, cf.Future[Any]] = {}
         self._names: dict[Hashable, str] = {}
         self._lock = threading.Lock()
@@ -98,6 +104,16 @@ class AheadCompiler:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _lower_priority(nice: int) -> None:
+    """Raise the calling thread's niceness by `nice` where the OS schedules threads by it (Linux)."""
+    if nice and hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+        except OSError:  # not permitted here: the thread keeps the process's priority
+            pass
 
 
 def default_compile_cache_dir() -> Path:

@@ -97,6 +97,13 @@ def _check_buckets(buckets: Sequence[int] | None) -> tuple[int, ...] | None:
     return tuple(int(x) for x in b)
 
 
+@jax.jit
+def _gather(x: jax.Array, idx: jax.Array) -> jax.Array:
+    """The rows `idx` of `x` (as ``jnp.take(x, idx, axis=0)``, as one jit of this module's own, so
+    that `ElasticLoader.gather_compilations` can compile it ahead)."""
+    return jnp.take(x, idx, axis=0)
+
+
 class ElasticLoader(ElasticIndexLoader):
     """Elastic loader over arrays sharing a leading sample axis, with bucket padding and a mask.
 
@@ -154,6 +161,24 @@ class ElasticLoader(ElasticIndexLoader):
         raise ValueError(f"micro-batch of n={n} samples exceeds the largest bucket {self.buckets[-1]} "
                          f"(buckets {self.buckets}); allowed [1, {self.buckets[-1]}]")
 
+    def gather_compilations(self, sizes: Sequence[int]) -> list[tuple[str, Callable[[], Any]]]:
+        """(name, thunk) pairs that compile the on-device gather of a micro-batch padded to each of
+        `sizes`' buckets, for every device-resident array (none for host arrays or a sharded
+        `device`, whose gathers are not this loader's jit). Run them on a background thread before
+        the batch reaches those sizes (e.g. `SplitStep.compile_in_background`)."""
+        from .compile_ahead import abstract
+
+        if isinstance(self.device, jax.sharding.NamedSharding):
+            return []
+        leaves = [x for x in jax.tree_util.tree_leaves(self.arrays) if isinstance(x, jax.Array)]
+        out: list[tuple[str, Callable[[], Any]]] = []
+        for size in dict.fromkeys(self.bucket_for(int(n)) for n in sizes):
+            idx = jax.ShapeDtypeStruct((size,), jax.dtypes.canonicalize_dtype(np.int64))
+            for i, x in enumerate(leaves):
+                out.append((f"gather:{i}@{size}",
+                            lambda x=abstract(x), idx=idx: _gather.lower(x, idx).compile()))
+        return out
+
     def fetch(self, indices: np.ndarray, pad_to: int | None = None) -> tuple[Any, jax.Array]:
         """(batch, mask) for the samples `indices`: leaves padded to `bucket_for(max(len, pad_to))`
         (pad_to None: `bucket_for(len)`), mask (bucket,)."""
@@ -172,7 +197,7 @@ class ElasticLoader(ElasticIndexLoader):
             if isinstance(x, jax.Array):
                 if isinstance(self.device, jax.sharding.NamedSharding):  # split across devices
                     return take(x, padded, self.device)
-                return jnp.take(x, jnp.asarray(padded), axis=0)
+                return _gather(x, jnp.asarray(padded))
             return jax.device_put(np.take(np.asarray(x), padded, axis=0), self.device)
         batch = jax.tree_util.tree_map(gather, self.arrays)
         if self.transform is not None:

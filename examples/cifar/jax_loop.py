@@ -150,6 +150,10 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
 
     loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed, pad_to_batch=True,
                            buckets=cfg.batch_buckets, device=None if mesh is None else batch_sharding(mesh))
+    if ta is not None and cfg.elastic_batch:   # the gathers of the larger buckets the batch may climb to
+        up = [b for b in cfg.batch_buckets or () if cfg.batch_init < b <= cfg.batch_max]
+        for name, job in loader.gather_compilations(up):
+            split.compile_in_background(name, job)
     total_samples = opts.epochs * len(data.train_x)
     warmup_samples = int(opts.warmup_epochs * len(data.train_x))
     seen = 0
