@@ -44,7 +44,7 @@ import numpy as np
 
 from .config import parse_bytes
 
-__all__ = ["LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan", "head_cost",
+__all__ = ["check_views", "LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan", "head_cost",
            "plan_local", "select_exit", "head_init", "micro_batches", "BlockRun", "block_runs", "BlockRecord",
            "halving_on_oom", "NonFinitePolicy", "NonFiniteTraining", "BlockOutOfMemory"]
 
@@ -456,6 +456,14 @@ class BlockRun:
         return TriAccelConfig(batch_init=self.batch, batch_min=self.micro_batches[0], batch_max=self.batch,
                               batch_buckets=self.micro_batches, lr_rule="accumulate", elastic_batch=False,
                               adaptive_precision=False, curvature="off", batch_multiple=1, memory_budget=memory_budget)
+
+
+def check_views(num_samples: int, view_rows: Sequence[int], label_rows: int) -> None:
+    """The trainers' training-set views: at least one, each with `num_samples` rows, as many labels."""
+    if not view_rows:
+        raise ValueError("views: at least one fixed augmentation of the training set is needed")
+    if any(int(r) != num_samples for r in view_rows) or int(label_rows) != num_samples:
+        raise ValueError(f"views / train_y: each must have {num_samples} rows, like train_x")
 
 
 def block_runs(plan: LocalPlan, epochs: int | Sequence[int], *, lr: float, lr_batch: int, seed: int,

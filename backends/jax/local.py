@@ -41,7 +41,7 @@ from flax import nnx
 from triaccel import Controller, OOMAtMinimumBatch
 from triaccel.layout import check_canonical
 from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
-                                 block_runs, halving_on_oom, head_init)
+                                 block_runs, check_views, halving_on_oom, head_init)
 
 from .data import ElasticLoader, elastic_step, free_memory, is_oom
 from .models import BatchNorm2d, EfficientNet, ResNet, _canonical_entries, _conv, _linear
@@ -442,11 +442,8 @@ class LocalTrainer:
         epoch (the trained weights are in the modules then, e.g. to evaluate the block's exit).
         """
         runs = block_runs(self.plan, epochs, lr=self.lr, lr_batch=self.lr_batch, seed=self.seed, cache=self.cache)
-        if not views:
-            raise ValueError("views: at least one fixed augmentation of the training set is needed")
         n = int(train_x.shape[0])
-        if any(int(v.shape[0]) != n for v in views) or int(train_y.shape[0]) != n:
-            raise ValueError(f"views / train_y: each must have {n} rows, like train_x")
+        check_views(n, [int(v.shape[0]) for v in views], int(train_y.shape[0]))
         train_y = self._put(jnp.asarray(train_y, jnp.int32))
         aug, prep = jax.jit(train_transform), jax.jit(view_transform)
         cache: list[Any] | None = None

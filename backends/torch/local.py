@@ -37,7 +37,7 @@ from torch import nn
 from triaccel import Controller, OOMAtMinimumBatch
 from triaccel.elastic import ElasticIndexLoader
 from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
-                                 block_runs, halving_on_oom, head_init)
+                                 block_runs, check_views, halving_on_oom, head_init)
 
 from .data import elastic_step, free_memory, is_oom
 
@@ -351,11 +351,8 @@ class LocalTrainer:
         epoch (e.g. to evaluate the block's exit).
         """
         runs = block_runs(self.plan, epochs, lr=self.lr, lr_batch=self.lr_batch, seed=self.seed, cache=self.cache)
-        if not views:
-            raise ValueError("views: at least one fixed augmentation of the training set is needed")
         n = int(train_x.shape[0])
-        if any(int(v.shape[0]) != n for v in views) or int(train_y.shape[0]) != n:
-            raise ValueError(f"views / train_y: each must have {n} rows, like train_x")
+        check_views(n, [int(v.shape[0]) for v in views], int(train_y.shape[0]))
         for m in self.units:
             m.eval()
             m.requires_grad_(False)

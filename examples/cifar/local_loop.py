@@ -144,6 +144,21 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
     }
 
 
+def _epoch_reporter(trainer: Any, plan: Any, log: RunLog, xte: Any, yte: Any, prep: Any) -> Any:
+    """The trainers' on_epoch callback (either backend): evaluate the block's exit, log and print it."""
+    epoch_no = [0]
+
+    def on_epoch(b: int, e: int, loss: float, seconds: float) -> None:
+        acc = trainer.evaluate_exits(xte, yte, prep, upto=b + 1)[-1]
+        epoch_no[0] += 1
+        log.write("epoch", epoch=epoch_no[0], block=b, block_epoch=e + 1, train_loss=loss, test_acc=acc,
+                  seconds=seconds, batch_size=plan.blocks[b].batch)
+        print(f"block {b} epoch {e + 1}: loss {loss:.4f}  exit {b} test acc {100 * acc:.2f}%  {seconds:.1f}s  "
+              f"batch {plan.blocks[b].batch}", flush=True)
+
+    return on_epoch
+
+
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
     if opts.backend == "jax":
         return _train_jax(opts, data, log)
@@ -216,16 +231,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         momentum=opts.momentum, weight_decay=opts.weight_decay,
         lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         autocast_dtype=torch.bfloat16, cache=True, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed)
-    epoch_no = [0]
-
-    def on_epoch(b: int, e: int, loss: float, seconds: float) -> None:
-        acc = trainer.evaluate_exits(xte, yte, prep, upto=b + 1)[-1]
-        epoch_no[0] += 1
-        log.write("epoch", epoch=epoch_no[0], block=b, block_epoch=e + 1, train_loss=loss, test_acc=acc,
-                  seconds=seconds, batch_size=plan.blocks[b].batch)
-        print(f"block {b} epoch {e + 1}: loss {loss:.4f}  exit {b} test acc {100 * acc:.2f}%  {seconds:.1f}s  "
-              f"batch {plan.blocks[b].batch}", flush=True)
-
+    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
     records = trainer.train(xtr, ytr, train_transform, views, prep, opts.epochs, on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)
     summary = _exits_and_summary(trainer, plan, records, accs, lo, sum(p.numel() for p in model.parameters()), log)
@@ -337,16 +343,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         units, clf, plan, num_classes=data.num_classes, lr=opts.lr, lr_batch=opts.batch, momentum=opts.momentum,
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         compute_dtype=jnp.bfloat16, cache=True, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev)
-    epoch_no = [0]
-
-    def on_epoch(b: int, e: int, loss: float, seconds: float) -> None:
-        acc = trainer.evaluate_exits(xte, yte, prep, upto=b + 1)[-1]
-        epoch_no[0] += 1
-        log.write("epoch", epoch=epoch_no[0], block=b, block_epoch=e + 1, train_loss=loss, test_acc=acc,
-                  seconds=seconds, batch_size=plan.blocks[b].batch)
-        print(f"block {b} epoch {e + 1}: loss {loss:.4f}  exit {b} test acc {100 * acc:.2f}%  {seconds:.1f}s  "
-              f"batch {plan.blocks[b].batch}", flush=True)
-
+    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
     records = trainer.train(xtr, ytr, train_transform, views, prep, opts.epochs, on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)
     model_params = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
