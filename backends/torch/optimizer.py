@@ -50,8 +50,8 @@ from torch.nn import functional as F
 from triaccel import Controller, Decision, Precision, TriAccelConfig
 from triaccel.stats import feed_statistics
 
-from .distributed import local_tensor, unwrap_parallel
 from .compile import uncompiled
+from .distributed import local_tensor, unwrap_parallel
 from .curvature import (DEFAULT_HESSIAN_ITERS, DEFAULT_LAYERS_PER_EVENT, DEFAULT_PACK, CurvatureEstimator,
                         split_batch)
 from .layers import TorchLayer, discover_layers, tensor_layer_index
