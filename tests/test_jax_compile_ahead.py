@@ -246,13 +246,16 @@ def test_prepare_queues_every_bucket_up_the_ladder_nearest_first(pad):
         return m(x).sum()
 
     split.bind(probe, model, example_args=(jnp.ones((3, 4)),))
+    assert split.compile_in_background("extra", lambda: None)
     split.control(0)
     assert rec.names == []                          # all wait for the step's first lowering
     split(jnp.ones((8, 4)))
     want = ["_body@16", "_body@32"] if pad else ["_body@4", "_body@16", "_body@32"]   # 4: the half
-    assert rec.names == ["probe@3", *want]
+    assert rec.names == ["probe@3", "extra", *want]
     split.control(2)
-    assert len(rec.names) == 1 + len(want)          # nothing new at the next boundary
+    assert len(rec.names) == 2 + len(want)          # nothing new at the next boundary
+    split.compile_in_background("later", lambda: None)
+    assert rec.names[-1] == "later"
 
 
 def test_bound_function_compiled_ahead_under_current_and_likely_policy(monkeypatch):

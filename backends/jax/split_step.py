@@ -79,6 +79,7 @@ class SplitStep:
         self.compile_cache = enable_compilation_cache(compile_cache)
         self.ahead: AheadCompiler | None = AheadCompiler() if compile_ahead else None
         self._prepare_after_first_call = False
+        self._also: list[tuple[str, Callable[[], Any]]] = []   # compile_in_background before the first call
         self.mesh = mesh if mesh is not None else getattr(ta, "mesh", None)
         self._place: Callable[[Any], Any] = commit
         self._jit_defaults: dict[str, Any] = {}   # for this step and the bound functions
@@ -251,6 +252,10 @@ class SplitStep:
                 sizes.append(b)
         policies = [likely] if policy_names(likely) != policy_names(d) else []
         queued = self._queue_bound(policies)
+        also, self._also = self._also, []
+        for name, fn in also:
+            self.ahead.submit(("also", name), fn, name=name)
+        queued += len(also)
         # under the likely policy: the current size and its half (sizes[:2] with halves)
         main = self.compile_ahead(sizes, policies, policy_batches=len(with_half(cur)))
         self._prepare_after_first_call = main is None
@@ -331,11 +336,16 @@ class SplitStep:
 
     def compile_in_background(self, name: str, fn: Callable[[], Any]) -> bool:
         """Queue another compilation on this step's background compiler: ``fn()`` (e.g. a
-        ``jax.jit(f).lower(...).compile()``, whose result jax.jit's caches keep for later calls),
-        after those already queued. Returns False (nothing queued) when compile-ahead is off."""
+        ``jax.jit(f).lower(...).compile()``, whose result jax.jit's caches keep for later calls).
+        With a TriAccel, before the step's first lowering it waits, queued then after the bound
+        functions (the update and evaluation the first step needs at once) and before the other
+        step variants; otherwise it joins the queue's end. Returns False (nothing queued) when compile-ahead is off."""
         if self.ahead is None:
             return False
-        self.ahead.submit(("also", name), fn, name=name)
+        if self._main.last_sig is None and self.ta is not None:   # `prepare` will queue it
+            self._also.append((name, fn))
+        else:
+            self.ahead.submit(("also", name), fn, name=name)
         return True
 
     def wait_compiled(self) -> None:
