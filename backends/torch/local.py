@@ -198,10 +198,11 @@ def live_tensors(device: torch.device | str, top: int = 6) -> str:
             if o.device.type != dev.type or (dev.index is not None and o.device.index != dev.index):
                 continue
             st = o.untyped_storage()
-        except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse, subclasses)
+            ptr, nbytes = st.data_ptr(), st.nbytes()
+        except Exception:  # noqa: BLE001 - no real storage: meta, sparse, subclasses, fake tensors left by compile
             continue
-        if st.nbytes() > storages.get(st.data_ptr(), (-1, ""))[0]:
-            storages[st.data_ptr()] = (st.nbytes(), f"{tuple(o.shape)} {str(o.dtype).replace('torch.', '')}")
+        if nbytes > storages.get(ptr, (-1, ""))[0]:
+            storages[ptr] = (nbytes, f"{tuple(o.shape)} {str(o.dtype).replace('torch.', '')}")
     big = sorted(storages.values(), reverse=True)[:top]
     return (f"{len(storages)} storages, {sum(v for v, _ in storages.values())} bytes; largest: "
             + ", ".join(f"{d} {v}" for v, d in big))
