@@ -30,7 +30,7 @@ from triaccel.local_plan import LocalPlanConfig, plan_local, select_exit
 
 from .common import RunLog, RunOptions, bucket_ladder, lr_factor, median_last
 from .datasets import CifarArrays
-from .torch_loop import _prep, pick_device
+from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
 # --block-batch), kept here so RunOptions stays shared with the other methods unchanged.
@@ -174,12 +174,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     elif budget is None:
         raise ValueError(f"--budget={opts.budget!r}: e2e:B measures end-to-end peaks, which needs CUDA; "
                          "pass bytes on a CPU")
-    mean = torch.tensor(data.mean, device=device)
-    std = torch.tensor(data.std, device=device)
-    xtr = torch.from_numpy(data.train_x).to(device)
-    ytr = torch.from_numpy(data.train_y).to(device)
-    xte = torch.from_numpy(data.test_x).to(device)
-    yte = torch.from_numpy(data.test_y).to(device)
+    mean, std, xtr, ytr, xte, yte = device_arrays(data, device)
     gen = torch.Generator(device=device).manual_seed(opts.seed)
 
     def prep(xb: torch.Tensor) -> torch.Tensor:

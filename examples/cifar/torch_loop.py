@@ -36,6 +36,12 @@ def pick_device(opts: RunOptions) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def device_arrays(data: CifarArrays, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(mean, std, train_x, train_y, test_x, test_y) on `device`: the images stay uint8 NHWC."""
+    return (torch.tensor(data.mean, device=device), torch.tensor(data.std, device=device),
+            *(torch.from_numpy(a).to(device) for a in (data.train_x, data.train_y, data.test_x, data.test_y)))
+
+
 def _prep(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, size: int) -> torch.Tensor:
     """uint8 NHWC -> normalised float NCHW (channels_last memory on CUDA), resized to `size`."""
     xb = augment.normalize(x, mean, std, channels_last=x.is_cuda)
@@ -75,12 +81,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     inner = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum, nesterov=True,
                             weight_decay=opts.weight_decay)
     cfg = opts.triaccel_config()
-    mean = torch.tensor(data.mean, device=device)
-    std = torch.tensor(data.std, device=device)
-    xtr = torch.from_numpy(data.train_x).to(device)
-    ytr = torch.from_numpy(data.train_y).to(device)
-    xte = torch.from_numpy(data.test_x).to(device)
-    yte = torch.from_numpy(data.test_y).to(device)
+    mean, std, xtr, ytr, xte, yte = device_arrays(data, device)
     # each rank its own augmentation stream (rank 0's is the single-process one)
     gen = torch.Generator(device=device).manual_seed(opts.seed + 7919 * (distributed.rank if distributed else 0))
 
