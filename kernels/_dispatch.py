@@ -305,6 +305,23 @@ def torch_layout_key(tensors: Sequence[Any]) -> tuple:
             tuple(map(f3, tensors)))
 
 
+def torch_shape_key(tensors: Sequence[Any]) -> tuple:
+    """Shape, strides and dtype of every tensor and the first one's device, as a hashable key:
+    what a launch plan depends on apart from the addresses (C-level ``map``s, no Python loop)."""
+    global _KEYFNS
+    if not _KEYFNS:
+        torch_layout_key(tensors[:0])
+    _, f1, f2, f3 = _KEYFNS
+    return (tuple(map(f1, tensors)), tuple(map(f2, tensors)), tuple(map(f3, tensors)), tensors[0].device)
+
+
+def torch_addresses(tensors: Sequence[Any]) -> tuple:
+    """Every tensor's data address (the per-call part of a launch over a list of tensors)."""
+    if not _KEYFNS:
+        torch_layout_key(tensors[:0])
+    return tuple(map(_KEYFNS[0], tensors))
+
+
 _SMS: dict = {}
 
 

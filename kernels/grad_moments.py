@@ -32,8 +32,11 @@ Two addressing modes share the kernel; both address memory as *typed pointer + e
   A list of one dtype compiles with that dtype fixed (no branch on ``code``).
 
 Launch plans (torch): the row table, accumulator and a prebuilt launcher are cached per layout,
-keyed by every tensor's address, shape, strides and dtype (a hit re-validates nothing else), so a
-call costs the key, a dictionary look-up and one launch.
+keyed by every tensor's shape, strides and dtype (a hit re-validates nothing else). The addresses
+are the per-call part (gradients re-allocated each step come back elsewhere): when they moved,
+each segment's offset from its dtype's reference goes to a small device array (``BASED``) through
+a pinned, non-blocking copy. A call costs the key, the addresses, at most that copy and one launch,
+and never a host sync.
 
 Semantics (shared by the kernel and both references):
 
@@ -162,16 +165,17 @@ if triton is not None:
         return cs, cq, cn
 
     @triton.jit
-    def _moments_kernel(x_ptr, h_ptr, b_ptr, table_ptr, scale, acc_ptr, cnt_ptr, out_ptr, y_ptr,
+    def _moments_kernel(x_ptr, h_ptr, b_ptr, table_ptr, base_ptr, scale, acc_ptr, cnt_ptr, out_ptr, y_ptr,
                         MODE: tl.constexpr, DT: tl.constexpr, SCALE: tl.constexpr, WRITE: tl.constexpr,
-                        FAST: tl.constexpr, FINISH: tl.constexpr, BLOCK: tl.constexpr,
-                        ITERS: tl.constexpr):
+                        FAST: tl.constexpr, FINISH: tl.constexpr, BASED: tl.constexpr,
+                        BLOCK: tl.constexpr, ITERS: tl.constexpr):
         """One program per row ``(seg, start, len, code, nrows)`` of ``table_ptr``.
 
         MODE 0: ``start`` = element offset in the flat input ``x_ptr``; unscaled values go to
         ``y_ptr`` (WRITE). MODE 1: ``start`` = element offset from the reference pointer of the
         row's dtype (``code`` 0: ``x_ptr`` fp32, 1: ``h_ptr`` fp16, 2: ``b_ptr`` bf16), written back
-        in place. DT: the dtype code when all rows share it, 3 for mixed (branch on ``code``).
+        in place. BASED: ``start`` is relative to the segment and ``base_ptr[seg]`` (int64) adds the
+        segment's own offset (the per-call part of a torch list's addresses); else unused. DT: the dtype code when all rows share it, 3 for mixed (branch on ``code``).
         scale: pointer to one FP32 value (SCALE 1), an FP32 value (SCALE 2) or unused (SCALE 0).
         out_ptr: (n, 3) FP32. FINISH 0: ``out`` zeroed by the caller, accumulated with atomics.
         FINISH 1: single-row segments store into ``out``; others add into ``acc_ptr`` (n, 3) and
@@ -182,6 +186,8 @@ if triton is not None:
         row = table_ptr + pid * 5
         seg = tl.load(row).to(tl.int64)
         a0 = tl.load(row + 1).to(tl.int64)
+        if BASED:
+            a0 += tl.load(base_ptr + seg)
         n = tl.load(row + 2).to(tl.int64)
         nrows = tl.load(row + 4).to(tl.int32)
         if SCALE == 1:
@@ -355,20 +361,29 @@ def _out(out: Any, n: int, device: Any) -> Any:
 
 _T = None  # torch.Tensor, bound on first torch use (this module imports no framework at import)
 _F32 = None
+_DEVICE = None  # attrgetter("device")
 
 
 def _bind_torch() -> None:
-    global _T, _F32
+    global _T, _F32, _DEVICE
+    import operator
+
     import torch
 
-    _T, _F32 = torch.Tensor, torch.float32
+    _T, _F32, _DEVICE = torch.Tensor, torch.float32, operator.attrgetter("device")
 
 
 class _TorchPlan:
-    """What one layout needs at launch: device tables, accumulator, launchers (per scale mode)."""
+    """What one layout needs at launch: device tables, accumulator, launchers (per scale mode).
+
+    A list plan is keyed by shapes, strides and dtypes, not addresses: gradients freed by
+    ``zero_grad(set_to_none=True)`` come back at new addresses every step, so the addresses are
+    the per-call part: ``base`` (n,) int64 holds each segment's element offset from its dtype's
+    reference tensor (minus its residue mod ``ALIGN``, which the row table was built for), uploaded
+    from pinned memory without a stream sync when the addresses change."""
 
     __slots__ = ("n", "device", "triton", "table", "rows", "acc", "cnt", "ref_idx", "wide", "wide_idx",
-                 "mode", "dt", "cfg", "launchers", "ptrs")
+                 "mode", "dt", "cfg", "launchers", "ptrs", "based", "base", "addrs", "groups", "res")
 
     def launcher(self, smode: int, write: bool) -> D.Launcher:
         lk = (smode, write)
@@ -377,7 +392,7 @@ class _TorchPlan:
             block, iters, num_warps, _, _, fast = self.cfg
             la = D.Launcher(_moments_kernel, self.rows, dict(
                 MODE=self.mode, DT=self.dt, SCALE=smode, WRITE=write, FAST=fast, FINISH=1,
-                BLOCK=block, ITERS=iters, num_warps=num_warps))
+                BASED=self.based, BLOCK=block, ITERS=iters, num_warps=num_warps))
             self.launchers[lk] = la
         return la
 
@@ -386,22 +401,62 @@ def _new_plan(n: int, device: Any, use_triton: bool, cfg: tuple) -> _TorchPlan:
     p = _TorchPlan()
     p.n, p.device, p.triton, p.cfg, p.launchers = n, device, use_triton, cfg, {}
     p.wide, p.wide_idx, p.ref_idx = [], None, [-1, -1, -1]
+    p.based, p.addrs, p.groups = False, None, []
     return p
+
+
+def _upload(dst: Any, host: np.ndarray) -> None:
+    """Copy a host int64 array into the device tensor ``dst`` with no stream sync (a pageable
+    copy would block the host until the GPU drained its queue): through a pinned buffer from
+    torch's caching host allocator, which keeps the buffer alive until the copy has run."""
+    import torch
+
+    src = torch.from_numpy(np.ascontiguousarray(host))
+    if dst.device.type == "cuda":
+        dst.copy_(src.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
 
 
 def _device_tables(p: _TorchPlan, tab: np.ndarray) -> None:
     import torch
 
     p.rows = tab.shape[0]
-    p.table = torch.from_numpy(tab).to(p.device)
+    p.table = torch.empty(tab.shape, dtype=torch.int64, device=p.device)
+    _upload(p.table, tab)
     p.acc = torch.zeros((p.n, 3), dtype=torch.float32, device=p.device)
     p.cnt = torch.zeros(p.n, dtype=torch.int32, device=p.device)
-    # (ref fp32, ref fp16, ref bf16, table, acc, cnt) addresses; refs are fixed by the layout key
-    p.ptrs = [p.table.data_ptr()] * 3 + [p.table.data_ptr(), p.acc.data_ptr(), p.cnt.data_ptr()]
+    # (ref fp32, ref fp16, ref bf16, table, acc, cnt, base) addresses; the refs are set per call
+    t = p.table.data_ptr()
+    p.ptrs = [t, t, t, t, p.acc.data_ptr(), p.cnt.data_ptr(), t]
 
 
-def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple) -> _TorchPlan:
-    """Validate a list of tensors once and build its launch plan."""
+def _relative(p: _TorchPlan, addrs: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(addresses, element offsets from each dtype's reference tensor) of a list plan's tensors;
+    ValueError when a tensor does not sit a whole number of elements away from its reference."""
+    a = np.array(addrs, dtype=np.int64)
+    rel = np.zeros(p.n, dtype=np.int64)
+    for idx, esize in p.groups:
+        d = a[idx] - a[idx[0]]
+        bad = idx[d % esize != 0]
+        if bad.size:
+            raise ValueError(f"tensors[{int(bad[0])}]: address not a multiple of its element size "
+                             f"away from tensors[{int(idx[0])}] of the same dtype")
+        rel[idx] = d // esize
+    return a, rel
+
+
+def _set_base(p: _TorchPlan, addrs: tuple, a: np.ndarray, rel: np.ndarray) -> None:
+    for c, i in enumerate(p.ref_idx):
+        if i >= 0:
+            p.ptrs[c] = int(a[i])
+    _upload(p.base, rel - p.res)
+    p.addrs = addrs
+
+
+def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple, addrs: tuple | None) -> _TorchPlan:
+    """Validate a list of tensors once and build its launch plan (addrs: their addresses, for a
+    Triton plan)."""
     import torch
 
     dev = tensors[0].device
@@ -418,20 +473,12 @@ def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple) -> _TorchPlan:
             raise ValueError(f"tensors[{i}]: not dense (strides {t.stride()} for shape {tuple(t.shape)}); "
                              "the kernel reads numel consecutive elements")
     sizes = np.array([t.numel() for t in tensors], dtype=np.int64)
-    addrs = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
     esize = np.array([t.element_size() for t in tensors], dtype=np.int64)
-    rel = np.zeros_like(addrs)
     for c in range(3):
         idx = np.flatnonzero((codes == c) & (sizes > 0))
-        if idx.size == 0:
-            continue
-        p.ref_idx[c] = int(idx[0])
-        d = addrs[idx] - addrs[idx[0]]
-        bad = idx[d % esize[idx] != 0]
-        if bad.size:
-            raise ValueError(f"tensors[{int(bad[0])}]: address not a multiple of its element size "
-                             f"away from tensors[{int(idx[0])}] of the same dtype")
-        rel[idx] = d // esize[idx]
+        if idx.size:
+            p.ref_idx[c] = int(idx[0])
+            p.groups.append((idx, esize[idx]))
     wide = codes == D.CODE_FP64  # no kernel rows: torch ops after the launch
     p.wide = np.flatnonzero(wide).tolist()
     p.wide_idx = torch.from_numpy(np.flatnonzero(wide)).to(dev)
@@ -441,12 +488,13 @@ def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple) -> _TorchPlan:
     live = kcodes[(kcodes >= 0) & (sizes > 0)]
     kcodes = np.where((sizes == 0) & (kcodes >= 0), int(live.min()) if live.size else 0, kcodes)
     present = set(kcodes[kcodes >= 0].tolist())
-    p.mode, p.dt = 1, (present.pop() if len(present) == 1 else 3)
-    sms = D.torch_sm_count(dev)
-    _device_tables(p, _rows_table(sizes, rel, kcodes, int(sizes[~wide].sum()), sms, cfg))
-    for c, i in enumerate(p.ref_idx):
-        if i >= 0:
-            p.ptrs[c] = int(addrs[i])
+    p.mode, p.dt, p.based = 1, (present.pop() if len(present) == 1 else 3), True
+    a, rel = _relative(p, addrs)
+    # rows are laid out for each segment's alignment (its residue mod ALIGN); base adds the rest
+    p.res = rel % D.ALIGN
+    _device_tables(p, _rows_table(sizes, p.res, kcodes, int(sizes[~wide].sum()), D.torch_sm_count(dev), cfg))
+    p.base = torch.empty(p.n, dtype=torch.int64, device=dev)
+    _set_base(p, addrs, a, rel)
     return p
 
 
@@ -463,28 +511,37 @@ def _launch(p: _TorchPlan, refs: Any, y: Any, inv_scale: Any, out: Any) -> None:
     run = la.runners.get(spec)
     if run is not None:  # plain addresses: the compiled launcher takes ints for pointers
         r = p.ptrs
-        run(r[0] if y is None else yp, r[1] if y is None else yp, r[2] if y is None else yp, r[3], sarg,
+        run(r[0] if y is None else yp, r[1] if y is None else yp, r[2] if y is None else yp, r[3], r[6], sarg,
             r[4], r[5], op, yp, *la.tail)
         return
     r0, r1, r2 = refs()
-    la(spec, r0, r1, r2, p.table, sarg, p.acc, p.cnt, out, y if y is not None else p.table)
+    la(spec, r0, r1, r2, p.table, p.base if p.based else p.table, sarg, p.acc, p.cnt, out,
+       y if y is not None else p.table)
 
 
 def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg: tuple) -> Any:
     if _T is None:
         _bind_torch()
-    # A hit means these tensors were validated when the plan was built, so the per-call host
-    # cost is this key and one launch.
-    key = (cfg, impl, D.torch_layout_key(tensors))
+    # A hit means these shapes/strides/dtypes were validated when the plan was built; the per-call
+    # host cost is this key, the addresses (re-based only when they moved) and one launch.
+    key = (cfg, impl, D.torch_shape_key(tensors))
     p = _PLANS.get(key)
+    addrs = None
     if p is None:
-        p = _list_plan(tensors, impl, cfg)
-        _PLANS.put(key, p)  # indices, not tensors: the cache must not keep gradients alive
+        if D.use_triton_torch(triton is not None, tensors[0].device, impl):
+            addrs = D.torch_addresses(tensors)
+        p = _list_plan(tensors, impl, cfg, addrs)
+        _PLANS.put(key, p)  # no tensors held: the cache must not keep gradients alive
     out = _out(out, p.n, p.device)
     if not p.triton:
         _torch_scale(inv_scale, p.device)
         out.copy_(moments_reference_torch(tensors, inv_scale))
         return out
+    if addrs is None:
+        addrs = D.torch_addresses(tensors)
+        if addrs != p.addrs:
+            p = _rebase(p, key, tensors, addrs, impl, cfg)
+
     def refs() -> tuple:
         r = p.ref_idx
         ph = p.table  # placeholder for absent dtypes, never dereferenced
@@ -494,6 +551,21 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg
     if p.wide:
         out.index_copy_(0, p.wide_idx, moments_reference_torch([tensors[i] for i in p.wide], inv_scale))
     return out
+
+
+def _rebase(p: _TorchPlan, key: tuple, tensors: Sequence[Any], addrs: tuple, impl: str, cfg: tuple) -> _TorchPlan:
+    """The plan ``p`` pointed at the tensors' new addresses (a new plan if a segment's alignment
+    changed, which the caching allocator's 512-byte blocks make rare)."""
+    devs = set(map(_DEVICE, tensors))
+    if devs != {p.device}:
+        raise ValueError(f"tensors: on {sorted(map(str, devs))}; all must share one device")
+    a, rel = _relative(p, addrs)
+    if not np.array_equal(rel % D.ALIGN, p.res):
+        p = _list_plan(tensors, impl, cfg, addrs)
+        _PLANS.put(key, p)
+        return p
+    _set_base(p, addrs, a, rel)
+    return p
 
 
 def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, impl: str, cfg: tuple) -> Any:
@@ -591,9 +663,9 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str, cfg: tuple)
     out_shape = [jax.ShapeDtypeStruct((n, 3), jnp.float32),
                  jax.ShapeDtypeStruct(flat.shape if write else (1,), flat.dtype)]
     # FINISH 0 (atomics into a zeroed out): a functional call has no persistent accumulator
-    out, y = jt.triton_call(flat, flat, flat, tab, sarg, tab, tab, kernel=_moments_kernel,
+    out, y = jt.triton_call(flat, flat, flat, tab, tab, sarg, tab, tab, kernel=_moments_kernel,
                             out_shape=out_shape, grid=(nrows,), num_warps=num_warps, zeroed_outputs=(0,),
-                            MODE=0, DT=code, SCALE=smode, WRITE=write, FAST=fast, FINISH=0,
+                            MODE=0, DT=code, SCALE=smode, WRITE=write, FAST=fast, FINISH=0, BASED=False,
                             BLOCK=block, ITERS=iters)
     return out, (y if write else None)
 

@@ -58,8 +58,11 @@ def test_odd_sizes(dtype, impl):
 def test_mixed_dtypes_shapes_and_layouts_one_call():
     g = torch.Generator().manual_seed(1)
     conv = torch.randn(8, 3, 5, 5, generator=g).to(memory_format=torch.channels_last)
-    ts = [conv, torch.randn(33, 17, generator=g).half(), torch.randn(4097, generator=g).bfloat16()]
+    ts = [conv, torch.randn(33, 17, generator=g).half(), torch.randn(4097, generator=g).bfloat16(),
+          torch.randn(5, generator=g).double()]
     check(grad_moments(ts, **CFG), ts)
+    moved = [t.clone() * 3 for t in ts]   # same layout at new addresses: the plan re-based
+    check(grad_moments(moved, **CFG), moved)
 
 
 def test_many_segments():
@@ -271,10 +274,18 @@ def test_launch_plan_cache_hit_and_invalidation():
     assert len(plans) == n0
     assert torch.equal(m1.sumsq, m2.sumsq) and torch.equal(m1.nonfinite, m2.nonfinite)
     check(m2, ts)
-    moved = [t.clone() * 2 for t in ts]  # tensors moved: new addresses, new plan, right values
+    moved = [t.clone() * 2 for t in ts]  # tensors moved: same plan re-based, right values
     m3 = grad_moments(moved, **CFG)
-    assert len(plans) == n0 + 1
+    assert len(plans) == n0
     check(m3, moved)
+    check(grad_moments(ts, **CFG), ts)   # and back to the first addresses
+    # a segment moved off its alignment (residue mod 16 elements): rows re-laid, right values
+    store = torch.randn(20000, generator=torch.Generator().manual_seed(13))
+    odd = [store[3:5003], store[6000:6007], store[8001:17001]]
+    m4 = grad_moments(odd, **CFG)
+    check(m4, odd)
+    assert len(plans) == n0
+    check(grad_moments(ts, **CFG), ts)
     # same address, other shape / dtype: a different layout, never the cached plan
     buf = torch.randn(64, generator=torch.Generator().manual_seed(12))
     check(grad_moments([buf[:48]], **CFG), [buf[:48]])
