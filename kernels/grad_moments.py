@@ -494,6 +494,7 @@ def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple, addrs: tuple | Non
     p.res = rel % D.ALIGN
     _device_tables(p, _rows_table(sizes, p.res, kcodes, int(sizes[~wide].sum()), D.torch_sm_count(dev), cfg))
     p.base = torch.empty(p.n, dtype=torch.int64, device=dev)
+    p.ptrs[6] = p.base.data_ptr()
     _set_base(p, addrs, a, rel)
     return p
 

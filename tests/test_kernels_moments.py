@@ -1,5 +1,6 @@
 """grad_moments: Triton (interpreter) and references against float64 NumPy."""
 
+import importlib
 import os
 
 import numpy as np
@@ -323,3 +324,35 @@ def test_launcher_reuses_compiled_kernel_with_constexprs_last(monkeypatch):
     assert calls[0] == ("jit", (7, 1, 1), ("x", "y"), dict(MODE=1, BLOCK=64, num_warps=4))
     assert calls[1] == ("fast", (7, 1, 1), ("x2", "y2", 1, 64))
     assert calls[2][0] == "jit"
+
+
+def test_fast_launch_gets_the_pointers_of_the_bound_launch():
+    """The prebuilt launcher (GPU only; the interpreter always binds through Triton) is called with
+    plain addresses from the plan: they must be those of the tensors the bound launch passes, also
+    after the plan was re-based to moved tensors."""
+    mod = importlib.import_module("triaccel.kernels.grad_moments")
+    mod._PLANS.data.clear()
+    ts = make([5000, 7, 9000], torch.float32, seed=21)
+    out = torch.empty(3, 3)
+    grad_moments(ts, out=out, **CFG)
+    (p,) = mod._PLANS.data.values()
+    la = p.launcher(0, False)
+    calls = []
+
+    class Every(dict):
+        def get(self, key, default=None):
+            return lambda *a: calls.append(a)
+
+    la.runners = Every()
+    for group in (ts, [t.clone() for t in ts]):
+        grad_moments(group, out=out, **CFG)
+        args = calls[-1]
+        ref = group[p.ref_idx[0]].data_ptr()
+        tab = p.table.data_ptr()   # the placeholder of the absent fp16 / bf16 references
+        assert p.ref_idx[1:] == [-1, -1]
+        assert args[:10] == (ref, tab, tab, p.table.data_ptr(), p.base.data_ptr(), 1.0,
+                             p.acc.data_ptr(), p.cnt.data_ptr(), out.data_ptr(), p.table.data_ptr())
+        assert args[10:] == la.tail
+        # the base array holds each tensor's element offset from the reference (its residue in the rows)
+        rel = [(t.data_ptr() - ref) // 4 for t in group]
+        assert (p.base + torch.from_numpy(p.res)).tolist() == rel
