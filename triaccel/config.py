@@ -108,9 +108,10 @@ class TriAccelConfig:
         a ceiling (growth only if memory scaled by B_new/B stays <= rho_high*MemMax; shrink above
         rho_high*MemMax or on OOM). "memory": the paper's law, B grows whenever memory use is
         below rho_low*MemMax.
-      noise_scale_c: growth bound factor c > 0 (samples per unit of B_noise). 0.5 by measurement:
-        on CIFAR-10 ResNet-18 (H100, seed 0) c = 1 / 0.5 / 0.25 reached 87.22 / 87.78 / 87.55% in
-        47.1 / 36.6 / 44.6 s of training (docs/results.md).
+      noise_scale_c: growth bound factor c > 0 (samples per unit of B_noise). 1.0 (McCandlish et al.'s
+        critical batch B_crit ~ B_noise) by measurement: on CIFAR-10 ResNet-18 (H100, seed 0, demo
+        buckets up to 768) c = 1 reached 87.55% in 20.0 s against 87.02% in 25.1 s for static AMP
+        bs 192; c = 0.5 spent two more epochs at bs 96 (docs/results.md, 2026-11-23).
       noise_beta: EMA factor in [0, 1) over noise measurements.
       t_noise: steps between noise measurements (None: t_ctrl), from warmup_steps on; they stop
         once B cannot grow, unless the evidence precision law (16-bit base) still uses them.
@@ -172,7 +173,7 @@ class TriAccelConfig:
     tau_curv: float | None = None
     promotion_window: int | None = None
     batch_law: str = "noise"
-    noise_scale_c: float = 0.5
+    noise_scale_c: float = 1.0
     noise_beta: float = 0.8
     t_noise: int | None = None
     rho_low: float = 0.6
