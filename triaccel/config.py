@@ -109,9 +109,10 @@ class TriAccelConfig:
         rho_high*MemMax or on OOM). "memory": the paper's law, B grows whenever memory use is
         below rho_low*MemMax.
       noise_scale_c: growth bound factor c > 0 (samples per unit of B_noise). 1.0 (McCandlish et al.'s
-        critical batch B_crit ~ B_noise) by measurement: on CIFAR-10 ResNet-18 (H100, seed 0, demo
-        buckets up to 768) c = 1 reached 87.55% in 20.0 s against 87.02% in 25.1 s for static AMP
-        bs 192; c = 0.5 spent two more epochs at bs 96 (docs/results.md, 2026-11-23).
+        critical batch B_crit ~ B_noise) by measurement: on CIFAR-10 ResNet-18 (H100, seeds 0-2, the
+        demo's buckets 96/192/384) c = 1 reached 87.18 / 87.24 / 87.47% in 0.83 / 0.89 / 0.77x the
+        wall of static AMP bs 192; c = 0.5 spent two more epochs at bs 96 (1.15-1.23x;
+        docs/results.md, 2026-11-23).
       noise_beta: EMA factor in [0, 1) over noise measurements.
       t_noise: steps between noise measurements (None: t_ctrl), from warmup_steps on; they stop
         once B cannot grow, unless the evidence precision law (16-bit base) still uses them.

@@ -50,7 +50,7 @@ class RunOptions:
     test_subset: int | None = None
     budget: str | None = None         # memory budget, e.g. "4GiB"
     offload: str = "off"              # triaccel: "auto" = batch + activation swap plan together (torch)
-    batch_max: int = 1024            # see train.py --batch-max
+    batch_max: int = 512             # see train.py --batch-max
     lr_rule: str = "linear"
     curvature: str = "fisher"
     levers: tuple[str, ...] = DEFAULT_LEVERS  # triaccel ablations: which levers are on

@@ -76,9 +76,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--offload", choices=["off", "auto"], default="off",
                    help="triaccel, torch: auto = batch and activation swap/recompute plan chosen together under the "
                         "budget from measured costs (TriAccelConfig.offload; the summary lists the plans taken)")
-    p.add_argument("--batch-max", type=int, default=1024,
-                   help="upper bound of the elastic batch (samples). Default 1024 (ladder 96/192/384/768): under the "
-                        "noise law the batch reaches 768 only late, where B_noise is in the thousands (docs/results.md)")
+    p.add_argument("--batch-max", type=int, default=512,
+                   help="upper bound of the elastic batch (samples). Default 512 (ladder 96/192/384): with 768 allowed "
+                        "ResNet-18 seeds 1-2 ended 0.3-0.6 points lower at about the same wall (docs/results.md)")
     p.add_argument("--lr-rule", choices=["linear", "sqrt", "none", "accumulate"], default="linear",
                    help="LR multiplier when the batch changes (default linear, SGD's rule: one-seed ResNet-18 "
                         "runs reached 84.5%% with it vs 81.6%% with sqrt, docs/results.md)")
