@@ -184,8 +184,9 @@ def _load_python(name: str, d: Path, split: str) -> tuple[np.ndarray, np.ndarray
 # Image folder
 
 
-def _list_folder(name: str, split_dir: Path) -> tuple[list[str], list[Path], np.ndarray]:
-    """Class names, image paths and labels of an image-folder split. Entries that are not images
+def _list_folder(name: str, split_dir: Path) -> tuple[list[str], list[str], np.ndarray]:
+    """Class names, image paths (strings: 60,000 Path objects cost seconds to build and hash) and
+    labels of an image-folder split. Entries that are not images
     (other extensions, folders or broken links inside class folders, files beside them) are
     skipped and named in one warning, so a polluted or partly copied tree does not load silently."""
     entries = list(os.scandir(split_dir))
@@ -194,7 +195,7 @@ def _list_folder(name: str, split_dir: Path) -> tuple[list[str], list[Path], np.
         raise ValueError(
             f"{split_dir}: found {len(classes)} class directories, {name} needs {NUM_CLASSES[name]}: {classes}")
     skipped = sorted(e.name for e in entries if not e.is_dir())
-    files: list[Path] = []
+    files: list[str] = []
     labels: list[int] = []
     for i, c in enumerate(classes):
         found = []
@@ -206,7 +207,8 @@ def _list_folder(name: str, split_dir: Path) -> tuple[list[str], list[Path], np.
         if not found:
             raise ValueError(f"{split_dir / c}: no image files (*.jpg, *.jpeg, *.png)")
         found.sort()
-        files += [split_dir / c / f for f in found]
+        cdir = os.path.join(split_dir, c)
+        files += [os.path.join(cdir, f) for f in found]
         labels += [i] * len(found)
     if skipped:
         shown = ", ".join(skipped[:20]) + (", ..." if len(skipped) > 20 else "")
@@ -231,8 +233,8 @@ def _decode_chunk(paths: Sequence[str]) -> np.ndarray:
     return out
 
 
-def _decode_all(files: Sequence[Path], workers: int) -> np.ndarray:
-    paths = [str(f) for f in files]
+def _decode_all(files: Sequence[str], workers: int) -> np.ndarray:
+    paths = list(files)
     if workers <= 1 or len(paths) < 2000:
         return _decode_chunk(paths)
     chunk = max(500, len(paths) // (4 * workers))
@@ -241,12 +243,14 @@ def _decode_all(files: Sequence[Path], workers: int) -> np.ndarray:
         return np.concatenate(list(pool.map(_decode_chunk, chunks)))
 
 
-def _cache_key(name: str, split_dir: Path, files: Sequence[Path], labels: np.ndarray) -> str:
+def _cache_key(name: str, split_dir: Path, files: Sequence[str], labels: np.ndarray) -> str:
+    """Hash of the split's file names (relative to split_dir), sizes, mtimes and labels."""
     h = hashlib.sha256()
     h.update(f"v{_CACHE_VERSION}|{name}|{split_dir.resolve()}|".encode())
+    cut = len(os.path.join(split_dir, ""))   # files are split_dir/<class>/<name> (_list_folder)
     for f in files:
-        st = f.stat()
-        h.update(f"{f.relative_to(split_dir)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        st = os.stat(f)
+        h.update(f"{f[cut:]}|{st.st_size}|{st.st_mtime_ns}\n".encode())
     h.update(labels.tobytes())
     return h.hexdigest()[:24]
 
