@@ -322,6 +322,19 @@ def torch_addresses(tensors: Sequence[Any]) -> tuple:
     return tuple(map(_KEYFNS[0], tensors))
 
 
+def upload(dst: Any, host: np.ndarray) -> None:
+    """Copy a host array into the torch tensor ``dst`` (same dtype, same number of elements) with no
+    stream sync (a pageable copy blocks the host until the GPU has drained its queue): through a
+    pinned buffer of torch's caching host allocator, which keeps it alive until the copy has run."""
+    import torch
+
+    src = torch.from_numpy(np.ascontiguousarray(host)).view(dst.shape)
+    if dst.device.type == "cuda":
+        dst.copy_(src.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
+
+
 _SMS: dict = {}
 
 

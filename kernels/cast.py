@@ -134,7 +134,8 @@ def _torch_plan(tensors: Sequence[Any], codes: list[int], impl: str, block: int,
     src = offsets[:-1] if flat is not None else np.array([t.data_ptr() for t in tensors], dtype=np.int64)
     table, dst, total = _layout(sizes, code_arr, src, block * iters)
     p.dst, p.total, p.rows = dst, total, table.shape[0]
-    p.table = torch.from_numpy(table).to(dev)
+    p.table = torch.empty(table.shape, dtype=torch.int64, device=dev)
+    D.upload(p.table, table)   # no stream sync for a new layout
     p.half = [i for i, c in enumerate(codes) if c != D.PREC_FP32]
     p.f32 = [i for i, c in enumerate(codes) if c == D.PREC_FP32]
     p.shapes = [tuple(t.shape) for t in tensors]

@@ -405,25 +405,12 @@ def _new_plan(n: int, device: Any, use_triton: bool, cfg: tuple) -> _TorchPlan:
     return p
 
 
-def _upload(dst: Any, host: np.ndarray) -> None:
-    """Copy a host int64 array into the device tensor ``dst`` with no stream sync (a pageable
-    copy would block the host until the GPU drained its queue): through a pinned buffer from
-    torch's caching host allocator, which keeps the buffer alive until the copy has run."""
-    import torch
-
-    src = torch.from_numpy(np.ascontiguousarray(host))
-    if dst.device.type == "cuda":
-        dst.copy_(src.pin_memory(), non_blocking=True)
-    else:
-        dst.copy_(src)
-
-
 def _device_tables(p: _TorchPlan, tab: np.ndarray) -> None:
     import torch
 
     p.rows = tab.shape[0]
     p.table = torch.empty(tab.shape, dtype=torch.int64, device=p.device)
-    _upload(p.table, tab)
+    D.upload(p.table, tab)
     p.acc = torch.zeros((p.n, 3), dtype=torch.float32, device=p.device)
     p.cnt = torch.zeros(p.n, dtype=torch.int32, device=p.device)
     # (ref fp32, ref fp16, ref bf16, table, acc, cnt, base) addresses; the refs are set per call
@@ -450,7 +437,7 @@ def _set_base(p: _TorchPlan, addrs: tuple, a: np.ndarray, rel: np.ndarray) -> No
     for c, i in enumerate(p.ref_idx):
         if i >= 0:
             p.ptrs[c] = int(a[i])
-    _upload(p.base, rel - p.res)
+    D.upload(p.base, rel - p.res)
     p.addrs = addrs
 
 
