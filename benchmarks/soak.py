@@ -24,7 +24,7 @@ Checks per run (PASS / FAIL; n/a where not measured, e.g. peak memory on CPU):
   ooms     OOMs seen by the elastic step's predicate == OOMs injected (0 for the clean run).
 
 Why `--oom-cooldown` (TriAccelConfig.oom_cooldown, default here 100 steps; 0 = the library's default,
-a permanent cap): every OOM lowers the batch one rung of the demo's ladder and caps growth below
+1000 steps, longer than the injection interval, so it acts as a permanent cap here): every OOM lowers the batch one rung of the demo's ladder and caps growth below
 the size that failed. With a permanent cap, a fault every 200 steps walks the batch down to the
 smallest rung within a few injections and the next one raises OOMAtMinimumBatch. With a cooldown
 the law may grow the batch again (when memory and the gradient noise scale allow). On a CPU no
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--every", type=int, default=200, help="inject an OOM every N optimizer steps")
     p.add_argument("--oom-cooldown", type=int, default=100,
                    help="steps without an OOM after which the batch may grow past a failed size again "
-                        "(TriAccelConfig.oom_cooldown; 0 = the library default, a permanent cap)")
+                        "(TriAccelConfig.oom_cooldown; 0 = the library default, 1000)")
     p.add_argument("--data", default=None, help="the demo's --data (default: its own resolution)")
     p.add_argument("--device", default="auto", help="the demo's --device (cpu: JAX on the CPU too)")
     p.add_argument("--train-subset", type=int, default=None)
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     print()
     print(table(rows))
     print(f"\nsoak {'PASS' if verdict else 'FAIL'}: {', '.join(a.backends)}, {a.epochs} epochs, budget {a.budget}, "
-          f"an OOM every {a.every} steps, oom_cooldown {a.oom_cooldown or 'library default (permanent cap)'}")
+          f"an OOM every {a.every} steps, oom_cooldown {a.oom_cooldown or 'library default (1000)'}")
     print(f"device: {device}; {meta['date']}; {meta['command']}")
     slug = re.sub(r"[^a-z0-9]+", "-", str(device).lower()).strip("-")
     out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / "soak" / f"soak-{slug}.json"

@@ -129,7 +129,9 @@ class TriAccelConfig:
         growth; on the CIFAR ResNet-18 recipe it lowered accuracy, docs/results.md). 0: growth
         from the first decision.
       oom_cooldown: after an OOM, growth is capped below the size that failed; this many steps
-        without another OOM lift the cap (None: the cap is permanent).
+        without another OOM lift the cap (None: the cap is permanent). Default 1000: a transient OOM
+        (fragmentation, another process) does not hold a long run at a smaller batch for good, and a
+        size that really does not fit costs one replayed micro-batch per 1000 steps.
       lr_rule: how optimisation stays consistent when B changes: "linear" (lr * B/batch_init),
         "sqrt" (lr * sqrt(B/batch_init)), "none", or "accumulate" (the logical batch stays
         batch_init; B is the micro-batch and gradients accumulate over ceil(batch_init/B) of them).
@@ -188,7 +190,7 @@ class TriAccelConfig:
     batch_buckets: tuple[int, ...] | None = None
     memory_budget: int | str | None = None
     oom_shrink: float = 0.5
-    oom_cooldown: int | None = None
+    oom_cooldown: int | None = 1000
     batch_hold_steps: int = 0
     lr_rule: str = "linear"
     lr_ramp_steps: int = 0
