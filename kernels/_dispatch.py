@@ -288,10 +288,9 @@ def import_jax_triton() -> Any:
 _KEYFNS: tuple = ()
 
 
-def torch_layout_key(tensors: Sequence[Any]) -> tuple:
-    """Address, shape, strides and dtype of every tensor, as a hashable key (C-level ``map``s, no
-    Python loop: the per-call cost of a cached launch plan). Under CUDA's unified addressing an
-    address also fixes the device."""
+def _key_fns() -> tuple:
+    """(data_ptr, shape, stride, dtype) getters over torch tensors, bound on first use (this module
+    imports no framework at import)."""
     global _KEYFNS
     if not _KEYFNS:
         import operator
@@ -300,26 +299,28 @@ def torch_layout_key(tensors: Sequence[Any]) -> tuple:
 
         _KEYFNS = (torch.Tensor.data_ptr, operator.attrgetter("shape"), torch.Tensor.stride,
                    operator.attrgetter("dtype"))
-    f0, f1, f2, f3 = _KEYFNS
+    return _KEYFNS
+
+
+def torch_layout_key(tensors: Sequence[Any]) -> tuple:
+    """Address, shape, strides and dtype of every tensor, as a hashable key (C-level ``map``s, no
+    Python loop: the per-call cost of a cached launch plan). Under CUDA's unified addressing an
+    address also fixes the device."""
+    f0, f1, f2, f3 = _key_fns()
     return (tuple(map(f0, tensors)), tuple(map(f1, tensors)), tuple(map(f2, tensors)),
             tuple(map(f3, tensors)))
 
 
 def torch_shape_key(tensors: Sequence[Any]) -> tuple:
     """Shape, strides and dtype of every tensor and the first one's device, as a hashable key:
-    what a launch plan depends on apart from the addresses (C-level ``map``s, no Python loop)."""
-    global _KEYFNS
-    if not _KEYFNS:
-        torch_layout_key(tensors[:0])
-    _, f1, f2, f3 = _KEYFNS
+    what a launch plan depends on apart from the addresses."""
+    _, f1, f2, f3 = _key_fns()
     return (tuple(map(f1, tensors)), tuple(map(f2, tensors)), tuple(map(f3, tensors)), tensors[0].device)
 
 
 def torch_addresses(tensors: Sequence[Any]) -> tuple:
     """Every tensor's data address (the per-call part of a launch over a list of tensors)."""
-    if not _KEYFNS:
-        torch_layout_key(tensors[:0])
-    return tuple(map(_KEYFNS[0], tensors))
+    return tuple(map(_key_fns()[0], tensors))
 
 
 def upload(dst: Any, host: np.ndarray) -> None:

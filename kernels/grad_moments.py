@@ -175,7 +175,8 @@ if triton is not None:
         ``y_ptr`` (WRITE). MODE 1: ``start`` = element offset from the reference pointer of the
         row's dtype (``code`` 0: ``x_ptr`` fp32, 1: ``h_ptr`` fp16, 2: ``b_ptr`` bf16), written back
         in place. BASED: ``start`` is relative to the segment and ``base_ptr[seg]`` (int64) adds the
-        segment's own offset (the per-call part of a torch list's addresses); else unused. DT: the dtype code when all rows share it, 3 for mixed (branch on ``code``).
+        segment's own offset (the per-call part of a torch list's addresses); else unused.
+        DT: the dtype code when all rows share it, 3 for mixed (branch on ``code``).
         scale: pointer to one FP32 value (SCALE 1), an FP32 value (SCALE 2) or unused (SCALE 0).
         out_ptr: (n, 3) FP32. FINISH 0: ``out`` zeroed by the caller, accumulated with atomics.
         FINISH 1: single-row segments store into ``out``; others add into ``acc_ptr`` (n, 3) and
@@ -441,9 +442,8 @@ def _set_base(p: _TorchPlan, addrs: tuple, a: np.ndarray, rel: np.ndarray) -> No
     p.addrs = addrs
 
 
-def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple, addrs: tuple | None) -> _TorchPlan:
-    """Validate a list of tensors once and build its launch plan (addrs: their addresses, for a
-    Triton plan)."""
+def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple) -> _TorchPlan:
+    """Validate a list of tensors once and build its launch plan (based at their addresses)."""
     import torch
 
     dev = tensors[0].device
@@ -476,6 +476,7 @@ def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple, addrs: tuple | Non
     kcodes = np.where((sizes == 0) & (kcodes >= 0), int(live.min()) if live.size else 0, kcodes)
     present = set(kcodes[kcodes >= 0].tolist())
     p.mode, p.dt, p.based = 1, (present.pop() if len(present) == 1 else 3), True
+    addrs = D.torch_addresses(tensors)
     a, rel = _relative(p, addrs)
     # rows are laid out for each segment's alignment (its residue mod ALIGN); base adds the rest
     p.res = rel % D.ALIGN
@@ -514,21 +515,17 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg
     # host cost is this key, the addresses (re-based only when they moved) and one launch.
     key = (cfg, impl, D.torch_shape_key(tensors))
     p = _PLANS.get(key)
-    addrs = None
     if p is None:
-        if D.use_triton_torch(triton is not None, tensors[0].device, impl):
-            addrs = D.torch_addresses(tensors)
-        p = _list_plan(tensors, impl, cfg, addrs)
+        p = _list_plan(tensors, impl, cfg)
         _PLANS.put(key, p)  # no tensors held: the cache must not keep gradients alive
     out = _out(out, p.n, p.device)
     if not p.triton:
         _torch_scale(inv_scale, p.device)
         out.copy_(moments_reference_torch(tensors, inv_scale))
         return out
-    if addrs is None:
-        addrs = D.torch_addresses(tensors)
-        if addrs != p.addrs:
-            p = _rebase(p, key, tensors, addrs, impl, cfg)
+    addrs = D.torch_addresses(tensors)
+    if addrs != p.addrs:
+        p = _rebase(p, key, tensors, addrs, impl, cfg)
 
     def refs() -> tuple:
         r = p.ref_idx
@@ -549,7 +546,7 @@ def _rebase(p: _TorchPlan, key: tuple, tensors: Sequence[Any], addrs: tuple, imp
         raise ValueError(f"tensors: on {sorted(map(str, devs))}; all must share one device")
     a, rel = _relative(p, addrs)
     if not np.array_equal(rel % D.ALIGN, p.res):
-        p = _list_plan(tensors, impl, cfg, addrs)
+        p = _list_plan(tensors, impl, cfg)
         _PLANS.put(key, p)
         return p
     _set_base(p, addrs, a, rel)
