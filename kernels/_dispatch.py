@@ -268,9 +268,10 @@ def auto_chunk(total: int, sms: int, per_sm: int, unit: int) -> int:
 
 
 def import_jax_triton() -> Any:
-    """``jax_triton``, imported lazily (it cannot be imported without a GPU). Its import sets
-    ``TRITON_CACHE_DIR=""``, after which Triton cannot compile kernels launched from torch in the
-    same process ("Could not create or locate cache dir"): the variable is put back as it was."""
+    """``jax_triton``, imported lazily (it cannot be imported without a GPU), with its kernel
+    compilations cached on disk (`jax_triton_cache`). Its import sets ``TRITON_CACHE_DIR=""``, after
+    which Triton cannot compile kernels launched from torch in the same process ("Could not create
+    or locate cache dir"): the variable is put back as it was."""
     import sys
 
     if "jax_triton" in sys.modules:
@@ -282,6 +283,9 @@ def import_jax_triton() -> Any:
         os.environ.pop("TRITON_CACHE_DIR", None)
     else:
         os.environ["TRITON_CACHE_DIR"] = had
+    from .jax_triton_cache import install
+
+    install(jax_triton)  # its compilations kept on disk: a new process does not repeat them
     return jax_triton
 
 
