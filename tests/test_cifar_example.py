@@ -54,3 +54,22 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     with pytest.raises(SystemExit):   # the compilation cache is JAX's
         train.parse_args(["--backend", "torch", "--compile-cache", str(tmp_path)])
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
+
+
+def test_memory_format_auto_keeps_efficientnet_contiguous_on_cuda(tmp_path):
+    opts = train.parse_args(["--model", "efficientnet_b0", "--data", str(tmp_path)])
+    assert opts.memory_format == "auto" and not opts.channels_last("cuda") and not opts.channels_last("cpu")
+    opts = train.parse_args(["--model", "resnet18", "--data", str(tmp_path)])
+    assert opts.channels_last("cuda") and not opts.channels_last("cpu")
+    opts = train.parse_args(["--memory-format", "channels_last", "--data", str(tmp_path)])
+    assert opts.channels_last("cpu")
+    opts.memory_format = "nhwc"
+    with pytest.raises(ValueError, match="memory_format='nhwc'"):
+        opts.channels_last("cuda")
+
+
+def test_channels_last_run_matches_contiguous_on_cpu(tmp_path):
+    """The memory format is a layout, not a different computation: same steps, same data."""
+    a, _ = _run(tmp_path / "a", "--backend", "torch", "--method", "fp32", "--memory-format", "channels_last")
+    b, _ = _run(tmp_path / "b", "--backend", "torch", "--method", "fp32", "--memory-format", "contiguous")
+    assert a["steps"] == b["steps"] == 6 and a["final_acc"] == pytest.approx(b["final_acc"], abs=2 / 64)

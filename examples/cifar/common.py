@@ -17,6 +17,7 @@ LEVERS = ("precision", "curvature", "batch")
 # The demo's default levers: the curvature LR scaling lowered accuracy in 3-seed ablations
 # (docs/results.md), so it is opt-in (`--levers precision,curvature,batch`).
 DEFAULT_LEVERS = ("precision", "batch")
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 
 
 def bucket_ladder(batch: int, lo: int, hi: int) -> tuple[int, ...]:
@@ -63,9 +64,22 @@ class RunOptions:
     compile_cache: str | None = None  # JAX: persistent compilation cache folder; None: <cache>/jax; "off"
     compile_ahead: bool = True        # JAX: compile the likely next step variants on a background thread
     cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)
+    memory_format: str = "auto"       # torch on CUDA: channels_last | contiguous | auto (see channels_last())
     compile: str = "off"              # torch: torch.compile mode of the model, off | default | reduce-overhead
     inject_oom_every: int = 0         # test-only (benchmarks/soak.py): see OOMInjector; 0 = off
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def channels_last(self, device_type: str) -> bool:
+        """torch: whether the model and its inputs use the channels_last memory format. "auto": on
+        CUDA for every model but EfficientNet. On an H100 (torch 2.11, cuDNN 9.19, bf16) its
+        depthwise convolutions in channels_last cost ~10 s on the first step of each new batch size
+        (0.3 s contiguous) and were not faster after it, and an elastic batch visits several sizes
+        (docs/results.md, session of 2026-11-23 05:00Z)."""
+        if self.memory_format not in MEMORY_FORMATS:
+            raise ValueError(f"memory_format={self.memory_format!r}: allowed {MEMORY_FORMATS}")
+        if self.memory_format == "auto":
+            return device_type == "cuda" and not self.model.startswith("efficientnet")
+        return self.memory_format == "channels_last"
 
     def triaccel_config(self) -> TriAccelConfig:
         """The controller's config for this run (all levers off for fp32/amp: a static batch)."""

@@ -167,9 +167,10 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     device = pick_device(opts)
     torch.manual_seed(opts.seed)
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
-    fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    nhwc = opts.channels_last(device.type)
+    fmt = torch.channels_last if nhwc else torch.contiguous_format
+    model = model.to(memory_format=fmt)
     if device.type == "cuda":
-        model = model.to(memory_format=fmt)
         torch.backends.cudnn.benchmark = opts.cudnn_benchmark
     elif budget is None:
         raise ValueError(f"--budget={opts.budget!r}: e2e:B measures end-to-end peaks, which needs CUDA; "
@@ -178,7 +179,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     gen = torch.Generator(device=device).manual_seed(opts.seed)
 
     def prep(xb: torch.Tensor) -> torch.Tensor:
-        return _prep(xb, mean, std, opts.image_size)
+        return _prep(xb, mean, std, opts.image_size, nhwc)
 
     def train_transform(xb: torch.Tensor) -> torch.Tensor:
         return prep(augment.random_crop_flip(xb, gen))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -42,22 +42,23 @@ def device_arrays(data: CifarArrays, device: torch.device) -> tuple[torch.Tensor
             *(torch.from_numpy(a).to(device) for a in (data.train_x, data.train_y, data.test_x, data.test_y)))
 
 
-def _prep(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, size: int) -> torch.Tensor:
-    """uint8 NHWC -> normalised float NCHW (channels_last memory on CUDA), resized to `size`."""
-    xb = augment.normalize(x, mean, std, channels_last=x.is_cuda)
+def _prep(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, size: int,
+          channels_last: bool) -> torch.Tensor:
+    """uint8 NHWC -> normalised float NCHW (in channels_last memory if asked), resized to `size`."""
+    xb = augment.normalize(x, mean, std, channels_last=channels_last)
     if size != xb.shape[-1]:
         xb = F.interpolate(xb, size=size, mode="bilinear", align_corners=False)
     return xb
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
-             size: int, cast: Any, batch: int = 1000) -> float:
-    """Top-1 accuracy on device-resident uint8 NHWC images."""
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, prep: Callable[[torch.Tensor], torch.Tensor],
+             cast: Any, batch: int = 1000) -> float:
+    """Top-1 accuracy on device-resident uint8 NHWC images (`prep`: a uint8 batch -> the model's input)."""
     model.eval()
     correct = 0
     for i in range(0, len(x), batch):
-        xb = _prep(x[i:i + batch], mean, std, size)
+        xb = prep(x[i:i + batch])
         with cast():
             correct += int((model(xb).argmax(1) == y[i:i + batch]).sum())
     model.train()
@@ -71,8 +72,10 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     device = pick_device(opts) if distributed is None else distributed.device
     torch.manual_seed(opts.seed)
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
-    if device.type == "cuda":
+    nhwc = opts.channels_last(device.type)
+    if nhwc:
         model = model.to(memory_format=torch.channels_last)
+    if device.type == "cuda":
         # cuDNN autotuning runs once per new input shape: the batch moves on a few buckets, and the
         # epoch's short last step adds one shape per bucket; the same setting for every method.
         torch.backends.cudnn.benchmark = opts.cudnn_benchmark
@@ -85,8 +88,11 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # each rank its own augmentation stream (rank 0's is the single-process one)
     gen = torch.Generator(device=device).manual_seed(opts.seed + 7919 * (distributed.rank if distributed else 0))
 
+    def prep(xb: torch.Tensor) -> torch.Tensor:
+        return _prep(xb, mean, std, opts.image_size, nhwc)
+
     def transform(xb: torch.Tensor) -> torch.Tensor:
-        return _prep(augment.random_crop_flip(xb, gen), mean, std, opts.image_size)
+        return prep(augment.random_crop_flip(xb, gen))
 
     loader = ElasticLoader(xtr, ytr, batch_size=cfg.batch_init, seed=opts.seed, transform=transform)
     total_samples = opts.epochs * len(xtr)
@@ -172,7 +178,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             distributed.sync_buffers()   # rank 0's BatchNorm statistics on every rank
         # the evaluation's batch of 1000 is not the training step's memory: left out of the probe
         with opt.memory.excluded() if opts.method == "triaccel" else contextlib.nullcontext():
-            acc = evaluate(model, xte, yte, mean, std, opts.image_size, cast)
+            acc = evaluate(model, xte, yte, prep, cast)
             if device.type == "cuda":   # read before excluded() resets the counter: the run's peak keeps it
                 eval_peak = max(eval_peak, torch.cuda.max_memory_allocated(device))
         accs.append(acc)

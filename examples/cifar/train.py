@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .common import DEFAULT_LEVERS, LEVERS, RunLog, RunOptions, options_record
+from .common import DEFAULT_LEVERS, LEVERS, MEMORY_FORMATS, RunLog, RunOptions, options_record
 from .plots import plot_run
 
 
@@ -100,6 +100,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="torch: cuDNN autotuning, once per new input shape (default off: on an H100 it made "
                         "AMP bs 96, bs 192 and triaccel slower over 10 epochs, 70.6/38.8/45.9 s vs "
                         "63.5/35.9/41.4 s, the first epoch paying the tuning; docs/results.md)")
+    p.add_argument("--memory-format", choices=list(MEMORY_FORMATS), default="auto",
+                   help="torch on CUDA: the model's and inputs' memory format, every method (auto: "
+                        "channels_last, but contiguous for EfficientNet, whose depthwise convolutions cost "
+                        "~10 s per new batch size in channels_last on an H100; docs/results.md)")
     p.add_argument("--compile-cache", default=None, metavar="DIR",
                    help="JAX: keep XLA compilations in DIR (created) and reuse them on later runs (default: "
                         "$TRIACCEL_CACHE/jax or ~/.cache/triaccel/jax; 'off': no persistent cache)")
@@ -153,6 +157,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
+        memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
