@@ -1,6 +1,6 @@
 """Overhead of the torch backend vs plain AMP-bf16, and the amortised cost of curvature.
 
-ResNet-18 (CIFAR variant) on synthetic CIFAR-size inputs (3x32x32, 10 classes) resident on the
+ResNet-18 (CIFAR variant; `--model efficientnet_b0`) on synthetic CIFAR-size inputs (3x32x32, 10 classes) resident on the
 device, SGD-nesterov. For each batch size, in the same process and interleaved (A, B, A, B, ...):
 
 - AMP-bf16: `torch.autocast(bf16)`, backward, step, zero_grad;
@@ -74,10 +74,18 @@ def _pipelined(fn: Callable[[], None], steps: int, dev: torch.device) -> float:
     return (time.perf_counter() - t) / steps
 
 
-def _model(dev: torch.device, width: float) -> torch.nn.Module:
+def _channels_last(args: argparse.Namespace, dev: torch.device) -> bool:
+    """The demo's memory format rule (`RunOptions.channels_last`): auto = channels_last on CUDA but
+    for EfficientNet."""
+    if args.memory_format == "auto":
+        return dev.type == "cuda" and not args.model.startswith("efficientnet")
+    return args.memory_format == "channels_last"
+
+
+def _model(dev: torch.device, args: argparse.Namespace) -> torch.nn.Module:
     torch.manual_seed(0)
-    m = create_model("resnet18", num_classes=10, width=width).to(dev)
-    if dev.type == "cuda":
+    m = create_model(args.model, num_classes=10, width=args.width).to(dev)
+    if _channels_last(args, dev):
         m = m.to(memory_format=torch.channels_last)
     return m
 
@@ -126,7 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for bs in args.batch_sizes:
         g = torch.Generator(device="cpu").manual_seed(bs)
         x = torch.randn(bs, 3, 32, 32, generator=g).to(dev)
-        if dev.type == "cuda":
+        if _channels_last(args, dev):
             x = x.contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 10, (bs,), generator=g).to(dev)
         xc, yc = x[: args.b_curv], y[: args.b_curv]
@@ -139,7 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             steps_fns: dict[str, Callable[[], None]] = {}
             opts: dict[str, Any] = {}
             for v in args.variants:
-                model = _model(dev, args.width)
+                model = _model(dev, args)
                 if v == "amp":
                     opt = _sgd(model, kind)
 
@@ -241,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hessian-iters", type=int, default=1)
     ap.add_argument("--hessian-iters-cold", type=int, default=8)
     ap.add_argument("--curv-events", type=int, default=3)
-    ap.add_argument("--width", type=float, default=1.0, help="channel width multiplier (1.0 = ResNet-18)")
+    ap.add_argument("--model", choices=("resnet18", "efficientnet_b0"), default="resnet18")
+    ap.add_argument("--memory-format", choices=("auto", "channels_last", "contiguous"), default="auto",
+                    help="as the demo's --memory-format (auto: channels_last on CUDA but for EfficientNet)")
+    ap.add_argument("--width", type=float, default=1.0, help="channel width multiplier (1.0 = the full model)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args(argv)
     if args.device.startswith("cpu"):

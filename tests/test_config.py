@@ -89,3 +89,11 @@ def test_invalid_field_names_field_value_and_range(changes, field):
     msg = str(e.value)
     assert field in msg
     assert "allowed" in msg or "must" in msg or "give both" in msg or "parse" in msg
+
+
+def test_kernels_choice_is_checked():
+    from triaccel import TriAccelConfig
+
+    assert TriAccelConfig().kernels == "auto" and TriAccelConfig(kernels="reference").kernels == "reference"
+    with pytest.raises(ValueError, match="kernels"):
+        TriAccelConfig(kernels="cuda")

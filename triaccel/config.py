@@ -26,6 +26,7 @@ BATCH_LAWS = ("noise", "memory")
 LR_RULES = ("linear", "sqrt", "none", "accumulate")
 PRECISIONS = ("fp16", "bf16", "fp32")
 OFFLOAD_MODES = ("auto", "off")
+KERNEL_IMPLS = ("auto", "triton", "reference")
 
 
 def _finite(v: Any) -> bool:
@@ -156,6 +157,11 @@ class TriAccelConfig:
       offload: "off" (default) | "auto": under the budget, compare the modelled throughput of a larger
         batch whose saved activations partly go to host memory or are recomputed (triaccel.swap_plan)
         with the largest batch that fits without, and take the better; the LR follows lr_rule.
+    Kernels:
+      kernels: the gradient-moments implementation the backends call each step: "auto" (the Triton
+        kernel where it can run: CUDA, jax-triton on a GPU, the interpreter), "triton" (insist), or
+        "reference" (the framework's own reductions; under JAX they fuse into the jitted update and
+        need no jax-triton, whose first lowering in a process imports torch and compiles the kernel).
     """
 
     precision_law: str = "evidence"
@@ -201,6 +207,7 @@ class TriAccelConfig:
     elastic_batch: bool = True
     precision_groups: int | None = None
     offload: str = "off"
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         # Normalise containers first so that the frozen instance is hashable/JSON-safe.
@@ -306,6 +313,7 @@ class TriAccelConfig:
             _check(self.t_precision % self.t_ctrl == 0, "t_precision", self.t_precision,
                    f"a multiple of t_ctrl ({self.t_ctrl})")
         choice("offload", OFFLOAD_MODES)
+        choice("kernels", KERNEL_IMPLS)
         if self.precision_groups is not None:
             integer("precision_groups", 1)
         for name in ("adaptive_precision", "elastic_batch"):

@@ -24,6 +24,7 @@ per-layer dtypes. All decisions are the core's.
 
 from __future__ import annotations
 
+import functools
 import types
 import warnings
 from typing import Any, Callable, NamedTuple
@@ -239,7 +240,7 @@ class TriAccel:
         """The wrapped optax transformation (usable in jit, optax.chain, nnx.Optimizer, TrainState)."""
         inner = optax.with_extra_args_support(inner)
         cfg, ls = self.config, self.loss_scaling
-        grad_moments = _grad_moments_fn()
+        grad_moments = functools.partial(_grad_moments_fn(), impl=cfg.kernels)
         if self.mesh is not None:
             # The GPU kernel is a custom call that XLA's automatic partitioning cannot split: each
             # device runs it on its whole copy of the (already all-reduced, replicated) gradients.

@@ -373,7 +373,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if scaled:
             inv_scale = torch.reciprocal(self.scaler.scale_tensor, out=self._inv_scale)
         row = self._buf[len(self._rows)]
-        _grad_moments()(self._grad_list(), inv_scale=inv_scale, out=row)
+        _grad_moments()(self._grad_list(), inv_scale=inv_scale, out=row, impl=self.config.kernels)
         guarded = scaled or self._device_guard or self.host_check
         found = self._found_inf
         if guarded:
