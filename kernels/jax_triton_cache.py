@@ -10,6 +10,10 @@ with a cache keyed by the kernel's TTIR text, the compile options, the compute c
 Triton and jax-triton versions; entries are small JSON files under ``<cache>/jax-triton``
 (``<cache>``: ``$TRIACCEL_CACHE`` or ``~/.cache/triaccel``). ``TRIACCEL_JAX_TRITON_CACHE=0`` leaves
 jax-triton as it is, as does a jax-triton version without that compile step.
+
+Measured on an H100 (2026-11-23, fresh processes): a kernel variant's lowering 0.32-0.40 s without,
+0.12 s with a warm cache. The first kernel lowering of a process still takes ~5 s there: with Triton
+3.6 jax-triton's argument specializer, which runs before this step, imports torch.
 """
 
 from __future__ import annotations
