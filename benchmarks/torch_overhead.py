@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from triaccel import TriAccelConfig
 from triaccel.backends.torch import wrap
-from triaccel.backends.torch.models import create_model
+from triaccel.backends.torch.models import channels_last_preferred, create_model
 
 
 def _sync(dev: torch.device) -> None:
@@ -75,10 +75,9 @@ def _pipelined(fn: Callable[[], None], steps: int, dev: torch.device) -> float:
 
 
 def _channels_last(args: argparse.Namespace, dev: torch.device) -> bool:
-    """The demo's memory format rule (`RunOptions.channels_last`): auto = channels_last on CUDA but
-    for EfficientNet."""
+    """The demo's memory format rule (auto: channels_last on CUDA but for EfficientNet)."""
     if args.memory_format == "auto":
-        return dev.type == "cuda" and not args.model.startswith("efficientnet")
+        return channels_last_preferred(args.model, dev.type)
     return args.memory_format == "channels_last"
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "ResNet",
     "EfficientNet",
     "create_model",
+    "channels_last_preferred",
     "to_canonical",
     "load_canonical",
     "layer_infos",
@@ -170,6 +171,15 @@ class EfficientNet(nn.Module):
         x = torch.flatten(x.mean(dim=(2, 3)), 1)
         x = F.dropout(x, self.plan.dropout, self.training)
         return self.fc(x)
+
+
+def channels_last_preferred(name: str, device_type: str) -> bool:
+    """Whether `create_model(name)` should run in the channels_last memory format on `device_type`:
+    on CUDA, except EfficientNet. Measured on an H100 (torch 2.11, cuDNN 9.19, bf16): EfficientNet's
+    depthwise convolutions in channels_last cost ~10 s on the first step of each new batch size
+    (0.3 s contiguous) and were not faster after it, and an elastic batch visits several sizes
+    (docs/results.md, session of 2026-11-23 04:40Z)."""
+    return device_type == "cuda" and not name.startswith("efficientnet")
 
 
 def create_model(name: str, num_classes: int = 10, width: float = 1.0, *, seed: int = 0, **kwargs: Any) -> ResNet | EfficientNet:

@@ -70,15 +70,14 @@ class RunOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def channels_last(self, device_type: str) -> bool:
-        """torch: whether the model and its inputs use the channels_last memory format. "auto": on
-        CUDA for every model but EfficientNet. On an H100 (torch 2.11, cuDNN 9.19, bf16) its
-        depthwise convolutions in channels_last cost ~10 s on the first step of each new batch size
-        (0.3 s contiguous) and were not faster after it, and an elastic batch visits several sizes
-        (docs/results.md, session of 2026-11-23 05:00Z)."""
+        """torch: whether the model and its inputs use the channels_last memory format; "auto":
+        `triaccel.backends.torch.models.channels_last_preferred` (not for EfficientNet)."""
         if self.memory_format not in MEMORY_FORMATS:
             raise ValueError(f"memory_format={self.memory_format!r}: allowed {MEMORY_FORMATS}")
         if self.memory_format == "auto":
-            return device_type == "cuda" and not self.model.startswith("efficientnet")
+            from triaccel.backends.torch.models import channels_last_preferred
+
+            return channels_last_preferred(self.model, device_type)
         return self.memory_format == "channels_last"
 
     def triaccel_config(self) -> TriAccelConfig:
