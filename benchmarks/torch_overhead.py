@@ -1,7 +1,7 @@
 """Overhead of the torch backend vs plain AMP-bf16, and the amortised cost of curvature.
 
-ResNet-18 (CIFAR variant; `--model efficientnet_b0`) on synthetic CIFAR-size inputs (3x32x32, 10 classes) resident on the
-device, SGD-nesterov. For each batch size, in the same process and interleaved (A, B, A, B, ...):
+ResNet-18 (CIFAR variant; or `--model efficientnet_b0`) on synthetic CIFAR-size inputs (3x32x32,
+10 classes) resident on the device, SGD-nesterov. For each batch size, in the same process and interleaved (A, B, A, B, ...):
 
 - AMP-bf16: `torch.autocast(bf16)`, backward, step, zero_grad;
 - triaccel: `wrap(...)` with precision and batch levers on (adaptive precision decides after a short
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from triaccel import TriAccelConfig
 from triaccel.backends.torch import wrap
-from triaccel.backends.torch.models import channels_last_preferred, create_model
+from triaccel.backends.torch.models import MEMORY_FORMATS, create_model, uses_channels_last
 
 
 def _sync(dev: torch.device) -> None:
@@ -74,17 +74,10 @@ def _pipelined(fn: Callable[[], None], steps: int, dev: torch.device) -> float:
     return (time.perf_counter() - t) / steps
 
 
-def _channels_last(args: argparse.Namespace, dev: torch.device) -> bool:
-    """The demo's memory format rule (auto: channels_last on CUDA but for EfficientNet)."""
-    if args.memory_format == "auto":
-        return channels_last_preferred(args.model, dev.type)
-    return args.memory_format == "channels_last"
-
-
 def _model(dev: torch.device, args: argparse.Namespace) -> torch.nn.Module:
     torch.manual_seed(0)
     m = create_model(args.model, num_classes=10, width=args.width).to(dev)
-    if _channels_last(args, dev):
+    if uses_channels_last(args.model, args.memory_format, dev.type):
         m = m.to(memory_format=torch.channels_last)
     return m
 
@@ -133,7 +126,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for bs in args.batch_sizes:
         g = torch.Generator(device="cpu").manual_seed(bs)
         x = torch.randn(bs, 3, 32, 32, generator=g).to(dev)
-        if _channels_last(args, dev):
+        if uses_channels_last(args.model, args.memory_format, dev.type):
             x = x.contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 10, (bs,), generator=g).to(dev)
         xc, yc = x[: args.b_curv], y[: args.b_curv]
@@ -249,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hessian-iters-cold", type=int, default=8)
     ap.add_argument("--curv-events", type=int, default=3)
     ap.add_argument("--model", choices=("resnet18", "efficientnet_b0"), default="resnet18")
-    ap.add_argument("--memory-format", choices=("auto", "channels_last", "contiguous"), default="auto",
+    ap.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
                     help="as the demo's --memory-format (auto: channels_last on CUDA but for EfficientNet)")
     ap.add_argument("--width", type=float, default=1.0, help="channel width multiplier (1.0 = the full model)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")

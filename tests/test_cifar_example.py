@@ -73,3 +73,9 @@ def test_channels_last_run_matches_contiguous_on_cpu(tmp_path):
     a, _ = _run(tmp_path / "a", "--backend", "torch", "--method", "fp32", "--memory-format", "channels_last")
     b, _ = _run(tmp_path / "b", "--backend", "torch", "--method", "fp32", "--memory-format", "contiguous")
     assert a["steps"] == b["steps"] == 6 and a["final_acc"] == pytest.approx(b["final_acc"], abs=2 / 64)
+
+
+def test_demo_memory_formats_are_the_models_rule():
+    from triaccel.backends.torch.models import MEMORY_FORMATS
+
+    assert train.MEMORY_FORMATS == MEMORY_FORMATS

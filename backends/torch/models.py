@@ -33,7 +33,8 @@ __all__ = [
     "ResNet",
     "EfficientNet",
     "create_model",
-    "channels_last_preferred",
+    "MEMORY_FORMATS",
+    "uses_channels_last",
     "to_canonical",
     "load_canonical",
     "layer_infos",
@@ -173,13 +174,22 @@ class EfficientNet(nn.Module):
         return self.fc(x)
 
 
-def channels_last_preferred(name: str, device_type: str) -> bool:
-    """Whether `create_model(name)` should run in the channels_last memory format on `device_type`:
-    on CUDA, except EfficientNet. Measured on an H100 (torch 2.11, cuDNN 9.19, bf16): EfficientNet's
-    depthwise convolutions in channels_last cost ~10 s on the first step of each new batch size
-    (0.3 s contiguous) and were not faster after it, and an elastic batch visits several sizes
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+
+
+def uses_channels_last(name: str, memory_format: str, device_type: str) -> bool:
+    """Whether `create_model(name)` runs in the channels_last memory format on `device_type`.
+
+    memory_format: "channels_last", "contiguous", or "auto": channels_last on CUDA except for
+    EfficientNet. Measured on an H100 (torch 2.11, cuDNN 9.19, bf16): EfficientNet's depthwise
+    convolutions in channels_last cost ~10 s on the first step of each new batch size (0.3 s
+    contiguous) and were not faster after it, and an elastic batch visits several sizes
     (docs/results.md, session of 2026-11-23 04:40Z)."""
-    return device_type == "cuda" and not name.startswith("efficientnet")
+    if memory_format not in MEMORY_FORMATS:
+        raise ValueError(f"memory_format={memory_format!r}: allowed {MEMORY_FORMATS}")
+    if memory_format == "auto":
+        return device_type == "cuda" and not name.startswith("efficientnet")
+    return memory_format == "channels_last"
 
 
 def create_model(name: str, num_classes: int = 10, width: float = 1.0, *, seed: int = 0, **kwargs: Any) -> ResNet | EfficientNet:

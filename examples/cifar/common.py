@@ -17,6 +17,8 @@ LEVERS = ("precision", "curvature", "batch")
 # The demo's default levers: the curvature LR scaling lowered accuracy in 3-seed ablations
 # (docs/results.md), so it is opt-in (`--levers precision,curvature,batch`).
 DEFAULT_LEVERS = ("precision", "batch")
+# the choices of triaccel.backends.torch.models.uses_channels_last, here so that a JAX run's option
+# parsing does not import torch
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 
 
@@ -70,15 +72,11 @@ class RunOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def channels_last(self, device_type: str) -> bool:
-        """torch: whether the model and its inputs use the channels_last memory format; "auto":
-        `triaccel.backends.torch.models.channels_last_preferred` (not for EfficientNet)."""
-        if self.memory_format not in MEMORY_FORMATS:
-            raise ValueError(f"memory_format={self.memory_format!r}: allowed {MEMORY_FORMATS}")
-        if self.memory_format == "auto":
-            from triaccel.backends.torch.models import channels_last_preferred
+        """torch: whether the model and its inputs use the channels_last memory format
+        (`triaccel.backends.torch.models.uses_channels_last`; "auto": not for EfficientNet)."""
+        from triaccel.backends.torch.models import uses_channels_last
 
-            return channels_last_preferred(self.model, device_type)
-        return self.memory_format == "channels_last"
+        return uses_channels_last(self.model, self.memory_format, device_type)
 
     def triaccel_config(self) -> TriAccelConfig:
         """The controller's config for this run (all levers off for fp32/amp: a static batch)."""
