@@ -4,9 +4,10 @@ jax-triton compiles a Triton kernel (TTIR -> TTGIR -> LLVM IR -> PTX) while JAX 
 that calls it, keeps the PTX in memory only, and turns Triton's own disk cache off (its import sets
 ``TRITON_CACHE_DIR=""``). Every process therefore compiles each kernel variant again, inside a
 lowering (on the critical path when the training step waits for it), and JAX's persistent
-compilation cache cannot help, since its key is computed from the lowered module. `install` wraps jax-triton's compile step (``triton_lib.compile_ttir_inplace``)
-with a cache keyed by the kernel's TTIR text, the compile options, the compute capability and the
-Triton and jax-triton versions; entries are small JSON files under ``<cache>/jax-triton``
+compilation cache cannot help, since its key is computed from the lowered module. `install`
+wraps jax-triton's compile step (``triton_lib.compile_ttir_inplace``) with a cache keyed by the
+kernel's TTIR text, the compile options, the compute capability and the Triton and jax-triton
+versions; entries are small JSON files under ``<cache>/jax-triton``
 (``<cache>``: ``$TRIACCEL_CACHE`` or ``~/.cache/triaccel``). ``TRIACCEL_JAX_TRITON_CACHE=0`` leaves
 jax-triton as it is, as does a jax-triton version without that compile step.
 
