@@ -5,7 +5,10 @@ jax-triton compiles a Triton kernel while JAX lowers the function that calls it,
 `triaccel.kernels.jax_triton_cache` keeps compilations on disk. This benchmark starts fresh
 processes that each lower and run the gradient-moments kernel (with unscale, as the JAX update does)
 over ResNet-18's parameter shapes and report: seconds to lower it, seconds to compile the XLA
-executable, whether torch got imported, and whether the result equals the `jnp` reference.
+executable, whether torch got imported, and the result's largest relative sumsq error against float64 sums on
+the host (correct: the unscaled gradients exact and that error <= 1e-5 for the jax-triton kernel, or
+<= 1e-2 for the `jnp` reference that runs without a GPU, whose FP32 `segment_sum` accumulates one
+long sequence: 1.8e-3 measured on this set on a CPU).
 
 Processes, one after the other, sharing one empty cache folder (``$TRIACCEL_CACHE``): with the disk
 cache off (``TRIACCEL_JAX_TRITON_CACHE=0``), then `--runs` with it on (the first fills it).
@@ -54,13 +57,17 @@ def child() -> dict[str, Any]:
     exe = lowered.compile()
     t3 = time.perf_counter()
     got, unscaled = exe(grads, scale)
-    ref, _ = jax.jit(lambda g, s: grad_moments(g, inv_scale=s, impl="reference"))(grads, scale)
     leaves = jax.tree_util.tree_leaves(grads)
-    same = bool(np.allclose(np.asarray(got.sumsq), np.asarray(ref.sumsq), rtol=1e-5)) and bool(
-        jnp.array_equal(jax.tree_util.tree_leaves(unscaled)[0], leaves[0] * 0.5))
-    return {"backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
+    # float64 sums on the host: the yardstick for the kernel (XLA's fp32 segment sums are looser)
+    exact = np.array([np.sum(np.square(np.asarray(a, np.float64) * 0.5)) for a in leaves])
+    rel_err = float(np.max(np.abs(np.asarray(got.sumsq, np.float64) - exact) / exact))
+    unscale_exact = bool(jnp.array_equal(jax.tree_util.tree_leaves(unscaled)[0], leaves[0] * 0.5))
+    impl = "jax-triton" if jax.default_backend() == "gpu" else "jnp reference"
+    same = unscale_exact and rel_err <= (1e-5 if impl == "jax-triton" else 1e-2)
+    return {"backend": jax.default_backend(), "impl": impl, "device": str(jax.devices()[0].device_kind),
             "setup_s": t_imports, "lower_s": t2 - t1, "compile_s": t3 - t2,
-            "torch_imported": "torch" in sys.modules, "matches_reference": same,
+            "torch_imported": "torch" in sys.modules, "sumsq_rel_err": rel_err,
+            "unscale_exact": unscale_exact, "correct": same,
             "cache_files": len(list((Path(os.environ["TRIACCEL_CACHE"]) / "jax-triton").glob("*.json")))
             if os.environ.get("TRIACCEL_CACHE") else None}
 
@@ -91,10 +98,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = rows[0]["device"]
     print(f"# jax_first_lowering  device={device}  backend={rows[0]['backend']}  "
           f"date={_dt.datetime.now().isoformat(timespec='seconds')}")
-    print(f"{'run':<18}{'lower s':>9}{'compile s':>11}{'torch imported':>16}{'= reference':>13}{'cache files':>13}")
+    print(f"{'run':<18}{'lower s':>9}{'compile s':>11}{'torch imported':>16}{'sumsq rel err':>15}{'correct':>9}{'cache files':>13}")
     for r in rows:
         print(f"{r['run']:<18}{r['lower_s']:>9.2f}{r['compile_s']:>11.2f}{str(r['torch_imported']):>16}"
-              f"{str(r['matches_reference']):>13}{str(r['cache_files']):>13}")
+              f"{r['sumsq_rel_err']:>15.2e}{str(r['correct']):>9}{str(r['cache_files']):>13}")
     result = {"benchmark": "jax_first_lowering", "device": device,
               "date": _dt.datetime.now().isoformat(timespec="seconds"),
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "rows": rows}

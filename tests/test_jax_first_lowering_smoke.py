@@ -18,7 +18,7 @@ def test_fresh_processes_report_lowering_and_match_the_reference(tmp_path, capsy
     out = tmp_path / "r.json"
     res = jax_first_lowering.main(["--runs", "1", "--out", str(out)])
     assert [r["run"] for r in res["rows"]] == ["cache off", "cache on, run 1"]
-    assert all(r["matches_reference"] and r["lower_s"] > 0 for r in res["rows"])
+    assert all(r["correct"] and r["lower_s"] > 0 for r in res["rows"])
     assert json.loads(out.read_text())["rows"] == res["rows"] and "lower s" in capsys.readouterr().out
 
 
