@@ -4,16 +4,26 @@ jax-triton compiles a Triton kernel (TTIR -> TTGIR -> LLVM IR -> PTX) while JAX 
 that calls it, keeps the PTX in memory only, and turns Triton's own disk cache off (its import sets
 ``TRITON_CACHE_DIR=""``). Every process therefore compiles each kernel variant again, inside a
 lowering (on the critical path when the training step waits for it), and JAX's persistent
-compilation cache cannot help, since its key is computed from the lowered module. `install`
-wraps jax-triton's compile step (``triton_lib.compile_ttir_inplace``) with a cache keyed by the
-kernel's TTIR text, the compile options, the compute capability and the Triton and jax-triton
-versions; entries are small JSON files under ``<cache>/jax-triton``
-(``<cache>``: ``$TRIACCEL_CACHE`` or ``~/.cache/triaccel``). ``TRIACCEL_JAX_TRITON_CACHE=0`` leaves
-jax-triton as it is, as does a jax-triton version without that compile step.
+compilation cache cannot help, since its key is computed from the lowered module. With Triton 3.6
+the first kernel of a process also imports torch (Triton's argument specializer does; 5 s on the
+H100 machine, whose Python compiles torch's sources anew).
 
-Measured on an H100 (2026-11-23, fresh processes): a kernel variant's lowering 0.32-0.40 s without,
-0.12 s with a warm cache. The first kernel lowering of a process still takes ~5 s there: with Triton
-3.6 jax-triton's argument specializer, which runs before this step, imports torch.
+`install` puts two caches, small JSON files under ``<cache>/jax-triton`` (``<cache>``:
+``$TRIACCEL_CACHE`` or ``~/.cache/triaccel``), in front of jax-triton:
+
+- whole kernels (``triton_lib.get_or_create_triton_kernel``), keyed by the kernel's source
+  (``JITFunction.cache_key``), argument types, scalar arguments, meta-parameters, launch options,
+  compute capability, ``TRITON_*`` environment and the Triton and jax-triton versions: a hit builds
+  jax-triton's ``TritonKernel`` from the stored PTX with no specialization, no compile, no torch;
+- the compile step (``triton_lib.compile_ttir_inplace``), keyed by the TTIR text and the compile
+  options, for kernels the first cache does not cover (it also feeds the first one on a miss).
+
+``TRIACCEL_JAX_TRITON_CACHE=0`` leaves jax-triton as it is, as does a jax-triton version without
+those functions.
+
+Measured on an H100 (2026-11-23, fresh processes), the compile-step cache alone: a kernel variant's
+lowering 0.32-0.40 s without, 0.12 s with a warm cache; the first lowering ~5 s (the torch import).
+The whole-kernel cache is tested on CPU only: `benchmarks/jax_first_lowering.py` on a GPU checks it.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -80,5 +91,79 @@ def install(jt: Any, folder: str | os.PathLike[str] | None = None) -> bool:
 
     setattr(cached, _MARK, True)
     cached.__wrapped__ = compile_fn  # type: ignore[attr-defined]
-    lib.compile_ttir_inplace = cached
+    lib.compile_ttir_inplace = _recording(cached)
+    _cache_kernels(lib, where, versions)
     return True
+
+
+_seen = threading.local()   # the last compilation of this thread: (TTIR text, CompilationResult)
+
+
+def _recording(compile_fn: Any) -> Any:
+    """`compile_fn` that also remembers, per thread, what it compiled (for the whole-kernel cache)."""
+    def compile_and_record(ttir: Any, backend: Any, options: Any, compute_capability: Any, platform: Any) -> Any:
+        text = str(ttir)   # before the passes: they rewrite the module in place
+        result = compile_fn(ttir, backend, options, compute_capability, platform)
+        _seen.last = (text, result)
+        return result
+
+    setattr(compile_and_record, _MARK, True)
+    compile_and_record.__wrapped__ = compile_fn  # type: ignore[attr-defined]
+    return compile_and_record
+
+
+def _cache_kernels(lib: Any, where: Path, versions: tuple) -> None:
+    """Wrap ``lib.get_or_create_triton_kernel`` with the whole-kernel disk cache (when it and
+    ``lib.triton_kernel_call_lib.TritonKernel`` are there)."""
+    create = getattr(lib, "get_or_create_triton_kernel", None)
+    call_lib = getattr(lib, "triton_kernel_call_lib", None)
+    kernel_cls = getattr(call_lib, "TritonKernel", None)
+    if create is None or kernel_cls is None or getattr(create, _MARK, False):
+        return
+
+    def cached(backend_init_func: Any, platform: Any, fn: Any, arg_dtypes: Any, scalar_args: Any, *,
+               num_warps: Any, num_stages: Any, num_ctas: Any, compute_capability: Any,
+               enable_fp_fusion: Any, metaparams: Any, dump: bool) -> Any:
+        def original() -> Any:
+            return create(backend_init_func, platform, fn, arg_dtypes, scalar_args, num_warps=num_warps,
+                          num_stages=num_stages, num_ctas=num_ctas, compute_capability=compute_capability,
+                          enable_fp_fusion=enable_fp_fusion, metaparams=metaparams, dump=dump)
+
+        source = getattr(fn, "cache_key", None)
+        if dump or source is None:
+            return original()
+        warps = 4 if num_warps is None else num_warps   # jax-triton's own defaults
+        cc = compute_capability if compute_capability is not None else call_lib.get_compute_capability(0)
+        env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TRITON_"))
+        key = hashlib.sha256(repr((versions, "kernel", source, platform, list(arg_dtypes), list(scalar_args),
+                                   warps, 3 if num_stages is None else num_stages, num_ctas, cc,
+                                   enable_fp_fusion, sorted(dict(metaparams).items()), env)).encode()).hexdigest()
+        path = where / f"kernel-{key}.json"
+        try:
+            e = json.loads(path.read_text())
+            kernel = kernel_cls(e["name"], e["num_warps"], e["num_ctas"], e["shared_mem_bytes"], e["binary"],
+                                e["ttir"], e["cc"])
+            return kernel, {tuple(k): v for k, v in e["attrs"]}
+        except (OSError, ValueError, TypeError, KeyError):   # absent or unreadable: jax-triton's own path
+            pass
+        _seen.last = None
+        kernel, attrs = original()
+        last, _seen.last = getattr(_seen, "last", None), None
+        if last is None:   # served from jax-triton's memory: its first compilation was stored then
+            return kernel, attrs
+        text, result = last
+        try:
+            entry = {"name": result.name, "num_warps": warps, "num_ctas": num_ctas,
+                     "shared_mem_bytes": result.shared_mem_bytes, "binary": result.binary, "ttir": text, "cc": cc,
+                     "attrs": [[list(k), v] for k, v in attrs.items()]}
+            where.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(entry))
+            os.replace(tmp, path)
+        except (OSError, TypeError, AttributeError):   # not storable here: the next process compiles again
+            pass
+        return kernel, attrs
+
+    setattr(cached, _MARK, True)
+    cached.__wrapped__ = create  # type: ignore[attr-defined]
+    lib.get_or_create_triton_kernel = cached

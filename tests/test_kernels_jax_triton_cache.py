@@ -98,3 +98,60 @@ def test_switched_off_or_unknown_layout_leaves_jax_triton_alone(tmp_path, monkey
 def test_default_folder_follows_triaccel_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("TRIACCEL_CACHE", str(tmp_path))
     assert C.default_folder() == tmp_path / "jax-triton"
+
+
+class FakeKernel:
+    def __init__(self, name, num_warps, num_ctas, shared_mem_bytes, binary, ttir, cc):
+        self.fields = (name, num_warps, num_ctas, shared_mem_bytes, binary, ttir, cc)
+
+
+def fake_with_kernels() -> tuple[types.SimpleNamespace, dict]:
+    """A stand-in with jax-triton's kernel entry point: specialize (counted), compile, build."""
+    jt, calls = fake_jax_triton()
+    lib = jt.triton_lib
+    counts = {"specialize": 0, "compile": calls}
+
+    def get_or_create_triton_kernel(backend_init_func, platform, fn, arg_dtypes, scalar_args, *, num_warps,
+                                    num_stages, num_ctas, compute_capability, enable_fp_fusion, metaparams, dump):
+        counts["specialize"] += 1   # where Triton 3.6 imports torch
+        ttir = f"ttir of {fn.cache_key} {arg_dtypes} {sorted(metaparams.items())}"
+        res = lib.compile_ttir_inplace(ttir, None, FakeOptions(num_warps or 4), compute_capability or 90, platform)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, d in enumerate(arg_dtypes) if d.startswith("*")}
+        return FakeKernel(res.name, num_warps or 4, num_ctas, res.shared_mem_bytes, res.binary, ttir,
+                          compute_capability or 90), attrs
+
+    lib.get_or_create_triton_kernel = get_or_create_triton_kernel
+    lib.triton_kernel_call_lib = types.SimpleNamespace(TritonKernel=FakeKernel, get_compute_capability=lambda d: 90)
+    return jt, counts
+
+
+def _kernel(jt, src="src-v1", meta=(("BLOCK", 128),)):
+    fn = types.SimpleNamespace(cache_key=src)
+    return jt.triton_lib.get_or_create_triton_kernel(None, "cuda", fn, ["*fp32", "i32"], [(1, "i32", 7)],
+                                                    num_warps=None, num_stages=None, num_ctas=1,
+                                                    compute_capability=None, enable_fp_fusion=True,
+                                                    metaparams=dict(meta), dump=False)
+
+
+def test_a_new_process_builds_the_kernel_from_disk_without_specializing(tmp_path):
+    first, c1 = fake_with_kernels()
+    C.install(first, tmp_path)
+    k1, a1 = _kernel(first)
+    assert c1["specialize"] == 1 and len(c1["compile"]) == 1
+
+    second, c2 = fake_with_kernels()
+    C.install(second, tmp_path)
+    k2, a2 = _kernel(second)
+    assert c2["specialize"] == 0 and c2["compile"] == []       # no specializer, no compiler
+    assert k2.fields == k1.fields and a2 == a1 and ["tt.divisibility", 16] in a2[(0,)]
+
+
+def test_kernel_key_follows_the_source_and_meta_parameters(tmp_path):
+    first, _ = fake_with_kernels()
+    C.install(first, tmp_path)
+    _kernel(first)
+    second, c2 = fake_with_kernels()
+    C.install(second, tmp_path)
+    _kernel(second, src="src-v2")                  # the kernel's source changed
+    _kernel(second, meta=(("BLOCK", 256),))        # another specialisation
+    assert c2["specialize"] == 2
