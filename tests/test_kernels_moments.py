@@ -265,6 +265,32 @@ def _plans():
     return importlib.import_module("triaccel.kernels.grad_moments")._PLANS.data
 
 
+def test_address_sets_cycle_without_uploads_and_evict_the_oldest(monkeypatch):
+    """Gradients re-allocated each step cycle through a few address sets: a set seen before reuses
+    its device offsets (no upload); past ADDRESS_SETS the oldest buffer is overwritten, values right."""
+    import importlib
+
+    mod = importlib.import_module("triaccel.kernels.grad_moments")
+    dispatch = importlib.import_module("triaccel.kernels._dispatch")
+    _plans().clear()
+    sets = [make([5000, 7, 9000], torch.float32, seed=20 + k) for k in range(mod.ADDRESS_SETS + 1)]
+    uploads = []
+    real = dispatch.upload
+    monkeypatch.setattr(dispatch, "upload", lambda dst, host: (uploads.append(1), real(dst, host))[1])
+    for ts in sets[:2]:
+        check(grad_moments(ts, **CFG), ts)
+    first = len(uploads)
+    for _ in range(3):   # ping-pong between two sets seen before: no upload, right values
+        for ts in sets[:2]:
+            check(grad_moments(ts, **CFG), ts)
+    assert len(uploads) == first
+    for ts in sets:   # ADDRESS_SETS + 1 distinct sets: the oldest is evicted, values stay right
+        check(grad_moments(ts, **CFG), ts)
+    (p,) = [v for v in _plans().values() if getattr(v, "bases", None)]
+    assert len(p.bases) == mod.ADDRESS_SETS
+    check(grad_moments(sets[0], **CFG), sets[0])   # evicted earlier: uploaded again, right values
+
+
 def test_launch_plan_cache_hit_and_invalidation():
     plans = _plans()
     plans.clear()   # earlier tests may have filled the bounded cache (then a new plan evicts one)
