@@ -92,6 +92,28 @@ def test_rank_shard_caps_and_counts_ooms() -> None:
         s.oom(8)
 
 
+def test_flat_views_follow_each_parameters_layout() -> None:
+    """The all-reduce buffer's views have each parameter's shape and strides (channels_last
+    included), tile the buffer once, and round-trip the gradients exactly."""
+    import torch
+
+    from triaccel.backends.torch.distributed import _views_like
+
+    conv = torch.empty(8, 3, 3, 3).contiguous(memory_format=torch.channels_last)
+    params = [conv, torch.empty(8), torch.empty(4, 8).t()]   # the last is a transposed (dense) view
+    flat = torch.zeros(sum(p.numel() for p in params))
+    views = _views_like(flat, params)
+    assert [v.shape for v in views] == [p.shape for p in params]
+    assert [v.stride() for v in views] == [p.stride() for p in params]
+    grads = [torch.randn(p.shape).contiguous(memory_format=torch.channels_last) if p.dim() == 4
+             else torch.randn(p.shape) for p in params]
+    torch._foreach_copy_(views, grads)
+    assert int((flat != 0).sum()) == flat.numel()   # every element written once
+    back = [torch.empty_like(g) for g in grads]
+    torch._foreach_copy_(back, views)
+    assert all(torch.equal(a, b) for a, b in zip(back, grads))
+
+
 # -- two processes ----------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
@@ -203,6 +225,7 @@ def _train(ddp, strategy: str, epochs: int, inject: bool, die: bool = False) -> 
     from triaccel.distributed import decision_digest
 
     model = ddp.prepare(_model(), strategy)
+    fwd = ddp.training_module()   # DDP: the inner module (the elastic step reduces gradients)
     cfg = _config()
     opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, cfg, distributed=ddp)
     x, y = _data()
@@ -220,7 +243,7 @@ def _train(ddp, strategy: str, epochs: int, inject: bool, die: bool = False) -> 
             raise torch.OutOfMemoryError("injected: CUDA out of memory")
         xb, yb = batch
         with opt.autocast():
-            loss = F.cross_entropy(model(xb).float(), yb)
+            loss = F.cross_entropy(fwd(xb).float(), yb)
         used[loader.epoch].extend(int(i) for i in last[0])
         return loss
 

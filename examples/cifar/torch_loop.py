@@ -122,8 +122,10 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         step_kwargs = {"distributed": distributed}
     log.write("layers", names=list(controller.layer_names))
     # Training steps run the compiled forward; evaluation, FLOP counting and curvature the module.
-    fwd = model if opts.compile == "off" else compile_model(
-        model, opt if opts.method == "triaccel" else None, mode=opts.compile)
+    # Data parallel: the module DDP wraps (the elastic step reduces gradients itself).
+    train_model = model if distributed is None else distributed.training_module()
+    fwd = train_model if opts.compile == "off" else compile_model(
+        train_model, opt if opts.method == "triaccel" else None, mode=opts.compile)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: lr_factor(seen[0], total_samples, warmup_samples))
     # conv/linear FLOPs per precision: the wrapper's layers, or all of AMP's/FP32's at one precision
     net = unwrap_parallel(model)   # layer names and FLOPs of the module itself (DDP: its .module)
