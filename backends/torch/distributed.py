@@ -45,12 +45,11 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-
-from triaccel.kernels._dispatch import is_dense
 from torch import nn
 
 from triaccel.distributed import (BoundaryView, OOMNotReplayable, RankShard, check_world_divides, combine_boundary,
                                   combine_eigvals, combine_noise, pack_boundary)
+from triaccel.kernels._dispatch import is_dense
 
 __all__ = ["DEFAULT_TIMEOUT", "Distributed", "OOMNotReplayable", "RankFailure", "init_distributed", "local_tensor",
            "unwrap_parallel"]
