@@ -209,3 +209,44 @@ def test_compile_model_rejects_foreign_optimizer() -> None:
     opt = _wrapped(_net(0))
     with pytest.raises(ValueError, match="optimizer"):
         compile_model(_net(1), opt, backend="eager")
+
+
+def test_compiles_the_inner_module_of_a_wrapped_ddp_model() -> None:
+    """Data parallel: `wrap` gets the DDP module, the training forward runs its inner module
+    (`Distributed.training_module()`); `compile_model` accepts that pair, and the compiled step
+    equals the uncompiled one (one process, gloo)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from triaccel.backends.torch.distributed import Distributed
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        outs = []
+        for compiled in (False, True):
+            dp = Distributed()
+            ddp = dp.prepare(_net(0))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                opt = wrap(torch.optim.SGD(ddp.parameters(), lr=0.05), ddp,
+                           TriAccelConfig(elastic_batch=False), distributed=dp)
+            fwd = dp.training_module()
+            assert fwd is ddp.module
+            if compiled:
+                fwd = compile_model(fwd, opt, backend="eager")
+            x, y = _batch(8, 3)
+            with opt.autocast():
+                loss = F.cross_entropy(fwd(x), y)
+            opt.backward(loss)
+            dp.sync_gradients(list(ddp.parameters()), 8, 8, 0)
+            opt.step()
+            outs.append([p.detach().clone() for p in ddp.parameters()])
+        assert all(torch.allclose(a, b) for a, b in zip(*outs))
+        with pytest.raises(ValueError, match="optimizer"):
+            compile_model(_net(1), opt, backend="eager")
+    finally:
+        dist.destroy_process_group()

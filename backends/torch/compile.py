@@ -59,6 +59,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .distributed import unwrap_parallel
+
 __all__ = ["COMPILE_MODES", "PolicyGuarded", "compile_model", "uncompiled", "mark_batch_dynamic"]
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -110,8 +112,9 @@ def compile_model(model: nn.Module, optimizer: Any = None, *, mode: str | None =
 
     model: the module (or an already `torch.compile`d one: its module is compiled afresh).
     optimizer: the `TriAccelOptimizer` that wraps `model` (None for a plain loop); it must have been
-      built on this very module, whose policy guard then keeps the compiled graphs in step with
-      the precision decisions.
+      built on this very module (or on the `DistributedDataParallel` around it, whose inner module
+      `Distributed.training_module()` gives), whose policy guard then keeps the compiled graphs in
+      step with the precision decisions.
     mode: torch.compile's mode, one of COMPILE_MODES ("default" = None); "reduce-overhead" uses CUDA
       graphs. backend: torch.compile's backend ("inductor"; "eager"/"aot_eager" for tests).
     dynamic_batch: one graph for every batch size (True) or one per shape (False).
@@ -136,9 +139,11 @@ def compile_model(model: nn.Module, optimizer: Any = None, *, mode: str | None =
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None:
         plan = getattr(optimizer, "plan", None)
-        if plan is None or getattr(optimizer, "model", None) is not base:
+        wrapped = getattr(optimizer, "model", None)
+        # data parallel: the optimizer wraps the DDP module, the forward runs its inner module
+        if plan is None or (wrapped is not base and (wrapped is None or unwrap_parallel(wrapped) is not base)):
             raise ValueError("optimizer: expected the TriAccelOptimizer that wraps this model "
-                             "(wrap(inner, model, ...) with the same module)")
+                             "(wrap(inner, model, ...) with the same module, or with the DDP module around it)")
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(int(cfg.recompile_limit), max_variants)
     target = base if optimizer is None else PolicyGuarded(base, optimizer.plan)
