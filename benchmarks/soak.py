@@ -26,7 +26,8 @@ Checks per run (PASS / FAIL; n/a where not measured, e.g. peak memory on CPU):
 Why `--oom-cooldown` (TriAccelConfig.oom_cooldown, default here 100 steps; 0 = the library's default,
 1000 steps, longer than the injection interval, so it acts as a permanent cap here): every OOM lowers
 the batch one rung of the demo's ladder and caps growth below the size that failed. With a
-permanent cap, a fault every 200 steps walks the batch down to the smallest rung within a few injections and the next one raises OOMAtMinimumBatch. With a cooldown
+permanent cap, a fault every 200 steps walks the batch down to the smallest rung within a few
+injections and the next one raises OOMAtMinimumBatch. With a cooldown
 the law may grow the batch again (when memory and the gradient noise scale allow). On a CPU no
 memory is measured, so the batch never grows back: there at most log2(batch / 8) injections fit.
 

@@ -1,7 +1,8 @@
 """Overhead of the torch backend vs plain AMP-bf16, and the amortised cost of curvature.
 
 ResNet-18 (CIFAR variant; or `--model efficientnet_b0`) on synthetic CIFAR-size inputs (3x32x32,
-10 classes) resident on the device, SGD-nesterov. For each batch size, in the same process and interleaved (A, B, A, B, ...):
+10 classes) resident on the device, SGD-nesterov. For each batch size, in the same process and
+interleaved (A, B, A, B, ...):
 
 - AMP-bf16: `torch.autocast(bf16)`, backward, step, zero_grad;
 - triaccel: `wrap(...)` with precision and batch levers on (adaptive precision decides after a short

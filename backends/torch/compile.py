@@ -141,7 +141,7 @@ def compile_model(model: nn.Module, optimizer: Any = None, *, mode: str | None =
         plan = getattr(optimizer, "plan", None)
         wrapped = getattr(optimizer, "model", None)
         # data parallel: the optimizer wraps the DDP module, the forward runs its inner module
-        if plan is None or (wrapped is not base and (wrapped is None or unwrap_parallel(wrapped) is not base)):
+        if plan is None or wrapped is None or unwrap_parallel(wrapped) is not base:
             raise ValueError("optimizer: expected the TriAccelOptimizer that wraps this model "
                              "(wrap(inner, model, ...) with the same module, or with the DDP module around it)")
     cfg = torch._dynamo.config
