@@ -95,6 +95,28 @@ class Moments(NamedTuple):
 if triton is not None:
 
     @triton.jit
+    def _accumulate(xp, yp, idx, m, s, acc_s, acc_q, acc_n, MASKED: tl.constexpr, SCALE: tl.constexpr,
+                    WRITE: tl.constexpr, EXACT: tl.constexpr):
+        # One vector of elements xp[idx] (lanes off `m` read as 0.0 when MASKED): unscale, write
+        # back (WRITE), and add to the accumulators; EXACT counts and excludes non-finite values.
+        if MASKED:
+            x = tl.load(xp + idx, mask=m, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(xp + idx).to(tl.float32)
+        if SCALE != 0:
+            x = x * s
+        if WRITE:
+            if MASKED:
+                tl.store(yp + idx, x.to(yp.dtype.element_ty), mask=m)
+            else:
+                tl.store(yp + idx, x.to(yp.dtype.element_ty))
+        if EXACT:
+            fin = tl.abs(x) <= 3.4028234663852886e38  # False for NaN and ±Inf
+            x = tl.where(fin, x, 0.0)
+            acc_n += (~fin).to(tl.int32)  # masked lanes hold 0.0: finite
+        return acc_s + x, acc_q + x * x, acc_n
+
+    @triton.jit
     def _row_pass(xp, yp, a0, n, s, SCALE: tl.constexpr, WRITE: tl.constexpr, EXACT: tl.constexpr,
                   BLOCK: tl.constexpr, ITERS: tl.constexpr):
         # Elements xp[a0 : a0+n] (typed pointer + element offset; xp is 16-byte aligned): a masked
@@ -106,50 +128,20 @@ if triton is not None:
         acc_n = tl.zeros([BLOCK], dtype=tl.int32)
         head = tl.minimum((-a0) & 15, n)
         if head > 0:
-            m = offs < head
-            x = tl.load(xp + a0 + offs, mask=m, other=0.0).to(tl.float32)
-            if SCALE != 0:
-                x = x * s
-            if WRITE:
-                tl.store(yp + a0 + offs, x.to(yp.dtype.element_ty), mask=m)
-            if EXACT:
-                fin = tl.abs(x) <= 3.4028234663852886e38  # False for NaN and ±Inf
-                x = tl.where(fin, x, 0.0)
-                acc_n += (~fin).to(tl.int32)  # masked lanes hold 0.0: finite
-            acc_s += x
-            acc_q += x * x
+            acc_s, acc_q, acc_n = _accumulate(xp, yp, a0 + offs, offs < head, s, acc_s, acc_q, acc_n,
+                                              True, SCALE, WRITE, EXACT)
         g = tl.multiple_of(a0 + head, 16)
         body = n - head
         nmain = body // (BLOCK * ITERS)
         for i in range(nmain):
             for u in tl.static_range(ITERS):
                 idx = g + i * (BLOCK * ITERS) + u * BLOCK + offs
-                x = tl.load(xp + idx).to(tl.float32)
-                if SCALE != 0:
-                    x = x * s
-                if WRITE:
-                    tl.store(yp + idx, x.to(yp.dtype.element_ty))
-                if EXACT:
-                    fin = tl.abs(x) <= 3.4028234663852886e38
-                    x = tl.where(fin, x, 0.0)
-                    acc_n += (~fin).to(tl.int32)
-                acc_s += x
-                acc_q += x * x
+                acc_s, acc_q, acc_n = _accumulate(xp, yp, idx, offs < BLOCK, s, acc_s, acc_q, acc_n,
+                                                  False, SCALE, WRITE, EXACT)
         t0 = nmain * (BLOCK * ITERS)
         for t in range(t0, body, BLOCK):
-            idx = g + t + offs
-            m = t + offs < body
-            x = tl.load(xp + idx, mask=m, other=0.0).to(tl.float32)
-            if SCALE != 0:
-                x = x * s
-            if WRITE:
-                tl.store(yp + idx, x.to(yp.dtype.element_ty), mask=m)
-            if EXACT:
-                fin = tl.abs(x) <= 3.4028234663852886e38
-                x = tl.where(fin, x, 0.0)
-                acc_n += (~fin).to(tl.int32)
-            acc_s += x
-            acc_q += x * x
+            acc_s, acc_q, acc_n = _accumulate(xp, yp, g + t + offs, t + offs < body, s, acc_s, acc_q, acc_n,
+                                              True, SCALE, WRITE, EXACT)
         return tl.sum(acc_s, axis=0), tl.sum(acc_q, axis=0), tl.sum(acc_n, axis=0)
 
     @triton.jit
