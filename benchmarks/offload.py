@@ -361,8 +361,7 @@ class Bench:
         r = self.run(b, mode, 1, plan)
         if r is None:
             return None
-        what = "no plan" if plan is None else (f"plan ({plan.count('swap')} swap, {plan.count('recompute')} "
-                                               f"recompute)" if isinstance(plan, SwapPlan) else "plan")
+        what = "no plan" if plan is None else (f"plan ({plan.describe()})" if isinstance(plan, SwapPlan) else "plan")
         log(f"  peak bs {b:>4} {what}: measured {nbytes(r['peak_bytes'])}, modelled {nbytes(model_peak)}")
         return r["peak_bytes"]
 
@@ -498,7 +497,8 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
                 return plan, None, tries
             p = bench.peak(b, "plan", plan, model_peak=plan.peak_bytes)
             tries.append({"target": planner.target, "modelled_peak": plan.peak_bytes, "measured_peak": p,
-                          "swap": plan.count("swap"), "recompute": plan.count("recompute")})
+                          "swap": plan.count("swap"), "recompute": plan.count("recompute"),
+                          "recompute_swap": plan.count("recompute_swap")})
             if p is None:
                 return plan, None, tries
             if not planner.observe_peak(plan, p):
@@ -552,7 +552,12 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
     if args.jax and bp is not None and args.model == "resnet152":
         if bench.cuda:
             torch.cuda.empty_cache()
-        rows["jax"] = jax_runs(bench, plan_bp, bp, args.steps)
+        from triaccel.backends.jax.offload import PlannedSequential
+
+        # the JAX backend has no recompute_swap: plan Bp with its own actions under the same target
+        jax_plan = (plan_bp if "recompute_swap" not in plan_bp.actions
+                    else plan_for_budget(model.at(bp), planner.target, actions=PlannedSequential.ACTIONS))
+        rows["jax"] = jax_runs(bench, jax_plan, bp, args.steps)
 
     # table
     def fmt(r: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
@@ -569,8 +574,7 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
     print(f"largest batch without plan B0 = {b0}; with plan Bp = {bp}"
           + (f" ({bp / b0:.2f}x)" if bp and b0 else ""))
     if plan_bp is not None:
-        print(f"plan at Bp: {plan_bp.count('swap')} swap, {plan_bp.count('recompute')} recompute, "
-              f"{plan_bp.count('keep')} keep of {L} units; modelled peak {nbytes(plan_bp.peak_bytes)}, "
+        print(f"plan at Bp: {plan_bp.describe()} of {L} units; modelled peak {nbytes(plan_bp.peak_bytes)}, "
               f"measured {nbytes(peak_bp)}; modelled step "
               f"{plan_bp.step_ms:.1f} ms (exposed {plan_bp.exposed_ms:.1f} ms)")
     print("ratios: samples/s against 'no budget' at Bp")

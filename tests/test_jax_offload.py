@@ -96,6 +96,9 @@ def test_policy_and_plan_validation():
     assert callable(unit_policy("swap", 2))
     with pytest.raises(ValueError, match="action"):
         unit_policy("move", 0)
+    with pytest.raises(ValueError, match="PlannedSequential.ACTIONS"):
+        unit_policy("recompute_swap", 0)  # no JAX mapping: the planner is told to leave it out
+    assert "recompute_swap" not in PlannedSequential.ACTIONS
     seq, _, _ = setup()
     with pytest.raises(ValueError, match="plan"):
         seq.apply(["swap"])

@@ -75,8 +75,11 @@ def test_slow_link_recomputes_instead():
     # 100 MB over 1 GB/s = 100 ms a copy against a 2 ms recompute: the model picks recompute
     t = table(bw=1e9)
     p = plan_for_budget(t, 900 * MB)
-    assert p.fits and p.count("swap") == 0 and p.count("recompute") >= 4
-    assert p.exposed_ms == pytest.approx(2.0 * p.count("recompute"))
+    recomputed = p.count("recompute") + p.count("recompute_swap")
+    assert p.fits and p.count("swap") == 0 and recomputed >= 4
+    # the 10 MB inputs of a recomputed unit do cross in time (10 ms, copied out when its forward
+    # starts, back long before its recompute): swapping them costs nothing, so it is taken too
+    assert p.exposed_ms == pytest.approx(2.0 * recomputed)
 
 
 def test_most_memory_per_exposed_ms_first():
@@ -277,3 +280,51 @@ def test_offload_planner_refuses_to_plan_once_the_model_misses_the_whole_budget(
     for call in (lambda: planner.plan(128), planner.decide):
         with pytest.raises(ValueError, match=msg):
             call()
+
+
+def _deep_inputs_table(bw=50e9):
+    # a ResNet-152-like stack: the inputs a recompute keeps (100 MB x 12) dominate once every unit
+    # is recomputed; the forward (12 x 4 ms) has time to copy most of them out
+    layers = [LayerCost(f"u{i}", 400 * MB, 4.0, 8.0, input_bytes=100 * MB) for i in range(12)]
+    return CostTable(32, layers, bw, bw, static_bytes=200 * MB)
+
+
+def test_recompute_swap_fits_where_kept_inputs_break_the_budget():
+    t = _deep_inputs_table()
+    everything = simulate(t, ["recompute"] * 12)
+    budget = everything.peak_bytes - 600 * MB
+    without = plan_for_budget(t, budget, actions=("keep", "swap", "recompute"))
+    assert not without.fits and "recompute_swap" not in without.actions
+    p = plan_for_budget(t, budget)
+    # 600 MB more to free than recomputing every unit does: inputs of at least five units go to host
+    assert p.fits and p.count("recompute_swap") >= 5
+    # the inputs' copies (2 ms each way) hide behind the forward and the later units' backward: the
+    # step costs at most what recomputing every unit costs
+    assert p.step_ms <= everything.step_ms and p.exposed_ms <= everything.exposed_ms
+    assert all(p.prefetch_at[i] is not None and p.prefetch_at[i] >= i
+               for i, a in enumerate(p.actions) if a == "recompute_swap")
+
+
+def test_recompute_swap_timeline_and_memory():
+    # u0 recompute_swap: its 100 MB input is copied out from t=0 (its forward start) for 10 ms over
+    # 10 GB/s; the device holds it until the copy ends, past u0's 4 ms forward
+    t = CostTable(32, [LayerCost(f"u{i}", 400 * MB, 4.0, 8.0, input_bytes=100 * MB) for i in range(3)], 10e9, 10e9)
+    rs = simulate(t, ["recompute_swap", "keep", "keep"], prefetch_at=[0, None, None])
+    rc = simulate(t, ["recompute", "keep", "keep"])
+    # on demand: the copy back (10 ms) starts at u0's backward start (12 + 16 = 28): 10 ms exposed
+    # plus u0's 4 ms recompute
+    assert rs.exposed_ms == pytest.approx(14.0) and rc.exposed_ms == pytest.approx(4.0)
+    # at the end of the forward (t=12) u0's input is on the host: 100 MB fewer than recompute
+    assert rc.backward_start_bytes - rs.backward_start_bytes == 100 * MB
+    # prefetched at u1's backward start (t=20): back by t=30, 2 ms after u0's backward would start
+    ahead = simulate(t, ["recompute_swap", "keep", "keep"], prefetch_at=[1, None, None])
+    assert ahead.exposed_ms == pytest.approx(6.0)
+
+
+def test_plan_actions_are_validated():
+    t = table()
+    for bad in (("keep", "swap"), ("keep", "recompute", "teleport"), "keep,recompute"):
+        with pytest.raises(ValueError, match="actions="):
+            plan_for_budget(t, 900 * MB, actions=bad)
+    p = plan_for_budget(t, 900 * MB, actions=["keep", "recompute"])
+    assert p.fits and set(p.actions) <= {"keep", "recompute"}

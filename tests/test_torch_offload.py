@@ -31,6 +31,36 @@ def _grads(model, x, y, off=None):
         {n: b.clone() for n, b in model.named_buffers()}
 
 
+def test_recompute_swap_moves_the_kept_inputs_and_keeps_gradients():
+    # units 4 and 6 (layer2.0, layer3.0) recompute and send the inputs their checkpoints keep to the
+    # host: exactly those bytes are copied, and fp32 gradients and BatchNorm statistics stay bit-identical
+    model, x, y = _model_and_batch()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    ref_loss, ref_g, ref_b = _grads(model, x, y)
+    model.load_state_dict(state)
+    inputs = {}
+    hooks = [getattr(model, n.split(".")[0])[int(n.split(".")[1])].register_forward_pre_hook(
+        lambda m, a, n=n: inputs.__setitem__(n, a[0].numel() * a[0].element_size())) for n in ("layer2.0", "layer3.0")]
+    model(x)
+    for h in hooks:
+        h.remove()
+    model.load_state_dict(state)
+    off = ActivationOffload(model, min_bytes=0)
+    acts = ["keep"] * 11
+    acts[4] = acts[6] = "recompute_swap"
+    off.apply(acts)
+    assert off.prefetch_at[4] == 5 and off.prefetch_at[6] == 7
+    loss, g, b = _grads(model, x, y, off)
+    assert off.swapped_bytes == inputs["layer2.0"] + inputs["layer3.0"]
+    assert torch.equal(loss, ref_loss)
+    for n in ref_g:
+        assert torch.equal(g[n], ref_g[n]), n
+    for n in ref_b:
+        assert torch.equal(b[n], ref_b[n]), n
+    off.remove()
+    assert "forward" not in vars(model.layer2[0])
+
+
 def test_default_units_are_resnet_blocks():
     model, _, _ = _model_and_batch()
     units = default_units(model)
@@ -146,6 +176,12 @@ def test_cuda_swap_streams_keep_gradients_and_lower_the_peak():
     recomputed, peak_rec = step(off)
     assert all(torch.equal(recomputed[n], ref[n]) for n in ref)
     assert peak_rec < peak_keep
+    # the checkpoints' inputs on the host (side streams, prefetched one unit ahead)
+    off.apply(["recompute_swap"] * len(off.units))
+    step(off)
+    moved, peak_moved = step(off)
+    assert all(torch.equal(moved[n], ref[n]) for n in ref)
+    assert peak_moved < peak_keep and off.swapped_bytes > 0
 
 
 def test_modelled_peaks_bound_the_live_bytes_of_steps_with_and_without_a_plan():
@@ -181,7 +217,7 @@ def test_modelled_peaks_bound_the_live_bytes_of_steps_with_and_without_a_plan():
         assert simulate(t4, ["keep"] * L).peak_bytes - t4.static_bytes == step_bytes(4)
         at8 = CostModel(tuple(tables)).at(8)
         keep = simulate(at8, ["keep"] * L)
-        for plan in (keep, simulate(at8, ["recompute"] * L),
+        for plan in (keep, simulate(at8, ["recompute"] * L), simulate(at8, ["recompute_swap"] * L),
                      plan_for_budget(at8, at8.static_bytes + (keep.peak_bytes - at8.static_bytes) * 6 // 10)):
             off.apply(plan)
             measured = step_bytes(8)

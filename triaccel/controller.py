@@ -42,8 +42,8 @@ class Decision:
     precisions: per-layer compute precision, (L,). lr_scales: curvature LR multipliers (L,) in
     (0, 1]. lr_batch_scale: LR multiplier of the batch rule. batch_size: samples per micro-batch.
     accumulation: micro-batches per optimizer step. logical_batch: samples per optimizer step.
-    offload_plan: under offload="auto", per swap unit (forward order) "keep" | "swap" | "recompute"
-    (`triaccel.swap_plan`); None while no cost table was observed (nothing swaps).
+    offload_plan: under offload="auto", per swap unit (forward order) "keep" | "swap" | "recompute" |
+    "recompute_swap" (`triaccel.swap_plan`); None while no cost table was observed (nothing swaps).
     changed: which of "precision", "lr", "batch", "offload" differ from the previous decision. Between
     boundaries `Controller.decide` returns the decision in force (the same object), so a backend
     applies a decision when it is not the one it applied last.

@@ -11,7 +11,10 @@ L-1..0, then `other_ms` (loss, optimizer). A swapped unit's saved bytes go devic
 stream right after its forward (freeing device memory when the copy ends) and come back on a
 second copy stream, issued "as late as possible" so that each transfer ends when its unit's
 backward starts (`prefetch_at`); the compute stream waits only when a transfer is late (exposed
-time). A recomputed unit keeps only its inputs and runs its forward again before its backward.
+time). A recomputed unit keeps only its inputs and runs its forward again before its backward;
+"recompute_swap" recomputes too, and its inputs go to host memory meanwhile (copied out when its
+forward starts, prefetched back like a swapped unit's activations): for deep models whose kept
+block inputs alone break the budget under recompute.
 
 Units: bytes, milliseconds, bytes per second, samples.
 """
@@ -26,10 +29,12 @@ from typing import Sequence
 from .batching import BatchLaw
 from .config import TriAccelConfig
 
-__all__ = ["ACTIONS", "LayerCost", "CostTable", "CostModel", "SwapPlan", "simulate", "plan_for_budget",
-           "BatchChoice", "choose_batch", "scale_plan", "OffloadPlanner"]
+__all__ = ["ACTIONS", "RECOMPUTING", "SWAPPING", "LayerCost", "CostTable", "CostModel", "SwapPlan", "simulate",
+           "plan_for_budget", "BatchChoice", "choose_batch", "scale_plan", "OffloadPlanner"]
 
-ACTIONS = ("keep", "swap", "recompute")
+ACTIONS = ("keep", "swap", "recompute", "recompute_swap")
+SWAPPING = frozenset(("swap", "recompute_swap"))        # actions whose unit copies to host and back
+RECOMPUTING = frozenset(("recompute", "recompute_swap"))  # actions whose unit reruns its forward
 _EPS_MS = 1e-6  # exposed time below this counts as hidden (a ratio's denominator floor)
 
 
@@ -84,6 +89,13 @@ class LayerCost:
     @property
     def remat_ms(self) -> float:
         return self.forward_ms if self.recompute_ms is None else self.recompute_ms
+
+    def moved_bytes(self, action: str) -> int:
+        """Bytes copied each way under `action`: the saved activations ("swap"), the inputs a
+        recompute keeps ("recompute_swap"), else 0."""
+        if action == "swap":
+            return self.copy_bytes
+        return self.input_bytes if action == "recompute_swap" else 0
 
 
 @dataclass(frozen=True)
@@ -231,9 +243,10 @@ class CostModel:
 class SwapPlan:
     """A per-unit plan and its modelled step.
 
-    actions: "keep" | "swap" | "recompute" per unit (forward order). prefetch_at: per unit, for a
-    swapped unit the index of the unit at whose backward start its host->device copy is issued
-    (>= its own index; its own index means on demand), else None. step_ms: modelled step time;
+    actions: "keep" | "swap" | "recompute" | "recompute_swap" per unit (forward order). prefetch_at:
+    per unit, for a unit that copies to host ("swap", "recompute_swap") the index of the unit at
+    whose backward start its host->device copy is issued (>= its own index; its own index means on
+    demand), else None. step_ms: modelled step time;
     exposed_ms: of it, compute-stream waits on copies plus recompute time; peak_bytes: modelled
     peak device memory; fits: peak_bytes <= budget (None when no budget was given);
     backward_start_bytes: modelled device bytes when the forward pass ends, before any prefetch.
@@ -262,6 +275,10 @@ class SwapPlan:
     def count(self, action: str) -> int:
         return sum(a == action for a in self.actions)
 
+    def describe(self) -> str:
+        """Units per action, e.g. "1 swap, 47 recompute, 4 keep" (actions in use only)."""
+        return ", ".join(f"{self.count(a)} {a}" for a in ACTIONS[1:] + ACTIONS[:1] if self.count(a))
+
     def to_dict(self) -> dict:
         return {"batch": self.batch, "actions": dict(zip(self.names, self.actions)),
                 "prefetch_at": list(self.prefetch_at), "step_ms": self.step_ms, "exposed_ms": self.exposed_ms,
@@ -281,7 +298,7 @@ def _prefetch_schedule(table: CostTable, actions: tuple[str, ...]) -> tuple[int 
     when its unit's backward starts (or when the next-needed transfer must start), and is issued at
     the backward start of the latest unit that begins no later than that (nominal times, no stalls)."""
     L = len(table.layers)
-    dur = [x.backward_ms + (x.remat_ms if actions[i] == "recompute" else 0.0) for i, x in enumerate(table.layers)]
+    dur = [x.backward_ms + (x.remat_ms if actions[i] in RECOMPUTING else 0.0) for i, x in enumerate(table.layers)]
     start = [0.0] * L  # nominal backward start, relative to the end of the forward pass
     t = 0.0
     for i in range(L - 1, -1, -1):
@@ -290,10 +307,10 @@ def _prefetch_schedule(table: CostTable, actions: tuple[str, ...]) -> tuple[int 
     out: list[int | None] = [None] * L
     limit = math.inf  # the start of the transfer needed right after this one
     for j in range(L - 1, -1, -1):  # in order of need
-        if actions[j] != "swap":
+        if actions[j] not in SWAPPING:
             continue
         end = min(start[j], limit)
-        begin = end - table.layers[j].copy_bytes / table.h2d_bytes_per_s * 1e3
+        begin = end - table.layers[j].moved_bytes(actions[j]) / table.h2d_bytes_per_s * 1e3
         limit = begin
         k = next((k for k in range(j, L) if start[k] <= begin + 1e-12), L - 1)
         out[j] = k
@@ -311,12 +328,12 @@ def simulate(table: CostTable, actions: Sequence[str], prefetch_at: Sequence[int
     units = table.layers
     L = len(units)
     pf = _prefetch_schedule(table, acts) if prefetch_at is None else tuple(prefetch_at)
-    if len(pf) != L or any((p is None) != (a != "swap") or (p is not None and not (i <= p < L))
+    if len(pf) != L or any((p is None) != (a not in SWAPPING) or (p is not None and not (i <= p < L))
                            for i, (p, a) in enumerate(zip(pf, acts))):
-        raise ValueError(f"prefetch_at={pf!r} is invalid: allowed, per swapped unit i, an index in [i, {L - 1}], "
-                         "None for the others")
-    d2h = [x.copy_bytes / table.d2h_bytes_per_s * 1e3 for x in units]
-    h2d = [x.copy_bytes / table.h2d_bytes_per_s * 1e3 for x in units]
+        raise ValueError(f"prefetch_at={pf!r} is invalid: allowed, per unit i that copies to host (swap, "
+                         f"recompute_swap), an index in [i, {L - 1}], None for the others")
+    d2h = [x.moved_bytes(a) / table.d2h_bytes_per_s * 1e3 for x, a in zip(units, acts)]
+    h2d = [x.moved_bytes(a) / table.h2d_bytes_per_s * 1e3 for x, a in zip(units, acts)]
 
     # timeline: forward starts/ends, device->host copy ends, backward starts/ends, prefetch issues
     fs, fe, bs, be = [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L
@@ -324,6 +341,8 @@ def simulate(table: CostTable, actions: Sequence[str], prefetch_at: Sequence[int
     now, free_d2h = 0.0, 0.0
     for i, x in enumerate(units):
         fs[i] = now
+        if acts[i] == "recompute_swap":  # its inputs are saved, and copied out, as its forward starts
+            d2h_end[i] = free_d2h = max(now, free_d2h) + d2h[i]
         now += x.forward_ms
         fe[i] = now
         if acts[i] == "swap":
@@ -340,10 +359,10 @@ def simulate(table: CostTable, actions: Sequence[str], prefetch_at: Sequence[int
         for j in triggers.get(i, ()):  # issued at this unit's backward start: its buffer exists from now
             issue[j] = now
             h2d_end[j] = free_h2d = max(now, d2h_end[j], free_h2d) + h2d[j]
-        start = max(now, h2d_end[i]) if acts[i] == "swap" else now
+        start = max(now, h2d_end[i]) if acts[i] in SWAPPING else now
         exposed += start - now
         dur = x.backward_ms
-        if acts[i] == "recompute":
+        if acts[i] in RECOMPUTING:
             dur += x.remat_ms
             exposed += x.remat_ms
         bs[i], now = start, start + dur
@@ -357,7 +376,16 @@ def simulate(table: CostTable, actions: Sequence[str], prefetch_at: Sequence[int
             return [(fe[i], be[i])]
         if acts[i] == "swap":
             return [(fe[i], d2h_end[i])] + ([(issue[i], be[i])] if prefetch else [])
-        return [(bs[i], be[i])]  # recompute: rematerialised for its backward
+        return [(bs[i], be[i])]  # recompute(_swap): rematerialised for its backward
+
+    def inputs(i: int, prefetch: bool = True) -> list[tuple[float, float]]:
+        """When a checkpoint holds unit i's inputs on the device (its forward reads them, so they
+        stay at least until its end)."""
+        if acts[i] == "recompute":
+            return [(fs[i], be[i])]
+        if acts[i] == "recompute_swap":
+            return [(fs[i], max(fe[i], d2h_end[i]))] + ([(issue[i], be[i])] if prefetch else [])
+        return []
 
     events: list[tuple[float, int]] = []  # (time, +/- bytes); frees sort first at equal times
     at_fwd_end = 0  # resident when the forward pass ends, before any prefetch
@@ -383,11 +411,11 @@ def simulate(table: CostTable, actions: Sequence[str], prefetch_at: Sequence[int
         s_in = x.shared_bytes
         s_out = units[i + 1].shared_bytes if i + 1 < L else 0
         add(hold(i), x.saved_bytes - s_in - s_out, hold(i, False))
-        inputs_held = [(fs[i], be[i])] if acts[i] == "recompute" else []  # a checkpoint keeps its inputs
-        add(inputs_held, x.input_bytes - s_in, inputs_held)
+        add(inputs(i), x.input_bytes - s_in, inputs(i, False))
         if s_in:
-            add(hold(i - 1) + (inputs_held or hold(i)), s_in,
-                hold(i - 1, False) + (inputs_held or hold(i, False)))
+            mine = inputs(i) if acts[i] in RECOMPUTING else hold(i)
+            mine_fwd = inputs(i, False) if acts[i] in RECOMPUTING else hold(i, False)
+            add(hold(i - 1) + mine, s_in, hold(i - 1, False) + mine_fwd)
 
     events.sort(key=lambda e: (e[0], e[1]))
     cur = peak = 0
@@ -400,49 +428,67 @@ def simulate(table: CostTable, actions: Sequence[str], prefetch_at: Sequence[int
                     base + at_fwd_end)
 
 
-_MOVES = {"keep": ("swap", "recompute"), "swap": ("recompute",), "recompute": ()}
-_RECOMPUTE_ONLY = {"keep": ("recompute",), "swap": (), "recompute": ()}
+_MOVES = {"keep": ("swap", "recompute"), "swap": ("recompute",), "recompute": ("recompute_swap",),
+          "recompute_swap": ()}
+_RECOMPUTE_ONLY = {"keep": ("recompute",), "swap": (), "recompute": (), "recompute_swap": ()}
+_SWAP_INPUTS = {"keep": (), "swap": (), "recompute": ("recompute_swap",), "recompute_swap": ()}
 
 
-@functools.lru_cache(maxsize=512)  # tables are frozen and hashable; batch searches ask twice
-def plan_for_budget(table: CostTable, budget: int) -> SwapPlan:
+def plan_for_budget(table: CostTable, budget: int, actions: Sequence[str] = ACTIONS) -> SwapPlan:
     """Greedy plan that brings the modelled peak of `table` within `budget` bytes.
 
     Starting from all "keep", each round makes the one move (keep -> swap, keep -> recompute,
-    swap -> recompute) that lowers the modelled peak the most per millisecond of added step time
-    (hidden transfers first, the largest of those first; recompute where it costs less time than an
-    exposed transfer), until the peak fits; when no move lowers the peak, the one that lowers the
-    bytes resident at the end of the forward pass the most per millisecond. At most 2 moves per
-    unit. When that greedy gets stuck above the budget, a recompute-only greedy and then
-    "recompute every unit" are tried. Returns the lowest-peak plan, fits=False, when none fits (at
-    once, "recompute every unit", when not even swapping every unit over an instant link would fit).
+    swap -> recompute, recompute -> recompute_swap) that lowers the modelled peak the most per
+    millisecond of added step time (hidden transfers first, the largest of those first; recompute
+    where it costs less time than an exposed transfer), until the peak fits; when no move lowers
+    the peak, the one that lowers the bytes resident at the end of the forward pass the most per
+    millisecond. When that greedy gets stuck above the budget, a recompute-only greedy, "recompute
+    every unit", and from there a greedy that swaps recomputed units' inputs are tried. Returns the
+    lowest-peak plan, fits=False, when none fits (at once, "recompute every unit", when not even
+    swapping every unit over an instant link would fit).
+
+    actions: the actions the backend can apply (a tuple; "keep" and "recompute" required), e.g.
+    without "recompute_swap" for `triaccel.backends.jax.offload`.
     """
     if not (isinstance(budget, int) and not isinstance(budget, bool) and budget > 0):
         raise ValueError(f"budget={budget!r} is invalid: allowed an integer > 0 (bytes)")
+    allowed = tuple(actions) if isinstance(actions, (tuple, list)) else None
+    if allowed is None or not {"keep", "recompute"} <= set(allowed) or not set(allowed) <= set(ACTIONS):
+        raise ValueError(f"actions={actions!r} is invalid: allowed a sequence of actions from {ACTIONS} that "
+                         "holds 'keep' and 'recompute'")
+    return _plan(table, budget, allowed)
+
+
+@functools.lru_cache(maxsize=512)  # tables are frozen and hashable; batch searches ask twice
+def _plan(table: CostTable, budget: int, allowed: tuple[str, ...]) -> SwapPlan:
+    def only(moves: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        return {a: tuple(m for m in ms if m in allowed) for a, ms in moves.items()}
+
     # no plan beats swapping every unit over an instant link (each unit's saved bytes are on the
-    # device only during its own backward): when even that breaks the budget, skip the search
+    # device only during its own backward; a recompute_swap unit holds its inputs too): when even
+    # that breaks the budget, skip the search
     L = len(table.layers)
     instant = CostTable(table.batch, table.layers, 1e30, 1e30, table.static_bytes, table.transient_bytes,
                         table.other_ms)
     if simulate(instant, ["swap"] * L, prefetch_at=list(range(L))).peak_bytes > budget:
         return simulate(table, ["recompute"] * L, budget=budget)
-    first = _greedy(table, budget, _MOVES)
-    if first.fits:
-        return first
+    tried = [_greedy(table, budget, only(_MOVES))]
     # the greedy can trap itself, e.g. a swapped unit prefetched back while a later unit is
     # rematerialised: every single move then raises the peak. Fall back to recompute-only moves,
-    # then to recomputing every unit; the first that fits wins, else the lowest peak.
-    second = _greedy(table, budget, _RECOMPUTE_ONLY)
-    if second.fits:
-        return second
-    third = simulate(table, ["recompute"] * len(table.layers), budget=budget)
-    if third.fits:
-        return third
-    return min((first, second, third), key=lambda p: p.peak_bytes)
+    # then to recomputing every unit, then to swapping the inputs of recomputed units from there;
+    # the first that fits wins, else the lowest peak.
+    if not tried[-1].fits:
+        tried.append(_greedy(table, budget, only(_RECOMPUTE_ONLY)))
+    if not tried[-1].fits:
+        tried.append(simulate(table, ["recompute"] * L, budget=budget))
+    if not tried[-1].fits and "recompute_swap" in allowed:
+        tried.append(_greedy(table, budget, _SWAP_INPUTS, start=["recompute"] * L))
+    return tried[-1] if tried[-1].fits else min(tried, key=lambda p: p.peak_bytes)
 
 
-def _greedy(table: CostTable, budget: int, moves: dict[str, tuple[str, ...]]) -> SwapPlan:
-    acts = ["keep"] * len(table.layers)
+def _greedy(table: CostTable, budget: int, moves: dict[str, tuple[str, ...]],
+            start: list[str] | None = None) -> SwapPlan:
+    acts = ["keep"] * len(table.layers) if start is None else list(start)
     cur = simulate(table, acts, budget=budget)
     while not cur.fits:
         best: tuple[int, float, int, SwapPlan] | None = None

@@ -4,7 +4,7 @@
 units = [block0, block1, ...]                 # fn(params_i, x) -> x, in forward order
 seq = PlannedSequential(units)
 table = seq.measure(params, x)                # CostTable: residual bytes, fwd/bwd times, host bandwidth
-plan = plan_for_budget(CostModel((table,)).at(256), budget)
+plan = plan_for_budget(CostModel((table,)).at(256), budget, actions=PlannedSequential.ACTIONS)
 f = seq.apply(plan)                           # f(params, x) -> y; jit/grad it as usual
 ```
 
@@ -15,7 +15,9 @@ with `tag(x)` (a `jax.ad_checkpoint.checkpoint_name` with the unit's name) live 
 memory between forward and backward, XLA schedules the copies, and untagged intermediates of that
 unit are recomputed (tag the inputs of its convolutions/matmuls; elementwise results are cheap).
 `apply` returns the same function object for the same plan, so a `jax.jit` of it compiles once
-per plan.
+per plan. "recompute_swap" (inputs of a recomputed unit in host memory) has no mapping here: a
+checkpoint's inputs are residuals of the enclosing computation, which a policy of the unit does
+not reach; plan with `actions=PlannedSequential.ACTIONS`.
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ def tag(x: Any) -> Any:
 
 def unit_policy(action: str, i: int) -> Callable[..., Any] | None:
     """The `jax.checkpoint` policy of unit `i` under `action` (None: no checkpoint, "keep")."""
-    if action not in ACTIONS:
-        raise ValueError(f"action={action!r} is invalid: allowed one of {ACTIONS}")
+    if action not in PlannedSequential.ACTIONS:
+        raise ValueError(f"action={action!r} is invalid: allowed one of {PlannedSequential.ACTIONS} (plan with "
+                         "plan_for_budget(..., actions=PlannedSequential.ACTIONS))")
     if action == "keep":
         return None
     if action == "recompute":
@@ -94,6 +97,8 @@ class PlannedSequential:
     for plans and tables (default "unit<i>").
     """
 
+    ACTIONS = tuple(a for a in ACTIONS if a != "recompute_swap")  # the actions this backend applies
+
     def __init__(self, units: Sequence[Callable[[Any, Any], Any]], names: Sequence[str] | None = None) -> None:
         self.units = tuple(units)
         if not self.units or not all(callable(u) for u in self.units):
@@ -111,8 +116,8 @@ class PlannedSequential:
                 raise ValueError(f"plan names units {plan.names}, this model has {self.names}")
             return tuple(plan.actions)
         acts = tuple(plan)
-        if len(acts) != len(self.units) or any(a not in ACTIONS for a in acts):
-            raise ValueError(f"plan={acts!r} is invalid: allowed {len(self.units)} actions from {ACTIONS}")
+        if len(acts) != len(self.units) or any(a not in self.ACTIONS for a in acts):
+            raise ValueError(f"plan={acts!r} is invalid: allowed {len(self.units)} actions from {self.ACTIONS}")
         return acts
 
     def _unit(self, i: int, action: str) -> Callable[[Any, Any], Any]:

@@ -18,8 +18,11 @@ start of the unit named by the plan's `prefetch_at` (a hook on that unit's outpu
 buffers are copied back on a host->device stream into blocks of the compute stream's pool; the
 compute stream waits on an event only when the tensor is used. "recompute" units run under
 `torch.utils.checkpoint` (non-reentrant); their BatchNorm running statistics are restored after
-the recomputation so they move once per step, as without a plan. On CPU there are no streams: a swap is a copy into a separate host tensor, so the
-same code paths run (and tests can compare gradients bit for bit).
+the recomputation so they move once per step, as without a plan. "recompute_swap" units are
+recomputed too, and the inputs the checkpoint keeps go through the swap path above (the checkpoint
+saves them under this object's saved-tensor hooks; the operations inside it save under the
+checkpoint's own). On CPU there are no streams: a swap is a copy into a separate host tensor, so
+the same code paths run (and tests can compare gradients bit for bit).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
-from triaccel.swap_plan import ACTIONS, CostTable, LayerCost, SwapPlan
+from triaccel.swap_plan import ACTIONS, RECOMPUTING, SWAPPING, CostTable, LayerCost, SwapPlan
 
 __all__ = ["ActivationOffload", "CudaBytes", "LiveBytes", "OffloadDriver", "OffloadError", "check_pinnable",
            "default_units", "measure_bandwidth"]
@@ -298,15 +301,20 @@ class ActivationOffload:
             if len(acts) != len(self.units) or any(a not in ACTIONS for a in acts):
                 raise ValueError(f"plan={acts!r} is invalid: allowed {len(self.units)} actions from {ACTIONS}")
             last = len(acts) - 1
-            pf = tuple(min(i + 1, last) if a == "swap" else None for i, a in enumerate(acts))
-        if "swap" in acts and self._device().type == "cuda":
+            pf = tuple(min(i + 1, last) if a in SWAPPING else None for i, a in enumerate(acts))
+        if SWAPPING.intersection(acts) and self._device().type == "cuda":
             check_pinnable()
         for i, m in enumerate(self.modules):  # recompute wrappers follow the plan
-            if acts[i] == "recompute" and i not in self._orig_forward:
-                self._orig_forward[i] = m.forward
-                m.forward = self._recompute_forward(m, self._orig_forward[i])
-            elif acts[i] != "recompute" and i in self._orig_forward:
-                m.forward = self._orig_forward.pop(i)
+            if acts[i] in RECOMPUTING and i not in self._orig_forward:
+                # the instance's own forward, if it had one (None: the class's, restored by deletion)
+                self._orig_forward[i] = vars(m).get("forward")
+                m.forward = self._recompute_forward(m, m.forward)
+            elif acts[i] not in RECOMPUTING and i in self._orig_forward:
+                orig = self._orig_forward.pop(i)
+                if orig is None:
+                    del m.forward
+                else:
+                    m.forward = orig
         self.actions, self.prefetch_at = acts, pf
         self._applied = plan
         self._triggers = {}
@@ -404,7 +412,7 @@ class ActivationOffload:
         if self._recorder is not None:
             self._record_saved(i, t)
             return t
-        if self.actions[i] != "swap" or t.numel() * t.element_size() < self.min_bytes:
+        if self.actions[i] not in SWAPPING or t.numel() * t.element_size() < self.min_bytes:
             return t
         if t.untyped_storage().data_ptr() in self._params:
             return t
