@@ -587,7 +587,7 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
             vs = (f"; JAX / torch samples/s (both planned) {r['samples_per_s'] / tp['samples_per_s']:.2f}x"
                   if (tp and name == "plan") else "")
             print(f"  {label:<22} bs {r['batch']:>4}  {r['samples_per_s']:8.1f} samples/s  compiled "
-                  f"{nbytes(r['compiled_bytes'])}{vs}")
+                  f"{nbytes(r['compiled_bytes'])}, peak in use {nbytes(r['peak_bytes_in_use'])}{vs}")
     if choice is not None:
         print(f"joint choice: batch {choice.batch}, plan {'on' if choice.plan.active else 'off'}, "
               f"lr x{choice.lr_scale:.2f},"
