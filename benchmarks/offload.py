@@ -552,7 +552,12 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
     if args.jax and bp is not None and args.model == "resnet152":
         if bench.cuda:
             torch.cuda.empty_cache()
-        rows["jax"] = jax_runs(bench, plan_bp, bp, args.steps)
+        from triaccel.backends.jax.offload import PlannedSequential
+
+        # the JAX backend has no recompute_swap: plan Bp with its own actions under the same target
+        jax_plan = (plan_bp if "recompute_swap" not in plan_bp.actions
+                    else plan_for_budget(model.at(bp), planner.target, actions=PlannedSequential.ACTIONS))
+        rows["jax"] = jax_runs(bench, jax_plan, bp, args.steps)
 
     # table
     def fmt(r: dict[str, Any] | None, base: dict[str, Any] | None) -> str:

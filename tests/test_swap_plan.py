@@ -292,7 +292,10 @@ def _deep_inputs_table(bw=50e9):
 def test_recompute_swap_fits_where_kept_inputs_break_the_budget():
     t = _deep_inputs_table()
     everything = simulate(t, ["recompute"] * 12)
-    p = plan_for_budget(t, everything.peak_bytes - 600 * MB)
+    budget = everything.peak_bytes - 600 * MB
+    without = plan_for_budget(t, budget, actions=("keep", "swap", "recompute"))
+    assert not without.fits and "recompute_swap" not in without.actions
+    p = plan_for_budget(t, budget)
     # 600 MB more to free than recomputing every unit does: inputs of at least five units go to host
     assert p.fits and p.count("recompute_swap") >= 5
     # the inputs' copies (2 ms each way) hide behind the forward and the later units' backward: the
@@ -316,3 +319,12 @@ def test_recompute_swap_timeline_and_memory():
     # prefetched at u1's backward start (t=20): back by t=30, 2 ms after u0's backward would start
     ahead = simulate(t, ["recompute_swap", "keep", "keep"], prefetch_at=[1, None, None])
     assert ahead.exposed_ms == pytest.approx(6.0)
+
+
+def test_plan_actions_are_validated():
+    t = table()
+    for bad in (("keep", "swap"), ("keep", "recompute", "teleport"), "keep,recompute"):
+        with pytest.raises(ValueError, match="actions="):
+            plan_for_budget(t, 900 * MB, actions=bad)
+    p = plan_for_budget(t, 900 * MB, actions=["keep", "recompute"])
+    assert p.fits and set(p.actions) <= {"keep", "recompute"}

@@ -434,8 +434,7 @@ _RECOMPUTE_ONLY = {"keep": ("recompute",), "swap": (), "recompute": (), "recompu
 _SWAP_INPUTS = {"keep": (), "swap": (), "recompute": ("recompute_swap",), "recompute_swap": ()}
 
 
-@functools.lru_cache(maxsize=512)  # tables are frozen and hashable; batch searches ask twice
-def plan_for_budget(table: CostTable, budget: int) -> SwapPlan:
+def plan_for_budget(table: CostTable, budget: int, actions: Sequence[str] = ACTIONS) -> SwapPlan:
     """Greedy plan that brings the modelled peak of `table` within `budget` bytes.
 
     Starting from all "keep", each round makes the one move (keep -> swap, keep -> recompute,
@@ -447,9 +446,24 @@ def plan_for_budget(table: CostTable, budget: int) -> SwapPlan:
     every unit", and from there a greedy that swaps recomputed units' inputs are tried. Returns the
     lowest-peak plan, fits=False, when none fits (at once, "recompute every unit", when not even
     swapping every unit over an instant link would fit).
+
+    actions: the actions the backend can apply (a tuple; "keep" and "recompute" required), e.g.
+    without "recompute_swap" for `triaccel.backends.jax.offload`.
     """
     if not (isinstance(budget, int) and not isinstance(budget, bool) and budget > 0):
         raise ValueError(f"budget={budget!r} is invalid: allowed an integer > 0 (bytes)")
+    allowed = tuple(actions) if isinstance(actions, (tuple, list)) else None
+    if allowed is None or not {"keep", "recompute"} <= set(allowed) or not set(allowed) <= set(ACTIONS):
+        raise ValueError(f"actions={actions!r} is invalid: allowed a sequence of actions from {ACTIONS} that "
+                         "holds 'keep' and 'recompute'")
+    return _plan(table, budget, allowed)
+
+
+@functools.lru_cache(maxsize=512)  # tables are frozen and hashable; batch searches ask twice
+def _plan(table: CostTable, budget: int, allowed: tuple[str, ...]) -> SwapPlan:
+    def only(moves: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        return {a: tuple(m for m in ms if m in allowed) for a, ms in moves.items()}
+
     # no plan beats swapping every unit over an instant link (each unit's saved bytes are on the
     # device only during its own backward; a recompute_swap unit holds its inputs too): when even
     # that breaks the budget, skip the search
@@ -458,16 +472,16 @@ def plan_for_budget(table: CostTable, budget: int) -> SwapPlan:
                         table.other_ms)
     if simulate(instant, ["swap"] * L, prefetch_at=list(range(L))).peak_bytes > budget:
         return simulate(table, ["recompute"] * L, budget=budget)
-    tried = [_greedy(table, budget, _MOVES)]
+    tried = [_greedy(table, budget, only(_MOVES))]
     # the greedy can trap itself, e.g. a swapped unit prefetched back while a later unit is
     # rematerialised: every single move then raises the peak. Fall back to recompute-only moves,
     # then to recomputing every unit, then to swapping the inputs of recomputed units from there;
     # the first that fits wins, else the lowest peak.
     if not tried[-1].fits:
-        tried.append(_greedy(table, budget, _RECOMPUTE_ONLY))
+        tried.append(_greedy(table, budget, only(_RECOMPUTE_ONLY)))
     if not tried[-1].fits:
         tried.append(simulate(table, ["recompute"] * L, budget=budget))
-    if not tried[-1].fits:
+    if not tried[-1].fits and "recompute_swap" in allowed:
         tried.append(_greedy(table, budget, _SWAP_INPUTS, start=["recompute"] * L))
     return tried[-1] if tried[-1].fits else min(tried, key=lambda p: p.peak_bytes)
 

@@ -4,7 +4,7 @@
 units = [block0, block1, ...]                 # fn(params_i, x) -> x, in forward order
 seq = PlannedSequential(units)
 table = seq.measure(params, x)                # CostTable: residual bytes, fwd/bwd times, host bandwidth
-plan = plan_for_budget(CostModel((table,)).at(256), budget)
+plan = plan_for_budget(CostModel((table,)).at(256), budget, actions=PlannedSequential.ACTIONS)
 f = seq.apply(plan)                           # f(params, x) -> y; jit/grad it as usual
 ```
 
@@ -14,11 +14,10 @@ Per unit: "keep" is the function as is; "recompute" is `jax.checkpoint(fn, polic
 with `tag(x)` (a `jax.ad_checkpoint.checkpoint_name` with the unit's name) live in pinned host
 memory between forward and backward, XLA schedules the copies, and untagged intermediates of that
 unit are recomputed (tag the inputs of its convolutions/matmuls; elementwise results are cheap).
-"recompute_swap" is a `jax.custom_vjp` whose only residuals are the unit's parameters and its
-input placed in host memory (`jax.memory.Space.Host`): the backward brings the input back and runs
-the unit's vjp, i.e. recomputes it (a checkpoint policy cannot do this: a checkpoint's inputs are
-residuals of the enclosing computation, out of the unit's reach). `apply` returns the same function
-object for the same plan, so a `jax.jit` of it compiles once per plan.
+`apply` returns the same function object for the same plan, so a `jax.jit` of it compiles once
+per plan. "recompute_swap" (inputs of a recomputed unit in host memory) has no mapping here: a
+checkpoint's inputs are residuals of the enclosing computation, which a policy of the unit does
+not reach; plan with `actions=PlannedSequential.ACTIONS`.
 """
 
 from __future__ import annotations
@@ -54,11 +53,11 @@ def tag(x: Any) -> Any:
 
 
 def unit_policy(action: str, i: int) -> Callable[..., Any] | None:
-    """The `jax.checkpoint` policy of unit `i` under `action` (None: no checkpoint policy, "keep" and
-    "recompute_swap", which `PlannedSequential` builds as a custom vjp)."""
-    if action not in ACTIONS:
-        raise ValueError(f"action={action!r} is invalid: allowed one of {ACTIONS}")
-    if action in ("keep", "recompute_swap"):
+    """The `jax.checkpoint` policy of unit `i` under `action` (None: no checkpoint, "keep")."""
+    if action not in PlannedSequential.ACTIONS:
+        raise ValueError(f"action={action!r} is invalid: allowed one of {PlannedSequential.ACTIONS} (plan with "
+                         "plan_for_budget(..., actions=PlannedSequential.ACTIONS))")
+    if action == "keep":
         return None
     if action == "recompute":
         return jax.checkpoint_policies.nothing_saveable
@@ -98,6 +97,8 @@ class PlannedSequential:
     for plans and tables (default "unit<i>").
     """
 
+    ACTIONS = tuple(a for a in ACTIONS if a != "recompute_swap")  # the actions this backend applies
+
     def __init__(self, units: Sequence[Callable[[Any, Any], Any]], names: Sequence[str] | None = None) -> None:
         self.units = tuple(units)
         if not self.units or not all(callable(u) for u in self.units):
@@ -115,8 +116,8 @@ class PlannedSequential:
                 raise ValueError(f"plan names units {plan.names}, this model has {self.names}")
             return tuple(plan.actions)
         acts = tuple(plan)
-        if len(acts) != len(self.units) or any(a not in ACTIONS for a in acts):
-            raise ValueError(f"plan={acts!r} is invalid: allowed {len(self.units)} actions from {ACTIONS}")
+        if len(acts) != len(self.units) or any(a not in self.ACTIONS for a in acts):
+            raise ValueError(f"plan={acts!r} is invalid: allowed {len(self.units)} actions from {self.ACTIONS}")
         return acts
 
     def _unit(self, i: int, action: str) -> Callable[[Any, Any], Any]:
@@ -129,8 +130,6 @@ class PlannedSequential:
             finally:
                 _UNIT.reset(token)
 
-        if action == "recompute_swap":
-            return _recompute_from_host(traced)
         policy = unit_policy(action, i)
         return traced if policy is None else jax.checkpoint(traced, policy=policy)
 
@@ -180,24 +179,6 @@ class PlannedSequential:
             x = out
         d2h, h2d = bandwidth if bandwidth is not None else measure_bandwidth()
         return CostTable(batch, tuple(layers), d2h, h2d)
-
-
-def _recompute_from_host(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """fn(p, x) whose backward recomputes it from x kept in host memory (the only residuals: p and
-    the host copy of x)."""
-    @jax.custom_vjp
-    def unit(p: Any, x: Any) -> Any:
-        return fn(p, x)
-
-    def fwd(p: Any, x: Any) -> tuple[Any, Any]:
-        return fn(p, x), (p, jax.device_put(x, jax.memory.Space.Host))
-
-    def bwd(res: Any, g: Any) -> Any:
-        p, host = res
-        return jax.vjp(fn, p, jax.device_put(host, jax.memory.Space.Device))[1](g)
-
-    unit.defvjp(fwd, bwd)
-    return unit
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
