@@ -235,6 +235,19 @@ def jax_runs(bench: "Bench", plan: SwapPlan, batch: int, steps: int) -> dict[str
     return out
 
 
+def largest_fitting(grid: list[int], fits: Callable[[int], bool]) -> int | None:
+    """Index of the largest batch of the sorted `grid` that `fits` (feasibility is monotone in the
+    batch), by bisection; None when none does."""
+    lo, hi, top = 0, len(grid) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(grid[mid]):
+            top, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return top
+
+
 def log(msg: str) -> None:
     print(msg, flush=True)
 
@@ -398,7 +411,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--depths", default="3,8,36,3", help="resnet152: blocks per stage (smaller for smoke tests)")
     ap.add_argument("--base-width", type=int, default=64, help="resnet152: stem/first-stage width")
     ap.add_argument("--jax", action="store_true",
-                    help="also run the same bottleneck net in JAX at Bp under the torch plan (resnet152 only)")
+                    help="also run the same bottleneck net in JAX at its largest planned batch (JAX's actions, "
+                         "same target; resnet152 only), planned and unbudgeted")
     ap.add_argument("--image", type=int, default=224)
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--budget", default="8GiB")
@@ -507,13 +521,7 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
                 f"planning for {nbytes(planner.target)}")
         return plan, None, tries
 
-    lo, hi, top = 0, len(grid) - 1, None  # bisect the modelled feasibility
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        if plan_for_budget(model.at(grid[mid]), budget).fits:
-            top, lo = mid, mid + 1
-        else:
-            hi = mid - 1
+    top = largest_fitting(grid, lambda b: plan_for_budget(model.at(b), budget).fits)
     bp, plan_bp, peak_bp, replans = None, None, None, []
     log(f"largest batch with a plan: modelled {None if top is None else grid[top]}; measuring")
     i = top
@@ -554,10 +562,12 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
             torch.cuda.empty_cache()
         from triaccel.backends.jax.offload import PlannedSequential
 
-        # the JAX backend has no recompute_swap: plan Bp with its own actions under the same target
-        jax_plan = (plan_bp if "recompute_swap" not in plan_bp.actions
-                    else plan_for_budget(model.at(bp), planner.target, actions=PlannedSequential.ACTIONS))
-        rows["jax"] = jax_runs(bench, jax_plan, bp, args.steps)
+        # JAX has no recompute_swap: its own largest batch whose plan fits the same target
+        acts = PlannedSequential.ACTIONS
+        j = largest_fitting(grid, lambda b: plan_for_budget(model.at(b), planner.target, actions=acts).fits)
+        if j is not None:
+            bj = grid[j]
+            rows["jax"] = jax_runs(bench, plan_for_budget(model.at(bj), planner.target, actions=acts), bj, args.steps)
 
     # table
     def fmt(r: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
@@ -584,13 +594,13 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
         print(f"  {label:<22} {fmt(rows.get(key), base)}")
     if "jax" in rows:
         j, tp = rows["jax"], rows.get("plan_bp")
-        for name, label in (("plan", "JAX plan, Bp"), ("nobudget", "JAX no budget, Bp")):
+        for name, label in (("plan", "JAX plan"), ("nobudget", "JAX no budget")):
             r = j.get(name, {})
             if "error" in r or not r:
                 print(f"  {label:<22} {r.get('error', 'not run')}")
                 continue
-            vs = (f"; JAX / torch samples/s (both planned) {r['samples_per_s'] / tp['samples_per_s']:.2f}x"
-                  if (tp and name == "plan") else "")
+            vs = (f"; JAX / torch samples/s (both planned, {r['batch']} vs {tp['batch']}) "
+                  f"{r['samples_per_s'] / tp['samples_per_s']:.2f}x" if (tp and name == "plan") else "")
             print(f"  {label:<22} bs {r['batch']:>4}  {r['samples_per_s']:8.1f} samples/s  compiled "
                   f"{nbytes(r['compiled_bytes'])}, peak in use {nbytes(r['peak_bytes_in_use'])}{vs}")
     if choice is not None:
