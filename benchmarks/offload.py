@@ -183,10 +183,13 @@ def jax_bottleneck_net(model: nn.Sequential) -> tuple[list[Callable[..., Any]], 
     return units, params
 
 
-def jax_runs(bench: "Bench", plan: SwapPlan, batch: int, steps: int) -> dict[str, Any]:
-    """JAX at `batch` under the torch plan's actions, then with no plan: samples/s (median step),
-    the compiled step's device footprint (arguments + outputs + temporaries - aliased) and, for the
-    plan run, the device's peak bytes in use."""
+def jax_runs(bench: "Bench", model: CostModel, grid: list[int], budget: int, cfg: TriAccelConfig,
+             steps: int) -> dict[str, Any]:
+    """JAX's own largest planned batch under `budget` (its actions: no recompute_swap), then the
+    same batch with no plan: samples/s (median step), the compiled step's device footprint
+    (arguments + outputs + temporaries - aliased) and the device's peak bytes in use. The plan comes
+    from the torch cost model; XLA's compiled footprint is its measured peak (before any step
+    runs): over the budget, the planner's target drops by the miss and it replans (3 tries)."""
     import jax
     import jax.numpy as jnp
 
@@ -194,29 +197,55 @@ def jax_runs(bench: "Bench", plan: SwapPlan, batch: int, steps: int) -> dict[str
 
     units, params = jax_bottleneck_net(bench.model)
     seq = PlannedSequential(units, names=bench.off.units)
-    x = jax.random.normal(jax.random.PRNGKey(0), (batch, bench.args.image, bench.args.image, 3))
-    y = jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, bench.args.classes)
-    out: dict[str, Any] = {"jax": jax.__version__, "device": str(jax.devices()[0])}
-    for name, p in (("plan", plan), ("nobudget", None)):
+    acts = PlannedSequential.ACTIONS
+    planner = OffloadPlanner(cfg, model, budget, batches=grid)
+    out: dict[str, Any] = {"jax": jax.__version__, "device": str(jax.devices()[0]), "tries": []}
+
+    def compiled_step(p: SwapPlan | None, batch: int) -> tuple[Any, int | None, Any, Any]:
         f = seq.apply(p)
 
-        def loss(ps: Any, xb: Any, yb: Any, f: Any = f) -> Any:
+        def loss(ps: Any, xb: Any, yb: Any) -> Any:
             logp = jax.nn.log_softmax(f(ps, xb))
             return -jnp.mean(jnp.take_along_axis(logp, yb[:, None], axis=1))
 
-        def sgd(ps: Any, mom: Any, xb: Any, yb: Any, loss: Any = loss) -> Any:
+        def sgd(ps: Any, mom: Any, xb: Any, yb: Any) -> Any:
             l, g = jax.value_and_grad(loss)(ps, xb, yb)
             mom = jax.tree_util.tree_map(lambda m, gi: 0.9 * m + gi, mom, g)
             return jax.tree_util.tree_map(lambda pi, m: pi - 0.01 * m, ps, mom), mom, l
 
-        step = jax.jit(sgd, donate_argnums=(0, 1))
+        x = jax.random.normal(jax.random.PRNGKey(0), (batch, bench.args.image, bench.args.image, 3))
+        y = jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, bench.args.classes)
         ps = jax.tree_util.tree_map(jnp.array, params)
-        mom = jax.tree_util.tree_map(jnp.zeros_like, params)
+        compiled = jax.jit(sgd, donate_argnums=(0, 1)).lower(ps, ps, x, y).compile()
+        ma = compiled.memory_analysis()
+        footprint = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+                     - ma.alias_size_in_bytes) if ma is not None else None
+        return compiled, footprint, x, y
+
+    plan, step = None, None
+    for _ in range(3):
+        j = largest_fitting(grid, lambda b: plan_for_budget(model.at(b), max(planner.target, 1), actions=acts).fits)
+        if j is None or planner.target <= 0:
+            break
+        plan = plan_for_budget(model.at(grid[j]), planner.target, actions=acts)
+        step = compiled_step(plan, plan.batch)
+        fp = step[1]
+        out["tries"].append({"batch": plan.batch, "target": planner.target, "modelled_peak": plan.peak_bytes,
+                             "compiled_bytes": fp})
+        log(f"  JAX bs {plan.batch} plan ({plan.describe()}): compiled {nbytes(fp)}, modelled {nbytes(plan.peak_bytes)}")
+        if fp is None or not planner.observe_peak(plan, int(fp)):
+            break
+        step = None
+    if plan is None or step is None:
+        why = (f"; XLA's footprint exceeded the model by the whole budget (target {nbytes(planner.target)})"
+               if planner.target <= 0 else "")
+        out["plan"] = {"error": f"no JAX plan within {nbytes(budget)} after {len(out['tries'])} tries{why}"}
+        return out
+    for name, p in (("plan", plan), ("nobudget", None)):
         try:
-            compiled = step.lower(ps, mom, x, y).compile()
-            ma = compiled.memory_analysis()
-            footprint = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-                         - ma.alias_size_in_bytes) if ma is not None else None
+            compiled, footprint, x, y = step if name == "plan" else compiled_step(None, plan.batch)
+            ps = jax.tree_util.tree_map(jnp.array, params)
+            mom = jax.tree_util.tree_map(jnp.zeros_like, params)
             times = []
             for k in range(2 + steps):
                 t0 = time.perf_counter()
@@ -229,7 +258,8 @@ def jax_runs(bench: "Bench", plan: SwapPlan, batch: int, steps: int) -> dict[str
             continue
         med = statistics.median(times)
         stats = jax.devices()[0].memory_stats() or {}
-        out[name] = {"batch": batch, "step_s": med, "samples_per_s": batch / med, "compiled_bytes": footprint,
+        out[name] = {"batch": plan.batch, "step_s": med, "samples_per_s": plan.batch / med,
+                     "compiled_bytes": footprint, "plan": p.describe() if p is not None else None,
                      "peak_bytes_in_use": stats.get("peak_bytes_in_use") if name == "plan" else None,
                      "plans_built": seq.plans_built}
     return out
@@ -560,14 +590,8 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
     if args.jax and bp is not None and args.model == "resnet152":
         if bench.cuda:
             torch.cuda.empty_cache()
-        from triaccel.backends.jax.offload import PlannedSequential
-
-        # JAX has no recompute_swap: its own largest batch whose plan fits the same target
-        acts = PlannedSequential.ACTIONS
-        j = largest_fitting(grid, lambda b: plan_for_budget(model.at(b), planner.target, actions=acts).fits)
-        if j is not None:
-            bj = grid[j]
-            rows["jax"] = jax_runs(bench, plan_for_budget(model.at(bj), planner.target, actions=acts), bj, args.steps)
+        # JAX has no recompute_swap: its own largest batch whose plan fits, from the same cost model
+        rows["jax"] = jax_runs(bench, model, grid, budget, cfg, args.steps)
 
     # table
     def fmt(r: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
