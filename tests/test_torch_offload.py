@@ -31,34 +31,53 @@ def _grads(model, x, y, off=None):
         {n: b.clone() for n, b in model.named_buffers()}
 
 
-def test_recompute_swap_moves_the_kept_inputs_and_keeps_gradients():
-    # units 4 and 6 (layer2.0, layer3.0) recompute and send the inputs their checkpoints keep to the
-    # host: exactly those bytes are copied, and fp32 gradients and BatchNorm statistics stay bit-identical
+def _planned_step_matches_plain(acts, before_plan=None):
+    """One step without a plan, then the same step under `acts`: loss, fp32 gradients and BatchNorm
+    statistics bit-identical (recomputed blocks' statistics move once). Returns the offload object
+    (plan removed) and what `before_plan(model, x)` returned."""
     model, x, y = _model_and_batch()
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    ref_loss, ref_g, ref_b = _grads(model, x, y)
+    ref = _grads(model, x, y)
     model.load_state_dict(state)
-    inputs = {}
-    hooks = [getattr(model, n.split(".")[0])[int(n.split(".")[1])].register_forward_pre_hook(
-        lambda m, a, n=n: inputs.__setitem__(n, a[0].numel() * a[0].element_size())) for n in ("layer2.0", "layer3.0")]
-    model(x)
-    for h in hooks:
-        h.remove()
+    seen = before_plan(model, x) if before_plan is not None else None
     model.load_state_dict(state)
     off = ActivationOffload(model, min_bytes=0)
+    off.apply(acts)
+    got = _grads(model, x, y, off)
+    assert torch.equal(got[0], ref[0])
+    for mine, theirs in zip(got[1:], ref[1:]):
+        for n in theirs:
+            assert torch.equal(mine[n], theirs[n]), n
+    off.remove()
+    for i, a in enumerate(acts):
+        assert "forward" not in vars(off.modules[i]), (i, a)  # every recompute wrapper is gone
+    return off, seen
+
+
+def test_gradients_bit_identical_with_swap_and_recompute_plan():
+    acts = ["swap", "keep", "recompute", "swap", "recompute", "swap", "swap", "recompute", "swap", "keep", "swap"]
+    off, _ = _planned_step_matches_plain(acts)
+    assert off.swapped_bytes > 0  # the swap path ran: saved tensors went through host copies
+
+
+def test_recompute_swap_moves_the_kept_inputs_and_keeps_gradients():
+    # units 4 and 6 (layer2.0, layer3.0) recompute and send the inputs their checkpoints keep to the
+    # host: exactly those bytes are copied
+    def input_bytes(model, x):
+        seen = {}
+        hooks = [model.get_submodule(n).register_forward_pre_hook(
+            lambda m, a, n=n: seen.__setitem__(n, a[0].numel() * a[0].element_size())) for n in ("layer2.0", "layer3.0")]
+        model(x)
+        for h in hooks:
+            h.remove()
+        return seen
+
     acts = ["keep"] * 11
     acts[4] = acts[6] = "recompute_swap"
+    off, inputs = _planned_step_matches_plain(acts, input_bytes)
+    assert off.swapped_bytes == inputs["layer2.0"] + inputs["layer3.0"]
     off.apply(acts)
     assert off.prefetch_at[4] == 5 and off.prefetch_at[6] == 7
-    loss, g, b = _grads(model, x, y, off)
-    assert off.swapped_bytes == inputs["layer2.0"] + inputs["layer3.0"]
-    assert torch.equal(loss, ref_loss)
-    for n in ref_g:
-        assert torch.equal(g[n], ref_g[n]), n
-    for n in ref_b:
-        assert torch.equal(b[n], ref_b[n]), n
-    off.remove()
-    assert "forward" not in vars(model.layer2[0])
 
 
 def test_default_units_are_resnet_blocks():
@@ -68,26 +87,6 @@ def test_default_units_are_resnet_blocks():
                      "layer4.0", "layer4.1", "fc"]
     with pytest.raises(ValueError, match="units"):
         ActivationOffload(model, ["layer9.0"])
-
-
-def test_gradients_bit_identical_with_swap_and_recompute_plan():
-    model, x, y = _model_and_batch()
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    ref_loss, ref_g, ref_b = _grads(model, x, y)
-    model.load_state_dict(state)
-    off = ActivationOffload(model, min_bytes=0)
-    acts = ["swap", "keep", "recompute", "swap", "recompute", "swap", "swap", "recompute", "swap", "keep", "swap"]
-    off.apply(acts)
-    loss, g, b = _grads(model, x, y, off)
-    assert off.swapped_bytes > 0  # the swap path ran: saved tensors went through host copies
-    assert torch.equal(loss, ref_loss)
-    for n in ref_g:
-        assert torch.equal(g[n], ref_g[n]), n
-    # recomputed blocks' BatchNorm statistics moved once, as without a plan
-    for n in ref_b:
-        assert torch.equal(b[n], ref_b[n]), n
-    off.remove()
-    assert "forward" not in vars(model.layer1[1])  # the recompute wrapper is gone
 
 
 def test_measured_table_feeds_the_planner_and_its_plan_keeps_gradients():
