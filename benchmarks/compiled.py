@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import math
 import platform
 import statistics
@@ -37,7 +36,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +46,7 @@ from triaccel import TriAccelConfig
 from triaccel.backends.torch import wrap
 from triaccel.backends.torch.compile import compile_model
 from triaccel.backends.torch.models import create_model
+from _results import device_tag, write_json
 
 CIFAR_TRAIN = 50_000
 METHODS = ("amp", "tri")
@@ -207,13 +207,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "options": vars(args), "steps_per_epoch": steps_per_epoch, "baseline": base, "rows": rows,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
-    tag = "".join(ch if ch.isalnum() else "-" for ch in dev_name.lower()).strip("-") or dev.type
+    tag = device_tag(dev_name, empty=dev.type)
     out = Path(args.out) if args.out else (Path(__file__).parent / "results" / "compiled" /
                                            f"compiled-{tag}-{'dynamic' if args.dynamic_batch == 'on' else 'static'}"
                                            f"{'-tiny' if args.tiny else ''}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_json(result, out)
     return result
 
 

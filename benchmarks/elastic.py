@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import platform
-import re
 import shlex
 import sys
 import time
@@ -43,6 +41,7 @@ from triaccel import Controller, OOMAtMinimumBatch, TriAccelConfig, parse_bytes
 from triaccel.backends.torch.data import ElasticLoader, elastic_step, enforce_memory_budget
 from triaccel.backends.torch.memory import MemoryProbe
 from triaccel.backends.torch.models import create_model
+from _results import device_tag, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN = (0.4914, 0.4822, 0.4465)
@@ -336,11 +335,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if st["samples_per_s"] and cl["samples_per_s"]:
         print(f"throughput elastic / static bs{args.batch_init}: {cl['samples_per_s'] / st['samples_per_s']:.2f}x")
 
-    dev_tag = re.sub(r"[^A-Za-z0-9]+", "-", meta["device"]).strip("-").lower()
-    path = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"elastic-{dev_tag}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
-    print(f"wrote {path}")
+    write_json(out, Path(args.out) if args.out else
+               ROOT / "benchmarks" / "results" / f"elastic-{device_tag(meta['device'])}.json")
     return out
 
 

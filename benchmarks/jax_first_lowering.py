@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from _results import device_tag, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,11 +106,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"benchmark": "jax_first_lowering", "device": device,
               "date": _dt.datetime.now().isoformat(timespec="seconds"),
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "rows": rows}
-    tag = "".join(ch if ch.isalnum() else "-" for ch in device.lower()).strip("-") or "cpu"
-    out = args.out or ROOT / "benchmarks" / "results" / "jax-first-lowering" / f"jax-first-lowering-{tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_json(result, args.out or ROOT / "benchmarks" / "results" / "jax-first-lowering" /
+               f"jax-first-lowering-{device_tag(device)}.json")
     return result
 
 

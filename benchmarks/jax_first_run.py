@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from _results import device_tag, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,11 +110,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['method']}: per epoch s / critical-path compile s: "
               + ", ".join(f"{e['seconds']:.1f}/{e['critical_s']:.1f}" for e in r["epochs"]))
         print(f"{r['method']}: critical path by kind {r['critical_by_kind']}; top {r['top_critical'][:4]}")
-    device = (runs[0]["device"] or "cpu").lower().replace(" ", "-")
+    device = device_tag(runs[0]["device"] or "cpu")
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"jax-first-run-{device}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"runs": runs, "ratios": ratios, "args": vars(args)}, indent=2))
-    print(f"wrote {out}")
+    write_json({"runs": runs, "ratios": ratios, "args": vars(args)}, out)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from flax import nnx  # noqa: E402
 from triaccel import TriAccelConfig  # noqa: E402
 from triaccel.backends.jax import CountingJit, FisherTopK, TriAccel, loss_scale, nnx_loss  # noqa: E402
 from triaccel.backends.jax.models import create_model  # noqa: E402
+from _results import device_tag, write_json
 
 
 def ce_loss(model: Any, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     width, image = (0.125, 16) if args.tiny else (1.0, 32)
     sizes = sorted(args.batch_sizes or ([8, 16] if args.tiny else [96, 192, 384, 768, 1536]))
     dev = jax.devices()[0]
-    kind = re.sub(r"[^A-Za-z0-9]+", "-", getattr(dev, "device_kind", dev.platform)).strip("-").lower()
+    kind = device_tag(getattr(dev, "device_kind", dev.platform))
 
     def stats() -> dict[str, int]:
         return dict(dev.memory_stats() or {})
@@ -109,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             "device_kind": kind, "jax": jax.__version__, "width": width, "image": image,
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
     out = args.out or Path(__file__).parent / "results" / f"jax_memory-{kind}{'-tiny' if args.tiny else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows, "fisher": curv}, indent=2))
+    write_json({"meta": meta, "rows": rows, "fisher": curv}, out)
 
     def gb(v: Any) -> str:
         return f"{v / 1e9:8.3f}" if isinstance(v, int) else f"{'-':>8}"

@@ -39,10 +39,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -62,6 +60,7 @@ from triaccel import TriAccelConfig  # noqa: E402
 from triaccel.backends.jax import (CountingJit, FisherTopK, HessianTopK, SplitStep, TriAccel,  # noqa: E402
                                    layer_map, loss_scale, nnx_loss, precision_policy)
 from triaccel.backends.jax.models import create_model  # noqa: E402
+from _results import device_tag, write_json
 
 
 def ce_loss(model: Any, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
@@ -255,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--steps={args.steps}, --rounds={args.rounds}: must be >= 1")
 
     dev = jax.devices()[0]
-    kind = re.sub(r"[^A-Za-z0-9]+", "-", getattr(dev, "device_kind", dev.platform)).strip("-").lower()
+    kind = device_tag(getattr(dev, "device_kind", dev.platform))
     warnings.filterwarnings("ignore", message="triaccel: device .* reports no memory")
     results = [bench_batch(bs, args) for bs in args.batch_sizes]
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -264,8 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             "flax": __import__("flax").__version__, "optax": optax.__version__, "tiny": args.tiny,
             "width": args.width, "image": args.image}
     out = args.out or Path(__file__).parent / "results" / f"jax_overhead-{kind}{'-tiny' if args.tiny else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    write_json({"meta": meta, "results": results}, out)
 
     print(f"# jax_overhead  {meta['date']}  {meta['device']} ({kind})  jax {jax.__version__}")
     print(f"# {meta['command']}")

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import platform
 import shlex
 import statistics
@@ -54,6 +53,7 @@ from triaccel import TriAccelConfig, parse_bytes
 from triaccel.backends.torch.models import create_model
 from triaccel.backends.torch.offload import ActivationOffload, CudaBytes, LiveBytes, measure_bandwidth
 from triaccel.swap_plan import CostModel, OffloadPlanner, SwapPlan, plan_for_budget, simulate
+from _results import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -429,6 +429,7 @@ def plot_traces(traces: dict[str, list[tuple[str, int, int]]], budget: int, path
     ax.set_ylabel("allocated GiB")
     ax.legend()
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     print(f"wrote {path}")
@@ -654,9 +655,7 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
     }
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / "offload" / (
         f"offload-{args.model}-{device_name(device).split(' ')[0].lower()}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
-    print(f"wrote {out}")
+    write_json(result, out, indent=1)
     return result
 
 

@@ -38,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from _results import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,9 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "rows": rows}
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \
         (f"scaling-{device}.json" if args.backend == "torch" else f"scaling-jax-{device}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str))
-    print(f"wrote {out}")
+    write_json(result, out)
     return result
 
 

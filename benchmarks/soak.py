@@ -50,7 +50,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import re
 import shlex
 import subprocess
 import sys
@@ -59,6 +58,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+from _results import device_tag, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("clean", "inject")
@@ -345,12 +345,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     print(f"\nsoak {'PASS' if verdict else 'FAIL'}: {', '.join(a.backends)}, {a.epochs} epochs, budget {a.budget}, "
           f"an OOM every {a.every} steps, oom_cooldown {a.oom_cooldown or 'library default (1000)'}")
     print(f"device: {device}; {meta['date']}; {meta['command']}")
-    slug = re.sub(r"[^a-z0-9]+", "-", str(device).lower()).strip("-")
-    out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / "soak" / f"soak-{slug}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    slug = device_tag(str(device))
     result = {"meta": meta, "pass": verdict, "runs": rows}
-    out.write_text(json.dumps(result, indent=2, default=str))
-    print(f"wrote {out}")
+    write_json(result, Path(a.out) if a.out else ROOT / "benchmarks" / "results" / "soak" / f"soak-{slug}.json")
     return result
 
 

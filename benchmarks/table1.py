@@ -32,6 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from _results import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,8 +202,7 @@ def main() -> None:
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "epochs": args.epochs}
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / \
         f"table1-{device.lower().replace(' ', '-')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "cells": cells, "runs": rows}, indent=2, default=str))
+    write_json({"meta": meta, "cells": cells, "runs": rows}, out)
     print(f"# table1  device={device}  date={meta['date']}  epochs={args.epochs}  seeds={args.seeds}")
     print(f"# command: {meta['command']}")
     print(f"{'model':<16}{'method':<26}{'acc %':>14}{'s/epoch':>9}{'wall s':>8}{'peak GB':>9}{'eff/FP32':>9}"

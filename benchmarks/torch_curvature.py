@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import platform
-import re
 import statistics
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ import torch.nn.functional as F
 from triaccel.backends.torch.curvature import CurvatureEstimator
 from triaccel.backends.torch.layers import discover_layers
 from triaccel.backends.torch.models import create_model
+from _results import device_tag, write_json
 
 
 def _sync(dev: torch.device) -> None:
@@ -135,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     res["meta"] = {"device": name, "torch": torch.__version__, "python": platform.python_version(),
                    "date": _dt.datetime.now().isoformat(timespec="seconds"), "args":
                    {kk: (str(v) if isinstance(v, Path) else v) for kk, v in vars(args).items()}}
-    tag = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"torch_curvature-{tag}.json"
-    path.write_text(json.dumps(res, indent=2) + "\n")
+    path = write_json(res, args.out / f"torch_curvature-{device_tag(name)}.json")
     print(f"# torch_curvature device={name} torch={torch.__version__} date={res['meta']['date']} "
           f"layers={len(layers)} b={args.b_curv} k={k} ref: exact, {args.ref_iters} cold iters + 3 warm "
           f"({ref_cold_s:.2f} s cold)")

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import platform
-import re
 import statistics
 import sys
 import time
@@ -46,6 +44,7 @@ import torch.nn.functional as F
 from triaccel import TriAccelConfig
 from triaccel.backends.torch import wrap
 from triaccel.backends.torch.models import MEMORY_FORMATS, create_model, uses_channels_last
+from _results import device_tag, write_json
 
 
 def _sync(dev: torch.device) -> None:
@@ -265,10 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
-    tag = re.sub(r"[^A-Za-z0-9]+", "-", name.split(" (")[0] if dev.type == "cpu" else name).strip("-").lower()
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"torch_overhead-{tag}.json"
-    path.write_text(json.dumps(res, indent=2) + "\n")
+    path = write_json(res, args.out / f"torch_overhead-{device_tag(name.split(' (')[0] if dev.type == 'cpu' else name)}.json")
     m = res["meta"]
     print(f"# torch_overhead  device={m['device']}  torch={m['torch']}  date={m['date']}")
     print(f"# command: {m['command']}")
