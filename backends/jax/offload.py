@@ -20,7 +20,10 @@ checkpoint's inputs are residuals of the enclosing computation, which a policy o
 not reach, and a `jax.custom_vjp` with its input placed in `jax.memory.Space.Host` held far more
 than recomputing (ResNet-152, bs 184, H100: 17.8 GiB compiled, 31.6 GiB with an optimization
 barrier in its backward, against 10.8 GiB for recompute everywhere; docs/results.md). Plan with
-`actions=PlannedSequential.ACTIONS`.
+`actions=PlannedSequential.ACTIONS`. On the GPU "swap" is not yet what the model assumes either:
+a ResNet-152 plan (bs 136) with two swapped units compiled to 23.74 GiB against 7.92 GiB modelled,
+while keep/recompute plans compiled within 0.3 GiB of the model (H100, docs/results.md); plan with
+`actions=("keep", "recompute")` where the budget must hold.
 """
 
 from __future__ import annotations
