@@ -114,6 +114,31 @@ def test_flat_views_follow_each_parameters_layout() -> None:
     assert all(torch.equal(a, b) for a, b in zip(back, grads))
 
 
+def test_sync_gradients_weighs_groups_by_dtype_and_fills_unreached_parameters() -> None:
+    """One gloo process: the step's gradient is w x the rank's (w = n_local / n_total), per dtype
+    group, a parameter without a gradient gets zeros, and a new parameter list gets new buffers."""
+    import torch
+    import torch.distributed as dist
+
+    from triaccel.backends.torch.distributed import Distributed
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        d = Distributed()
+        params = [torch.zeros(3, 2), torch.zeros(4, dtype=torch.float64), torch.zeros(5), torch.zeros(2, 2)]
+        grads = [torch.randn(3, 2), torch.randn(4, dtype=torch.float64), None, torch.randn(2, 2)]
+        for p, g in zip(params, grads):
+            p.grad = None if g is None else g.clone()
+        d.sync_gradients(params, 3, 4, step=0)
+        for p, g in zip(params, grads):
+            assert torch.equal(p.grad, torch.zeros_like(p) if g is None else g * 0.75)
+        d.sync_gradients(params[:2], 1, 1, step=1)   # another list: its own buffers
+        assert torch.equal(params[0].grad, grads[0] * 0.75) and torch.equal(params[1].grad, grads[1] * 0.75)
+        assert [len(idx) for idx, _, _ in d._flat[1]] == [1, 1]
+    finally:
+        dist.destroy_process_group()
+
+
 # -- two processes ----------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:

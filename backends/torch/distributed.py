@@ -135,8 +135,9 @@ class Distributed:
         self.sharded = False
         self.shard = RankShard(self.rank, self.world_size)
         self.budget: int | None = None
-        # per dtype: (the parameters' ids, flat buffer, views of it laid out as the parameters)
-        self._flat: dict[torch.dtype, tuple[tuple[int, ...], torch.Tensor, list[torch.Tensor]]] = {}
+        # for the last parameter list (its ids): per dtype, the parameters' positions, a flat buffer
+        # and views of it laid out as those parameters
+        self._flat: tuple[tuple[int, ...], list[tuple[list[int], torch.Tensor, list[torch.Tensor]]]] | None = None
 
     # -- model ---------------------------------------------------------------------------------
     def prepare(self, model: nn.Module, strategy: str = "ddp", **kwargs: Any) -> nn.Module:
@@ -227,25 +228,35 @@ class Distributed:
         by one flat all-reduce per dtype (buffers kept between steps). FSDP: already reduced; no-op."""
         if self.sharded:
             return
-        groups: dict[torch.dtype, list[torch.Tensor]] = {}
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            groups.setdefault(p.grad.dtype, []).append(p)
-        w = n_local / n_total if n_total else 0.0
-        for dtype, ps in groups.items():
-            key = tuple(map(id, ps))
-            cached = self._flat.get(dtype)
-            if cached is None or cached[0] != key:
+        grads = [p.grad for p in params]
+        # (not `None in grads`: that compares every tensor with None, ~1.6 ms for 62 on a CPU)
+        if any(g is None for g in grads):  # a parameter this rank's step did not reach: zeros
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            grads = [p.grad for p in params]
+        key = tuple(map(id, params))
+        if self._flat is None or self._flat[0] != key:
+            # built once per parameter list: the per-step Python is then the list reads above
+            # (ResNet-18's 62 parameters, copies and collective stubbed: 27.7 -> 14.4 us per call
+            # on this project's CPU machine)
+            by_dtype: dict[torch.dtype, list[int]] = {}
+            for i, p in enumerate(params):
+                by_dtype.setdefault(p.dtype, []).append(i)
+            groups = []
+            for dtype, idx in by_dtype.items():
+                ps = [params[i] for i in idx]
                 flat = torch.empty(sum(p.numel() for p in ps), dtype=dtype, device=ps[0].device)
-                cached = self._flat[dtype] = (key, flat, _views_like(flat, ps))
-            _, flat, views = cached
-            grads = [p.grad for p in ps]
-            torch._foreach_copy_(views, grads)
+                groups.append((idx, flat, _views_like(flat, ps)))
+            self._flat = (key, groups)
+        w = n_local / n_total if n_total else 0.0
+        for idx, flat, views in self._flat[1]:
+            gs = grads if len(idx) == len(grads) else [grads[i] for i in idx]
+            torch._foreach_copy_(views, gs)
             flat.mul_(w)
             self._collective(f"gradient all-reduce at step {step}",
                              lambda: dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group))
-            torch._foreach_copy_(grads, views)
+            torch._foreach_copy_(gs, views)
 
     def reduce_found_inf(self, found: torch.Tensor) -> None:
         """FSDP: the step is non-finite when any rank's slice is (in place, MAX; no host sync)."""
