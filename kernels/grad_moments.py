@@ -550,12 +550,15 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg
 def _rebase(p: _TorchPlan, key: tuple, tensors: Sequence[Any], addrs: tuple, impl: str, cfg: tuple) -> _TorchPlan:
     """The plan ``p`` pointed at the tensors' new addresses (a new plan if a segment's alignment
     changed, which the caching allocator's 512-byte blocks make rare)."""
+    if addrs in p.bases:
+        # validated when first seen (devices, alignment, element offsets): the same addresses are
+        # the same device memory (one virtual address space); skipping the per-tensor device
+        # check saves ~13 us per call for 62 tensors (CPU-measured), on nearly every training step
+        _use_base(p, addrs)
+        return p
     devs = set(map(_DEVICE, tensors))
     if devs != {p.device}:
         raise ValueError(f"tensors: on {sorted(map(str, devs))}; all must share one device")
-    if addrs in p.bases:   # validated when first seen (alignment, element offsets)
-        _use_base(p, addrs)
-        return p
     a, rel = _relative(p, addrs)
     if not np.array_equal(rel % D.ALIGN, p.res):
         p = _list_plan(tensors, impl, cfg)
