@@ -52,7 +52,7 @@ from torch import nn
 from triaccel import TriAccelConfig, parse_bytes
 from triaccel.backends.torch.models import create_model
 from triaccel.backends.torch.offload import ActivationOffload, CudaBytes, LiveBytes, measure_bandwidth
-from triaccel.swap_plan import CostModel, OffloadPlanner, SwapPlan, plan_for_budget, simulate
+from triaccel.swap_plan import CostModel, OffloadPlanner, SwapPlan, largest_fitting, plan_for_budget, simulate
 from _results import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,15 +224,18 @@ def jax_runs(bench: "Bench", model: CostModel, grid: list[int], budget: int, cfg
 
     plan, step = None, None
     for _ in range(3):
-        j = largest_fitting(grid, lambda b: plan_for_budget(model.at(b), max(planner.target, 1), actions=acts).fits)
-        if j is None or planner.target <= 0:
+        if planner.target <= 0:
+            break
+        j = largest_fitting(grid, lambda b: plan_for_budget(model.at(b), planner.target, actions=acts).fits)
+        if j is None:
             break
         plan = plan_for_budget(model.at(grid[j]), planner.target, actions=acts)
         step = compiled_step(plan, plan.batch)
         fp = step[1]
         out["tries"].append({"batch": plan.batch, "target": planner.target, "modelled_peak": plan.peak_bytes,
                              "compiled_bytes": fp})
-        log(f"  JAX bs {plan.batch} plan ({plan.describe()}): compiled {nbytes(fp)}, modelled {nbytes(plan.peak_bytes)}")
+        log(f"  JAX bs {plan.batch} plan ({plan.describe()}): compiled {nbytes(fp)}, "
+            f"modelled {nbytes(plan.peak_bytes)}")
         if fp is None or not planner.observe_peak(plan, int(fp)):
             break
         step = None
@@ -263,19 +266,6 @@ def jax_runs(bench: "Bench", model: CostModel, grid: list[int], budget: int, cfg
                      "peak_bytes_in_use": stats.get("peak_bytes_in_use") if name == "plan" else None,
                      "plans_built": seq.plans_built}
     return out
-
-
-def largest_fitting(grid: list[int], fits: Callable[[int], bool]) -> int | None:
-    """Index of the largest batch of the sorted `grid` that `fits` (feasibility is monotone in the
-    batch), by bisection; None when none does."""
-    lo, hi, top = 0, len(grid) - 1, None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        if fits(grid[mid]):
-            top, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-    return top
 
 
 def log(msg: str) -> None:

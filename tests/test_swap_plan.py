@@ -328,3 +328,13 @@ def test_plan_actions_are_validated():
             plan_for_budget(t, 900 * MB, actions=bad)
     p = plan_for_budget(t, 900 * MB, actions=["keep", "recompute"])
     assert p.fits and set(p.actions) <= {"keep", "recompute"}
+
+
+def test_largest_fitting_bisects_a_monotone_feasibility():
+    from triaccel.swap_plan import largest_fitting
+
+    grid = [8, 16, 32, 64, 128]
+    asked = []
+    assert largest_fitting(grid, lambda b: asked.append(b) or b <= 40) == 2 and len(asked) <= 3
+    assert largest_fitting(grid, lambda b: True) == 4
+    assert largest_fitting(grid, lambda b: False) is None and largest_fitting([], lambda b: True) is None

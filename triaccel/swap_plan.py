@@ -24,13 +24,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .batching import BatchLaw
 from .config import TriAccelConfig
 
 __all__ = ["ACTIONS", "RECOMPUTING", "SWAPPING", "LayerCost", "CostTable", "CostModel", "SwapPlan", "simulate",
-           "plan_for_budget", "BatchChoice", "choose_batch", "scale_plan", "OffloadPlanner"]
+           "plan_for_budget", "largest_fitting", "BatchChoice", "choose_batch", "scale_plan", "OffloadPlanner"]
 
 ACTIONS = ("keep", "swap", "recompute", "recompute_swap")
 SWAPPING = frozenset(("swap", "recompute_swap"))        # actions whose unit copies to host and back
@@ -515,6 +515,19 @@ def _greedy(table: CostTable, budget: int, moves: dict[str, tuple[str, ...]],
     return cur
 
 
+def largest_fitting(batches: Sequence[int], fits: Callable[[int], bool]) -> int | None:
+    """Index of the largest of the sorted `batches` for which `fits(batch)` holds, by bisection
+    (feasibility falls as the batch grows); None when none does."""
+    lo, hi, top = 0, len(batches) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(batches[mid]):
+            top, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return top
+
+
 @dataclass(frozen=True)
 class BatchChoice:
     """The joint choice of batch and plan under a budget.
@@ -588,15 +601,7 @@ def choose_batch(model: CostModel, budget: int, cfg: TriAccelConfig, b_noise: fl
     cands: list[SwapPlan] = list(fitting)
     if cfg.offload == "auto":
         above = [b for b in grid if baseline is None or b > max(p.batch for p in fitting)]
-        # largest batch that a plan fits: feasibility falls with the batch, so bisect
-        lo, hi, top = 0, len(above) - 1, None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            p = plan_for_budget(model.at(above[mid]), budget)
-            if p.fits:
-                top, lo = mid, mid + 1
-            else:
-                hi = mid - 1
+        top = largest_fitting(above, lambda b: plan_for_budget(model.at(b), budget).fits)
         if top is not None:
             n = min(max_planned, top + 1)
             picks = sorted({above[round(top * (k + 1) / n)] for k in range(n)} | {above[top]})
