@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
-    path = write_json(res, args.out / f"torch_overhead-{device_tag(name.split(' (')[0] if dev.type == 'cpu' else name)}.json")
+    tag = device_tag(name.split(" (")[0] if dev.type == "cpu" else name)
+    path = write_json(res, args.out / f"torch_overhead-{tag}.json")
     m = res["meta"]
     print(f"# torch_overhead  device={m['device']}  torch={m['torch']}  date={m['date']}")
     print(f"# command: {m['command']}")

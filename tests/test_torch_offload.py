@@ -65,8 +65,11 @@ def test_recompute_swap_moves_the_kept_inputs_and_keeps_gradients():
     # host: exactly those bytes are copied
     def input_bytes(model, x):
         seen = {}
-        hooks = [model.get_submodule(n).register_forward_pre_hook(
-            lambda m, a, n=n: seen.__setitem__(n, a[0].numel() * a[0].element_size())) for n in ("layer2.0", "layer3.0")]
+        def record(m, a, n):
+            seen[n] = a[0].numel() * a[0].element_size()
+
+        hooks = [model.get_submodule(n).register_forward_pre_hook(lambda m, a, n=n: record(m, a, n))
+                 for n in ("layer2.0", "layer3.0")]
         model(x)
         for h in hooks:
             h.remove()

@@ -223,8 +223,8 @@ class SplitStep:
         climbs one per decision and the ladder is short) with its half (not the buckets below:
         those compile when the batch shrinks); under the policy the next precision decision would
         take, the current size (and its half); and the bound functions that know their argument
-        shapes (`bind(example_args=...)`, or a call) under both policies. Returns the number queued (the step's own sizes wait for
-        its first call, which then triggers this again)."""
+        shapes (`bind(example_args=...)`, or a call) under both policies. Returns the number queued
+        (the step's own sizes wait for its first call, which then triggers this again)."""
         ctl = self.ta.controller if self.ta is not None else None
         if self.ahead is None or ctl is None:
             return 0
