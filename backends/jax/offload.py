@@ -22,7 +22,7 @@ than recomputing (ResNet-152, bs 184, H100: 17.8 GiB compiled, 31.6 GiB with an 
 barrier in its backward, against 10.8 GiB for recompute everywhere; docs/results.md). Plan with
 `actions=PlannedSequential.ACTIONS`. On the GPU "swap" is not yet what the model assumes either:
 a ResNet-152 plan (bs 136) with two swapped units compiled to 23.74 GiB against 7.92 GiB modelled,
-while keep/recompute plans compiled within 0.3 GiB of the model (H100, docs/results.md); plan with
+while keep/recompute plans compiled 0.25-0.32 GiB above it (H100, docs/results.md); plan with
 `actions=("keep", "recompute")` where the budget must hold.
 """
 
