@@ -340,3 +340,15 @@ def test_enforce_memory_budget(monkeypatch):
 def test_is_oom_only_oom():
     assert tdata.is_oom(torch.OutOfMemoryError("x"))
     assert not tdata.is_oom(RuntimeError("CUDA out of memory"))
+
+
+def test_gather_to_rows_in_order():
+    # rows in the given order, repeats kept, dtype and trailing shape kept (CPU: plain index_select)
+    import numpy as np
+
+    src = torch.arange(5 * 2 * 3, dtype=torch.bfloat16).reshape(5, 2, 3)
+    idx = np.array([4, 0, 4, 2])
+    got = tdata.gather_to(src, idx, torch.device("cpu"))
+    assert got.dtype == torch.bfloat16 and got.shape == (4, 2, 3)
+    assert torch.equal(got, src[torch.as_tensor(idx)])
+    assert torch.equal(tdata.indices_to(idx, torch.device("cpu")), torch.as_tensor(idx, dtype=torch.int64))

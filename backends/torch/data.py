@@ -85,6 +85,29 @@ def _to_device(batch: Any, device: torch.device | None) -> Any:
     return batch
 
 
+def indices_to(indices: np.ndarray, device: torch.device) -> torch.Tensor:
+    """int64 `indices` (host array) on `device`. On CUDA the copy goes through a pinned buffer,
+    non-blocking: a copy from pageable memory synchronises the stream, so the host could not queue
+    the next step while the GPU runs this one (measured: +45% per epoch at bs 384 on an H100).
+    torch's pinned-memory cache keeps the buffer alive until the copy has run."""
+    idx = torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64))
+    if device.type == "cuda":
+        return idx.pin_memory().to(device, non_blocking=True)
+    return idx if idx.device == device else idx.to(device)
+
+
+def gather_to(src: torch.Tensor, indices: np.ndarray, device: torch.device) -> torch.Tensor:
+    """src[indices] (rows of a tensor anywhere) on `device`, with no stream sync: rows of a host
+    tensor are gathered on the host straight into a pinned buffer (torch's pinned-memory cache, kept
+    alive until the copy has run) and copied non-blocking; a device tensor is gathered there."""
+    if src.device.type != "cpu" or device.type != "cuda":
+        return src.index_select(0, indices_to(indices, src.device)).to(device)
+    idx = torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64))
+    out = torch.empty((len(idx), *src.shape[1:]), dtype=src.dtype, pin_memory=True)
+    torch.index_select(src, 0, idx, out=out)
+    return out.to(device, non_blocking=True)
+
+
 class ElasticLoader(ElasticIndexLoader):
     """Elastic loader over device-resident tensors, or over a Dataset (`from_dataset`).
 
@@ -140,15 +163,7 @@ class ElasticLoader(ElasticIndexLoader):
     def fetch(self, indices: np.ndarray) -> Any:
         """The batch of samples `indices` (int array), on the loader's device, transformed."""
         if self.dataset is None:
-            idx = torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64))
-            if self.device.type == "cuda":
-                # A copy from pageable memory synchronises the stream, so the host could not queue the
-                # next step while the GPU runs this one (measured: +45% per epoch at bs 384 on an H100).
-                # Pinned + non_blocking keeps it asynchronous; torch's pinned-memory cache keeps the
-                # buffer alive until the copy has run.
-                idx = idx.pin_memory().to(self.device, non_blocking=True)
-            elif idx.device != self.device:
-                idx = idx.to(self.device)
+            idx = indices_to(indices, self.device)
             x = self.data.index_select(0, idx)
             if self.transform is not None:
                 x = self.transform(x)

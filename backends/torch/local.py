@@ -39,7 +39,7 @@ from triaccel.elastic import ElasticIndexLoader
 from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
                                  block_runs, check_views, halving_on_oom, head_init)
 
-from .data import elastic_step, free_memory, is_oom
+from .data import elastic_step, free_memory, gather_to, indices_to, is_oom
 
 __all__ = ["AuxHead", "Classifier", "ExitModel", "LocalTrainer", "BlockRecord", "live_tensors", "measure_layers",
            "sequential_units"]
@@ -360,26 +360,27 @@ class LocalTrainer:
         cache: list[torch.Tensor] | None = None
         self.records = []
         for b, (blk, run) in enumerate(zip(self.plan.blocks, runs)):
+            # Every fetch is free of stream syncs (`gather_to`): a pageable host-to-device copy per step
+            # would drain the GPU's queue before each step (the H100 runs of issue 18 had one or two).
             if run.source == "data":
                 def fetch(idx: np.ndarray, _e: list[int]) -> Any:
-                    i = torch.as_tensor(idx, device=train_x.device)
-                    return self._fmt(train_transform(train_x.index_select(0, i))), train_y.index_select(0, i)
+                    i = indices_to(idx, train_x.device)
+                    y = (train_y.index_select(0, i) if train_y.device == train_x.device
+                         else gather_to(train_y, idx, self.device))
+                    return self._fmt(train_transform(train_x.index_select(0, i))), y
             elif run.source == "cache":
                 assert cache is not None
                 src = cache
 
                 def fetch(idx: np.ndarray, _e: list[int], src=src) -> Any:
                     v = src[BlockRun.view(_e[0], len(src))]
-                    x = v.index_select(0, torch.as_tensor(idx, device=v.device))
-                    return (self._fmt(x.to(self.device, non_blocking=True)),
-                            train_y.index_select(0, torch.as_tensor(idx, device=train_y.device)))
+                    return self._fmt(gather_to(v, idx, self.device)), gather_to(train_y, idx, self.device)
             else:
                 def fetch(idx: np.ndarray, _e: list[int], start=blk.start) -> Any:
-                    v = views[BlockRun.view(_e[0], len(views))]
-                    raw = v.index_select(0, torch.as_tensor(idx, device=v.device)).to(self.device)
+                    raw = gather_to(views[BlockRun.view(_e[0], len(views))], idx, self.device)
                     x = self._prefix(start, self._fmt(view_transform(raw)))
                     return (self._fmt(x.to(self.cache_dtype) if self.cache_dtype != x.dtype else x),
-                            train_y.index_select(0, torch.as_tensor(idx, device=train_y.device)))
+                            gather_to(train_y, idx, self.device))
             self.records.append(self._train_block(run, fetch, n, on_epoch))
             if run.cache_after is not None:
                 cache = self._build_cache(b, run.cache_after, cache, views, view_transform)
@@ -475,8 +476,10 @@ class LocalTrainer:
         """Block b's outputs over every view of the training set, where the plan puts block b+1's input
         (cache_after: "device" or "host")."""
         nxt = self.plan.blocks[b + 1]
+        # A host cache is pageable: steps gather their rows into pinned buffers (`gather_to`), so
+        # pinning the whole cache (~3.3 GB per view after ResNet-18's layer2.0) would buy nothing
+        # and cost ~1 GB/s to allocate (H100 host: 33.6 s for 10 views).
         where = self.device if cache_after == "device" else torch.device("cpu")
-        pin = where.type == "cpu" and self.device.type == "cuda"
         body = self.block(b)
         self._sync()
         t0 = time.perf_counter()
@@ -486,7 +489,7 @@ class LocalTrainer:
         shape = self.plan.layers[nxt.start - 1].out_shape
         for v, raw in enumerate(views):
             n = int(raw.shape[0])
-            buf = torch.empty((n, *shape), dtype=self.cache_dtype, device=where, pin_memory=pin)
+            buf = torch.empty((n, *shape), dtype=self.cache_dtype, device=where)
 
             def fill(bs: int, v: int = v, raw: torch.Tensor = raw, buf: torch.Tensor = buf) -> None:
                 for i in range(0, n, bs):
@@ -496,7 +499,7 @@ class LocalTrainer:
                         x = self._fmt(cache[v][i:i + bs].to(self.device, non_blocking=True))
                     with self._cast():
                         y = body(x)
-                    buf[i:i + bs].copy_(y, non_blocking=pin)
+                    buf[i:i + bs].copy_(y)
 
             halving_on_oom(fill, self.plan.infer_batch, is_oom=is_oom, free_memory=free_memory)
             out.append(buf)
