@@ -198,3 +198,32 @@ def test_oom_message_names_block_and_plan():
     blk = plan.blocks[b]
     assert msg.startswith(f"block {b} ({blk.names[0]}..{blk.names[-1]}, planned batch {blk.batch}")
     assert "step 7" in msg and "12 bytes in use" in msg and str(plan.memory_budget) in msg
+
+
+def _host_bytes(plan, views):
+    """The plan's host peak by hand: raw views + the largest pair of consecutive host caches."""
+    on_host = [b.cache_bytes if b.input_cache == "host" else 0 for b in plan.blocks] + [0]
+    return views * N * 3 * 32 * 32 + max(a + b for a, b in zip(on_host, on_host[1:]))
+
+
+def test_cache_views_auto_takes_the_most_views_that_fit_the_host():
+    fixed = {v: make(48 * MIB, cache_views=v)[1] for v in range(1, 9)}
+    for v, plan in fixed.items():
+        assert plan.cache_views == v and plan.host_peak_bytes == _host_bytes(plan, v)
+    assert fixed[8].host_peak_bytes > fixed[1].host_peak_bytes
+    # a host budget between 5 and 6 views' needs: auto takes 5, capped by max_cache_views
+    host = (fixed[5].host_peak_bytes + fixed[6].host_peak_bytes) // 2
+    _, auto = make(48 * MIB, cache_views="auto", max_cache_views=8, host_cache_bytes=host)
+    assert auto.cache_views == 5 and auto.host_peak_bytes == fixed[5].host_peak_bytes <= host
+    assert auto.blocks == fixed[5].blocks and auto.to_dict()["cache_views"] == 5
+    _, capped = make(48 * MIB, cache_views="auto", max_cache_views=3, host_cache_bytes="1TiB")
+    assert capped.cache_views == 3
+    with pytest.raises(ValueError, match="host_cache_bytes"):
+        make(48 * MIB, cache_views="auto", max_cache_views=8, host_cache_bytes=fixed[1].host_peak_bytes - 1)
+    with pytest.raises(ValueError, match="host_cache_bytes=None"):
+        LocalPlanConfig(memory_budget=48 * MIB, cache_views="auto")
+    for bad in (0, "all", 1.5):
+        with pytest.raises(ValueError, match="cache_views"):
+            LocalPlanConfig(memory_budget=48 * MIB, cache_views=bad)
+    with pytest.raises(ValueError, match="max_cache_views"):
+        LocalPlanConfig(memory_budget=48 * MIB, max_cache_views=0)

@@ -14,6 +14,7 @@ its parameters.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from typing import Any, Sequence
 
@@ -34,7 +35,16 @@ from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
 # --block-batch), kept here so RunOptions stays shared with the other methods unchanged.
-LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": 1, "block_batch": None}
+LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None}
+
+
+def host_cache_bytes() -> int:
+    """Host bytes the local plan's caches may take: half of the memory available now (Linux
+    sysconf; 8 GiB where it cannot be read)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
 
 
 def parse_local_budget(budget: str | None) -> tuple[int | None, int | None]:
@@ -108,9 +118,12 @@ def _plan(table: list[Any], budget: int, lo: dict[str, Any], opts: RunOptions, r
     """The plan under `budget` (logged and printed), the same for both backends."""
     cfg = LocalPlanConfig(memory_budget=budget, batch_buckets=bucket_ladder(8, 8, max(opts.batch_max, 8)),
                           max_blocks=lo["max_blocks"], target_batch=lo["block_batch"], cache_views=lo["cache_views"],
+                          max_cache_views=max(opts.epochs, 1), host_cache_bytes=host_cache_bytes(),
                           input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=0.85)
     plan = plan_local(table, cfg, num_samples=n, num_classes=num_classes)
     log.write("local_plan", **plan.to_dict())
+    print(f"cached views: {plan.cache_views} ({lo['cache_views']}); host bytes at most {plan.host_peak_bytes} "
+          f"({plan.host_peak_bytes / 2**30:.1f} GiB, of {cfg.host_cache_bytes / 2**30:.1f} GiB allowed)", flush=True)
     for blk in plan.blocks:
         print(f"block {blk.index}: {blk.names[0]}..{blk.names[-1]}  batch {blk.batch}  head width {blk.head_width}  "
               f"modelled peak {blk.peak_bytes / 2**20:.0f} MiB  input {blk.input_cache}", flush=True)
@@ -215,7 +228,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
 
     # Fixed augmentations of the training set, cached per block (host memory: uint8, small).
     views = []
-    for v in range(lo["cache_views"]):
+    for v in range(plan.cache_views):
         g = torch.Generator(device=device).manual_seed(1_000_003 * (opts.seed + 1) + v)
         # chunks of 512: the gather indices of a 4096-image chunk (~130 MB) broke a 520 MiB budget (H100)
         chunks = [augment.random_crop_flip(xtr[i:i + 512], g).cpu() for i in range(0, len(xtr), 512)]
@@ -329,7 +342,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
 
     # Fixed augmentations of the training set, cached per block (host memory: uint8, small).
     views = []
-    for v in range(lo["cache_views"]):
+    for v in range(plan.cache_views):
         key = jax.random.key(1_000_003 * (opts.seed + 1) + v)
         views.append(np.concatenate([np.asarray(jaug.random_crop_flip(xtr[i:i + 512], jax.random.fold_in(key, i)))
                                      for i in range(0, len(data.train_x), 512)]))   # chunks of 512, as torch's

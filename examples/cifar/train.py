@@ -43,6 +43,15 @@ def _parse_set(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def _views_arg(v: str) -> int | str:
+    """--cache-views: "auto" or an integer >= 1."""
+    if v == "auto":
+        return v
+    if not v.isdigit() or int(v) < 1:
+        raise argparse.ArgumentTypeError(f"{v!r}: allowed auto or an integer >= 1")
+    return int(v)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p = argparse.ArgumentParser(prog="python -m examples.cifar.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,8 +63,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--exit-tolerance", type=float, default=0.01,
                    help="local: export the smallest exit within this accuracy fraction of the best (0.01 = 1 point)")
     p.add_argument("--max-blocks", type=int, default=4, help="local: at most this many blocks")
-    p.add_argument("--cache-views", type=int, default=1,
-                   help="local: fixed augmentations of the training set cached per block")
+    p.add_argument("--cache-views", type=_views_arg, default="auto",
+                   help="local: fixed augmentations of the training set cached per block; auto (default): as "
+                        "many as epochs while the host caches fit half of the available host memory")
     p.add_argument("--block-batch", type=int, default=None,
                    help="local: the partition aims at the largest batch bucket <= this (default: --batch-max)")
     p.add_argument("--epochs", type=int, default=None, help="default: 10 on a GPU, 1 on CPU")
