@@ -58,20 +58,20 @@ def plan(torch_table):
 
 def test_block_runs_and_helpers(plan):
     runs = block_runs(plan, [1, 2, 3][:len(plan.blocks)] + [1] * (len(plan.blocks) - 3), lr=0.1, lr_batch=16,
-                      seed=5, cache=True)
+                      seed=5, inputs="cache")
     assert [r.source for r in runs] == ["data"] + ["cache"] * (len(runs) - 1)
     assert [r.cache_after for r in runs] == [b.input_cache for b in plan.blocks[1:]] + [None]
     assert all(r.lr == pytest.approx(0.1 * r.batch / 16) and r.seed == 5 + 1000 * r.index for r in runs)
-    assert [r.source for r in block_runs(plan, 1, lr=0.1, lr_batch=16, seed=0, cache=False)][1:] == \
+    assert [r.source for r in block_runs(plan, 1, lr=0.1, lr_batch=16, seed=0, inputs="recompute")][1:] == \
         ["recompute"] * (len(runs) - 1)
     assert micro_batches(24) == (3, 6, 12, 24) and micro_batches(7) == (7,)
     assert [BlockRun.view(e, 3) for e in range(5)] == [0, 1, 2, 0, 1]
     cfg = runs[0].controller_config(plan.memory_budget)
     assert cfg.batch_init == runs[0].batch and cfg.batch_buckets == micro_batches(runs[0].batch)
     with pytest.raises(ValueError, match="epochs"):
-        block_runs(plan, [1], lr=0.1, lr_batch=16, seed=0, cache=True)
+        block_runs(plan, [1], lr=0.1, lr_batch=16, seed=0, inputs="cache")
     with pytest.raises(ValueError, match="lr="):
-        block_runs(plan, 1, lr=0.0, lr_batch=16, seed=0, cache=True)
+        block_runs(plan, 1, lr=0.0, lr_batch=16, seed=0, inputs="cache")
     # heads: seeded per (seed, block), the canonical layout of torch's AuxHead
     a, b = head_init(8, 16, K, seed=0, index=1), head_init(8, 16, K, seed=0, index=2)
     assert set(a) == set(tl.AuxHead(8, 16, K).state_dict())
@@ -118,11 +118,11 @@ def _views(x: np.ndarray) -> list[np.ndarray]:
     return [x[:, :, ::-1].copy(), x + 0.1]          # two fixed "augmentations" (NHWC: flip W)
 
 
-def _train_jax(plan, cache: bool, evaluate: bool = False, transform=None, nonfinite=None):
+def _train_jax(plan, inputs: str, evaluate: bool = False, transform=None, nonfinite=None):
     """evaluate: every exit so far after every epoch (as the demo does); transform: block 0's."""
     model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
     units, clf = jl.sequential_units(model)
-    tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.05, lr_batch=16, cache=cache,
+    tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.05, lr_batch=16, inputs=inputs,
                          cache_dtype=jnp.float32, seed=0, lr_factor=lambda seen, total: 1.0 - seen / total,
                          nonfinite=nonfinite)
     x, y = _data()
@@ -137,7 +137,7 @@ def _train_jax(plan, cache: bool, evaluate: bool = False, transform=None, nonfin
 
 @pytest.fixture(scope="module")
 def cached(plan):
-    return _train_jax(plan, cache=True)
+    return _train_jax(plan, inputs="cache")
 
 
 def _state(model, tr) -> dict[str, np.ndarray]:
@@ -150,7 +150,7 @@ def _state(model, tr) -> dict[str, np.ndarray]:
 
 def test_cached_equals_recomputed_fp32(plan, cached):
     model_a, a, ra = cached
-    model_b, b, rb = _train_jax(plan, cache=False)
+    model_b, b, rb = _train_jax(plan, inputs="recompute")
     assert len(plan.blocks) >= 3 and any(blk.input_cache == "device" for blk in plan.blocks[1:])
     sa, sb = _state(model_a, a), _state(model_b, b)
     assert sa.keys() == sb.keys()
@@ -189,7 +189,7 @@ def test_torch_and_jax_train_alike(plan, cached):
     model_t = torch_model("resnet18", num_classes=K, width=WIDTH, seed=0)
     units, clf = tl.sequential_units(model_t)
     tr_t = tl.LocalTrainer(units, clf, plan, num_classes=K, device="cpu", lr=0.05, lr_batch=16, autocast_dtype=None,
-                           cache=True, cache_dtype=torch.float32, seed=0,
+                           inputs="cache", cache_dtype=torch.float32, seed=0,
                            lr_factor=lambda seen, total: 1.0 - seen / total)
     x, y = _data()
     views = [_nchw(v) for v in _views(x)]
@@ -210,7 +210,7 @@ def test_torch_and_jax_train_alike(plan, cached):
 
 def test_evaluating_exits_between_epochs_changes_nothing(plan, cached):
     model_a, a, ra = cached
-    model_b, b, rb = _train_jax(plan, cache=True, evaluate=True)
+    model_b, b, rb = _train_jax(plan, inputs="cache", evaluate=True)
     sa, sb = _state(model_a, a), _state(model_b, b)
     for k in sa:
         np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
@@ -227,13 +227,13 @@ def test_nonfinite_steps_skipped_then_fail_loudly(plan):
     x0 = _data()[0][:, 0, 0, 0]
     assert (x0 != 0).all()
     zero_first = lambda xb: xb.at[:, 0, 0, 0].set(jnp.where(xb[:, 0, 0, 0] == x0[5], 0.0, xb[:, 0, 0, 0]))  # noqa: E731
-    model, tr, recs = _train_jax(plan, cache=True, transform=lambda xb, key: nan_sample(zero_first(xb), key),
+    model, tr, recs = _train_jax(plan, inputs="cache", transform=lambda xb, key: nan_sample(zero_first(xb), key),
                                  nonfinite=NonFinitePolicy(patience=3, check_every=1))
     assert recs[0].skipped_steps == EPOCHS and all(r.skipped_steps == 0 for r in recs[1:])
     assert all(np.isfinite(v).all() for v in _state(model, tr).values())
     assert all(np.isfinite(r.epoch_losses).all() for r in recs)
     with pytest.raises(NonFiniteTraining, match=r"block 0: the last 2 optimizer steps \(steps 0\.\.1"):
-        _train_jax(plan, cache=True, transform=lambda xb, key: xb * jnp.nan,
+        _train_jax(plan, inputs="cache", transform=lambda xb, key: xb * jnp.nan,
                    nonfinite=NonFinitePolicy(patience=2, check_every=1))
 
 
@@ -242,7 +242,7 @@ def test_oom_at_batch_one_names_the_block(plan):
         raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory (simulated)")
 
     with pytest.raises(BlockOutOfMemory, match=r"block 0 \(stem\.\..*smallest allowed batch 1"):
-        _train_jax(plan, cache=True, transform=oom)
+        _train_jax(plan, inputs="cache", transform=oom)
 
 
 def test_trainer_refuses_bad_input(plan):
@@ -258,3 +258,24 @@ def test_trainer_refuses_bad_input(plan):
         tr.export(len(plan.blocks))
     with pytest.raises(ValueError, match="model"):
         jl.sequential_units(units[0][1])
+
+
+def test_fresh_inputs_equal_a_cache_of_the_same_images_fp32(plan, torch_table):
+    # as the torch twin: with block 0's deterministic augmentation as the one cached view, a cache
+    # and the fresh prefix give the later blocks the same inputs
+    fresh = plan_local(torch_table, dataclasses.replace(_config(plan.memory_budget), block_inputs="fresh"),
+                       num_samples=N, num_classes=K)
+    assert [(k.start, k.stop, k.batch) for k in fresh.blocks] == [(k.start, k.stop, k.batch) for k in plan.blocks]
+    assert all(k.input_cache == "fresh" for k in fresh.blocks[1:]) and fresh.cache_views == 0
+    x, y = _data()
+    out = []
+    for p, views in ((plan, [x * 0.9]), (fresh, [])):
+        model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
+        units, clf = jl.sequential_units(model)
+        tr = jl.LocalTrainer(units, clf, p, num_classes=K, lr=0.05, lr_batch=16, cache_dtype=jnp.float32, seed=0)
+        recs = tr.train(jnp.asarray(x), y, lambda xb, key: xb * 0.9, views, lambda v: v, epochs=1)
+        out.append((_state(model, tr), recs))
+    (sa, ra), (sb, rb) = out
+    for k in sa:
+        np.testing.assert_allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert [r.epoch_losses for r in ra] == [pytest.approx(r.epoch_losses, rel=1e-5) for r in rb]

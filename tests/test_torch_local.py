@@ -73,14 +73,14 @@ def test_measured_table():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # BN stats restored
 
 
-def _train(cache: bool, evaluate: bool = False, poison=None, nonfinite=None, epochs=2):
+def _train(inputs: str, evaluate: bool = False, poison=None, nonfinite=None, epochs=2):
     """Train the tiny model; evaluate: every exit so far after every epoch (as the demo does);
     poison(call, batch) -> batch: block 0's input at its call-th fetch."""
     model = _model()
     units, clf = sequential_units(model)
     _, plan = _plan(units)
     tr = LocalTrainer(units, clf, plan, num_classes=K, device="cpu", lr=0.05, lr_batch=16, autocast_dtype=None,
-                      cache=cache, cache_dtype=torch.float32, seed=0, nonfinite=nonfinite,
+                      inputs=inputs, cache_dtype=torch.float32, seed=0, nonfinite=nonfinite,
                       lr_factor=lambda seen, total: 1.0 - seen / total)
     x, y = _data()
     views = [torch.flip(x, dims=[3]), x + 0.1]        # two fixed "augmentations"
@@ -101,12 +101,12 @@ def _train(cache: bool, evaluate: bool = False, poison=None, nonfinite=None, epo
 
 @pytest.fixture(scope="module")
 def cached():
-    return _train(cache=True)
+    return _train(inputs="cache")
 
 
 def test_cached_equals_recomputed_fp32(cached):
     a, plan, ra = cached
-    b, _, rb = _train(cache=False)
+    b, _, rb = _train(inputs="recompute")
     assert len(plan.blocks) >= 3
     for ma, mb in zip([*a.units, *a.heads], [*b.units, *b.heads]):
         for (na, pa), (_, pb) in zip(ma.state_dict().items(), mb.state_dict().items()):
@@ -147,7 +147,7 @@ def test_evaluating_exits_between_epochs_changes_nothing(cached):
     """The demo evaluates each exit after each epoch; that left the block in eval mode, so its later
     epochs trained on BatchNorm running statistics (issue 18: block 0 diverged at peak LR)."""
     a, _, ra = cached
-    b, _, rb = _train(cache=True, evaluate=True)
+    b, _, rb = _train(inputs="cache", evaluate=True)
     _assert_same_state(a, b)
     assert [r.epoch_losses for r in ra] == [r.epoch_losses for r in rb]
 
@@ -164,7 +164,7 @@ def test_nonfinite_step_skipped_and_statistics_restored():
     def poison(call, xb):
         return torch.full_like(xb, float("nan")) if call == 3 else xb
 
-    tr, _, recs = _train(cache=True, poison=poison, nonfinite=NonFinitePolicy(patience=2, check_every=2), epochs=1)
+    tr, _, recs = _train(inputs="cache", poison=poison, nonfinite=NonFinitePolicy(patience=2, check_every=2), epochs=1)
     assert recs[0].skipped_steps == 1 and all(r.skipped_steps == 0 for r in recs[1:])
     for m in [*tr.units, *tr.heads]:
         for name, t in m.state_dict().items():
@@ -177,7 +177,7 @@ def test_persistent_nonfinite_fails_loudly():
         return torch.full_like(xb, float("nan")) if call >= 2 else xb
 
     with pytest.raises(NonFiniteTraining, match=r"block 0: the last [23] optimizer steps \(steps 1\.\."):
-        _train(cache=True, poison=poison, nonfinite=NonFinitePolicy(patience=2, check_every=1))
+        _train(inputs="cache", poison=poison, nonfinite=NonFinitePolicy(patience=2, check_every=1))
 
 
 def test_oom_at_batch_one_names_the_block():
@@ -186,7 +186,7 @@ def test_oom_at_batch_one_names_the_block():
 
     with pytest.raises(BlockOutOfMemory, match=r"block 0 \(stem\.\..*planned batch .*smallest allowed batch 1.*"
                        r"live tensors: \d+ storages"):
-        _train(cache=True, poison=poison)
+        _train(inputs="cache", poison=poison)
     assert "storages" in live_tensors("cpu")
 
 
@@ -204,7 +204,8 @@ def test_trainer_refuses_mismatched_units():
         tr.export(len(plan.blocks))
 
 
-def test_demo_local_loop(tmp_path):
+@pytest.mark.parametrize("block_inputs", ["cache", "fresh"])
+def test_demo_local_loop(tmp_path, block_inputs):
     """examples.cifar local_loop on a tiny synthetic CIFAR: summary fields and plots."""
     import numpy as np
 
@@ -219,7 +220,8 @@ def test_demo_local_loop(tmp_path):
                        (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
     opts = RunOptions(method="local", epochs=1, batch=16, lr=0.05, width=0.0625, budget="6MiB", batch_max=16,
                       device="cpu", out=str(tmp_path), progress=False)
-    opts.local = {"exit_tolerance": 0.5, "max_blocks": 3, "cache_views": 1, "block_batch": None}
+    opts.local = {"exit_tolerance": 0.5, "max_blocks": 3, "cache_views": 1, "block_batch": None,
+                  "block_inputs": block_inputs}
     log = RunLog(tmp_path / "log.jsonl")
     summary = train(opts, data, log, None)
     log.close()
@@ -229,6 +231,9 @@ def test_demo_local_loop(tmp_path):
     assert summary["param_reduction"] == pytest.approx(summary["model_params"] / summary["exported_params"])
     assert summary["memory_budget_bytes"] == 6 * 2**20
     assert all(b["peak_bytes"] <= summary["plan"]["usable_bytes"] for b in summary["plan"]["blocks"])
+    fresh = block_inputs == "fresh"
+    assert summary["plan"]["cache_views"] == (0 if fresh else 1)
+    assert all((b["input_cache"] == "fresh") == fresh for b in summary["plan"]["blocks"][1:])
     names = {p.name for p in plot_run(tmp_path / "log.jsonl", tmp_path)}
     assert {"local_blocks.png", "local_exits.png"} <= names
     assert summary["unmodelled_fixed_bytes"] is None     # no end-to-end probe on the CPU
@@ -247,3 +252,38 @@ def test_unmodelled_fixed_bytes_from_end_to_end_peaks():
     assert got == 2 * 452680192 - 470555136 - 184_800_000 - 18 * 11_173_962
     assert unmodelled_fixed_bytes({8: 100, 16: None}, 0, 0) is None
     assert unmodelled_fixed_bytes({8: 1000, 16: 1800}, 500, 0) == 0       # intercept 200 < data: never negative
+
+
+def test_fresh_inputs_equal_a_cache_of_the_same_images_fp32():
+    # "fresh": blocks after the first run the frozen prefix on block 0's (here deterministic)
+    # augmentation every step; with one view equal to that augmentation, a cache gives the same
+    # inputs, so both train alike. The fresh plan keeps no cache and needs no views.
+    x, y = _data()
+
+    def aug(v):
+        return torch.flip(v, dims=[3]) * 0.9
+
+    def run(block_inputs):
+        model = _model()
+        units, clf = sequential_units(model)
+        table, base = _plan(units)
+        cfg = LocalPlanConfig(memory_budget=base.memory_budget, batch_buckets=(8, 16), act_bytes=4, cache_bytes=4,
+                              input_bytes=3 * S * S * 4, head_widths=(8, 16), max_blocks=4, block_inputs=block_inputs)
+        plan = plan_local(table, cfg, num_samples=N, num_classes=K)
+        tr = LocalTrainer(units, clf, plan, num_classes=K, device="cpu", lr=0.05, lr_batch=16, autocast_dtype=None,
+                          cache_dtype=torch.float32, seed=0)
+        views = [] if block_inputs == "fresh" else [x]
+        recs = tr.train(x, y, aug, views, aug, epochs=2)
+        return tr, plan, recs
+
+    a, pa, ra = run("cache")
+    b, pb, rb = run("fresh")
+    assert [(k.start, k.stop, k.batch, k.head_width) for k in pa.blocks] == \
+        [(k.start, k.stop, k.batch, k.head_width) for k in pb.blocks]
+    assert all(k.input_cache == "fresh" and k.cache_bytes == 0 for k in pb.blocks[1:])
+    assert pb.cache_views == 0 and pb.host_peak_bytes == 0
+    for ma, mb in zip([*a.units, *a.heads], [*b.units, *b.heads]):
+        for (na, t), (_, u) in zip(ma.state_dict().items(), mb.state_dict().items()):
+            torch.testing.assert_close(t, u, rtol=1e-5, atol=1e-6, msg=na)
+    assert [r.epoch_losses for r in ra] == [pytest.approx(r.epoch_losses, rel=1e-5) for r in rb]
+    assert all(r.cache_seconds in (None, 0, 0.0) for r in rb)

@@ -44,7 +44,7 @@ import numpy as np
 
 from .config import parse_bytes
 
-__all__ = ["check_views", "LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan", "head_cost",
+__all__ = ["BLOCK_INPUTS", "check_views", "LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan", "head_cost",
            "plan_local", "select_exit", "head_init", "micro_batches", "BlockRun", "block_runs", "BlockRecord",
            "halving_on_oom", "NonFinitePolicy", "NonFiniteTraining", "BlockOutOfMemory"]
 
@@ -106,6 +106,10 @@ class LocalPlanConfig:
     host_cache_bytes: host bytes the caches on the host and the raw views may hold (int or e.g.
       "16GiB"); required with cache_views="auto", else None (not checked).
     view_bytes: host bytes per sample of one raw view (CIFAR uint8: 3*32*32).
+    block_inputs: "cache" (above) or "fresh": every block after the first runs the frozen prefix
+      on freshly augmented images each step (no cache, no views; its batch must also fit the
+      prefix's forward). With one view per epoch a cache saves no forward pass: it only adds the
+      copies to the host (H100, ResNet-18, ten views: 45.8 s) and their host memory.
     input_bytes: bytes per sample of the model's input batch (CIFAR float32: 3*32*32*4).
     state_bytes_per_param: bytes per trained parameter (fp32 weight + grad + momentum + a 16-bit copy).
     frozen_bytes_per_param: bytes per parameter of the units not in training (their fp32 weights).
@@ -126,6 +130,7 @@ class LocalPlanConfig:
     max_cache_views: int = 10
     host_cache_bytes: int | str | None = None
     view_bytes: int = 3 * 32 * 32
+    block_inputs: str = "cache"
     input_bytes: int = 3 * 32 * 32 * 4
     state_bytes_per_param: int = 14
     frozen_bytes_per_param: int = 4
@@ -155,6 +160,8 @@ class LocalPlanConfig:
             _pos_int(name, getattr(self, name))
         if self.cache_views != "auto":
             _pos_int("cache_views", self.cache_views)
+        if self.block_inputs not in ("cache", "fresh"):
+            raise ValueError(f"block_inputs={self.block_inputs!r}: allowed cache, fresh")
         if self.host_cache_bytes is not None:
             object.__setattr__(self, "host_cache_bytes", parse_bytes(self.host_cache_bytes, "host_cache_bytes"))
         elif self.cache_views == "auto":
@@ -202,8 +209,9 @@ def head_cost(in_shape: Sequence[int], width: int, num_classes: int, act_bytes: 
 class BlockPlan:
     """One block: units [start, stop), its head width, batch, modelled peaks and input cache.
 
-    input_cache: "data" (block 0 reads the data set), "device" or "host". cache_bytes: its input
-    cache's size (0 for block 0). peak_bytes: modelled training peak at `batch`, device cache included.
+    input_cache: "data" (block 0 reads the data set), "device" or "host" (where its input cache
+    lives), or "fresh" (no cache: the frozen prefix runs on fresh images). cache_bytes: its input
+    cache's size (0 for block 0 and fresh blocks). peak_bytes: modelled training peak at `batch`, device cache included.
     """
 
     index: int
@@ -320,6 +328,8 @@ def plan_local(layers: Sequence[LayerMemory], config: LocalPlanConfig, *, num_sa
     with the narrowest head, max_blocks when even the smallest bucket needs more blocks, or
     host_cache_bytes when cache_views="auto" and not even one view fits it.
     """
+    if config.block_inputs == "fresh":
+        return _plan_views(layers, replace(config, cache_views=1), num_samples=num_samples, num_classes=num_classes)
     if config.cache_views != "auto":
         return _plan_views(layers, config, num_samples=num_samples, num_classes=num_classes)
     plan = None
@@ -376,10 +386,12 @@ def _plan_views(layers: Sequence[LayerMemory], config: LocalPlanConfig, *, num_s
             width = cfg.last_head_width
         else:
             width = max(w for w in cfg.head_widths if m.fits(m.train_peak(i, j, w, target)) or w == m.min_width(j))
-        batch = max(bb for bb in buckets if m.fits(m.train_peak(i, j, width, bb)) or bb == target)
-        size = m.cache_size(i)
-        where = "data"
-        if i > 0:
+        fresh = i > 0 and cfg.block_inputs == "fresh"
+        batch = max(bb for bb in buckets if (m.fits(m.train_peak(i, j, width, bb))
+                                             and (not fresh or m.fits(m.infer_peak(i, bb, 0)))) or bb == target)
+        size = 0 if fresh else m.cache_size(i)
+        where = "fresh" if fresh else "data"
+        if i > 0 and not fresh:
             # Cache on the device only if the block trains beside it at its batch, and the previous
             # block's cache-building pass (its own input cache + this one) fits at the smallest bucket.
             train_ok = m.fits(m.train_peak(i, j, width, batch, device_cache=True))
@@ -401,10 +413,12 @@ def _plan_views(layers: Sequence[LayerMemory], config: LocalPlanConfig, *, num_s
     # Host bytes: the raw views throughout, plus block b's and block b+1's input caches while the
     # latter is built from the former (a block's cache is dropped once the next one is built).
     on_host = [blk.cache_bytes if blk.input_cache == "host" else 0 for blk in blocks] + [0]
-    host = cfg.cache_views * n * cfg.view_bytes + max(a + b for a, b in zip(on_host, on_host[1:]))
+    views = 0 if cfg.block_inputs == "fresh" else cfg.cache_views * n * cfg.view_bytes
+    host = views + max(a + b for a, b in zip(on_host, on_host[1:]))
     return LocalPlan(blocks=tuple(blocks), target_batch=target, e2e_batch=e2e[-1] if e2e else None,
                      infer_batch=infer[-1] if infer else buckets[0], usable_bytes=cfg.usable_bytes,
-                     memory_budget=int(cfg.memory_budget), layers=tuple(layers), cache_views=cfg.cache_views,
+                     memory_budget=int(cfg.memory_budget), layers=tuple(layers),
+                     cache_views=0 if cfg.block_inputs == "fresh" else cfg.cache_views,
                      host_peak_bytes=host)
 
 
@@ -472,8 +486,8 @@ class BlockRun:
     linearly from lr_batch to batch. seed: its loader's data-order seed. micro_batches: the sizes an
     out-of-memory error falls back to (gradients accumulated over the logical batch). source: where
     its input comes from: "data" (block 0: freshly augmented images), "cache" (the previous block's
-    cached outputs) or "recompute" (the frozen prefix run on the fixed views every step, the
-    reference the cache must match). cache_after: where the cache built after it lives ("device",
+    cached outputs), "recompute" (the frozen prefix run on the fixed views every step, the
+    reference the cache must match) or "fresh" (the frozen prefix run on freshly augmented images). cache_after: where the cache built after it lives ("device",
     "host"), None when none is built (the last block, or no caching). Epoch e of a block reads
     fixed view ``view(e, n_views)``.
     """
@@ -502,19 +516,28 @@ class BlockRun:
                               adaptive_precision=False, curvature="off", batch_multiple=1, memory_budget=memory_budget)
 
 
-def check_views(num_samples: int, view_rows: Sequence[int], label_rows: int) -> None:
-    """The trainers' training-set views: at least one, each with `num_samples` rows, as many labels."""
-    if not view_rows:
+def check_views(num_samples: int, view_rows: Sequence[int], label_rows: int, needed: bool = True) -> None:
+    """The trainers' training-set views: each with `num_samples` rows, as many labels; at least one
+    when `needed` (a block reads a cache or recomputes on the views; a "fresh" plan reads none)."""
+    if needed and not view_rows:
         raise ValueError("views: at least one fixed augmentation of the training set is needed")
     if any(int(r) != num_samples for r in view_rows) or int(label_rows) != num_samples:
         raise ValueError(f"views / train_y: each must have {num_samples} rows, like train_x")
 
 
+BLOCK_INPUTS = ("cache", "recompute")
+
+
 def block_runs(plan: LocalPlan, epochs: int | Sequence[int], *, lr: float, lr_batch: int, seed: int,
-               cache: bool) -> tuple[BlockRun, ...]:
+               inputs: str = "cache") -> tuple[BlockRun, ...]:
     """One `BlockRun` per block of `plan`. epochs: an int for every block, or one per block (>= 1).
     lr: the base lr at lr_batch samples, (0, inf). seed: block b's loader seed is seed + 1000 * b.
-    cache: cache block outputs (else the frozen prefix is recomputed every step)."""
+    inputs: what a block b > 0 of a caching plan reads: "cache" (block outputs cached over the
+    fixed views) or "recompute" (the frozen prefix run every step on the same fixed views: the
+    cache's reference). A block the plan marks "fresh" (`LocalPlanConfig.block_inputs`) reads the
+    frozen prefix on freshly augmented images either way."""
+    if inputs not in BLOCK_INPUTS:
+        raise ValueError(f"inputs={inputs!r}: allowed {', '.join(BLOCK_INPUTS)}")
     nb = len(plan.blocks)
     ep = [epochs] * nb if isinstance(epochs, numbers.Integral) else list(epochs)
     if len(ep) != nb or any(isinstance(e, bool) or not isinstance(e, numbers.Integral) or e < 1 for e in ep):
@@ -525,8 +548,9 @@ def block_runs(plan: LocalPlan, epochs: int | Sequence[int], *, lr: float, lr_ba
     seed = _pos_int("seed", seed, 0)
     out = []
     for b, blk in enumerate(plan.blocks):
-        source = "data" if b == 0 else ("cache" if cache else "recompute")
-        after = plan.blocks[b + 1].input_cache if cache and b + 1 < nb else None
+        source = "data" if b == 0 else "fresh" if blk.input_cache == "fresh" else inputs
+        nxt = plan.blocks[b + 1].input_cache if b + 1 < nb else None
+        after = nxt if inputs == "cache" and nxt in ("device", "host") else None
         out.append(BlockRun(index=b, epochs=int(ep[b]), batch=blk.batch, lr=float(lr) * blk.batch / lr_batch,
                             seed=seed + 1000 * b, micro_batches=micro_batches(blk.batch), source=source,
                             cache_after=after))

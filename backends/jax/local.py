@@ -375,9 +375,10 @@ class LocalTrainer:
     each block's batch; momentum, nesterov, weight_decay: SGD's (torch's update). lr_factor(seen,
     total): the schedule's multiplier after `seen` of a block's `total` training samples (default 1).
     compute_dtype: the convs' and linears' compute dtype, set on the units (shared with the model) and
-    the heads; None leaves the units as they are and the heads in float32. cache: cache block outputs
-    (False: recompute the frozen prefix every step, the reference the cache must match). cache_dtype:
-    the cache's dtype. head_pool: AuxHead's pool. seed: heads' initialisation
+    the heads; None leaves the units as they are and the heads in float32. inputs: what blocks after
+    the first read, as the torch twin: "cache", "recompute" (the frozen prefix on the fixed views,
+    the cache's reference) or "fresh" (the frozen prefix on freshly augmented images). cache_dtype:
+    the cache's (and a recomputed prefix output's) dtype. head_pool: AuxHead's pool. seed: heads' initialisation
     (`triaccel.local_plan.head_init`, as the torch twin) and data order. device: where training runs
     (default: the first device). Records' peak bytes are the process' peak so far (XLA keeps one,
     with no reset), None on the CPU. nonfinite: how steps with non-finite gradients are skipped and
@@ -387,7 +388,7 @@ class LocalTrainer:
     def __init__(self, units: Sequence[tuple[str, nnx.Module]], classifier: nnx.Module | None, plan: LocalPlan, *,
                  num_classes: int, lr: float, lr_batch: int = 96, momentum: float = 0.9, nesterov: bool = True,
                  weight_decay: float = 5e-4, lr_factor: Callable[[int, int], float] | None = None,
-                 compute_dtype: Any = None, cache: bool = True, cache_dtype: Any = jnp.bfloat16,
+                 compute_dtype: Any = None, inputs: str = "cache", cache_dtype: Any = jnp.bfloat16,
                  head_pool: int = 4, seed: int = 0, device: Any = None,
                  nonfinite: NonFinitePolicy | None = None) -> None:
         if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
@@ -401,7 +402,7 @@ class LocalTrainer:
         self.lr, self.lr_batch = float(lr), int(lr_batch)
         self.tx = _sgd(float(momentum), bool(nesterov), float(weight_decay))
         self.lr_factor = lr_factor or (lambda seen, total: 1.0)
-        self.cache, self.cache_dtype, self.seed = cache, jnp.dtype(cache_dtype), int(seed)
+        self.inputs, self.cache_dtype, self.seed = inputs, jnp.dtype(cache_dtype), int(seed)
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
         self.device = device if device is not None else jax.devices()[0]
         if compute_dtype is not None:
@@ -441,9 +442,10 @@ class LocalTrainer:
         epochs: per block (an int for all). on_epoch(block, epoch, train_loss, seconds) after each
         epoch (the trained weights are in the modules then, e.g. to evaluate the block's exit).
         """
-        runs = block_runs(self.plan, epochs, lr=self.lr, lr_batch=self.lr_batch, seed=self.seed, cache=self.cache)
+        runs = block_runs(self.plan, epochs, lr=self.lr, lr_batch=self.lr_batch, seed=self.seed, inputs=self.inputs)
         n = int(train_x.shape[0])
-        check_views(n, [int(v.shape[0]) for v in views], int(train_y.shape[0]))
+        check_views(n, [int(v.shape[0]) for v in views], int(train_y.shape[0]),
+                    needed=any(r.source in ("cache", "recompute") for r in runs))
         train_y = self._put(jnp.asarray(train_y, jnp.int32))
         aug, prep = jax.jit(train_transform), jax.jit(view_transform)
         cache: list[Any] | None = None
@@ -456,11 +458,16 @@ class LocalTrainer:
                 assert cache is not None
                 sources = [(c, train_y) for c in cache]
                 transform = None
-            else:
+            elif run.source == "recompute":
                 pre_gd, pre_state = self._eval_split(_Chain(self.units[:blk.start]))
                 sources = [(v, train_y) for v in views]
                 transform = lambda b, key, g=pre_gd, s=pre_state: (  # noqa: E731
                     _forward(g, s, prep(b[0])).astype(self.cache_dtype), b[1])
+            else:   # fresh: the frozen prefix on freshly augmented images
+                pre_gd, pre_state = self._eval_split(_Chain(self.units[:blk.start]))
+                sources = [(train_x, train_y)]
+                transform = lambda b, key, g=pre_gd, s=pre_state: (  # noqa: E731
+                    _forward(g, s, aug(b[0], key)).astype(self.cache_dtype), b[1])
             self.records.append(self._train_block(run, sources, transform, n, on_epoch))
             if run.cache_after is not None:
                 cache = self._build_cache(run.index, run.cache_after, cache, views, prep)

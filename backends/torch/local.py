@@ -272,8 +272,11 @@ class LocalTrainer:
     over the same units. num_classes: the heads' outputs. lr: SGD lr at `lr_batch` samples, scaled
     linearly to each block's batch; momentum, nesterov, weight_decay: SGD's. lr_factor(seen, total):
     the schedule's multiplier after `seen` of a block's `total` training samples (default 1).
-    autocast_dtype: the compute dtype (None: fp32). cache: cache block outputs (False: recompute the
-    frozen prefix every step, the reference the cache must match). cache_dtype: the cache's dtype.
+    autocast_dtype: the compute dtype (None: fp32). inputs: what blocks after the first read
+    (`triaccel.local_plan.block_runs`): "cache" (cached block outputs over the fixed views),
+    "recompute" (the frozen prefix on the fixed views every step, the reference the cache must
+    match) or "fresh" (the frozen prefix on freshly augmented images every step, no cache).
+    cache_dtype: the cache's (and a recomputed prefix output's) dtype.
     memory_format: applied to every input batch (channels_last on CUDA). head_pool: AuxHead's pool.
     nonfinite: how steps with non-finite gradients are skipped and when training stops
     (`triaccel.local_plan.NonFinitePolicy`; default: its defaults).
@@ -283,7 +286,7 @@ class LocalTrainer:
                  num_classes: int, device: torch.device | str, lr: float, lr_batch: int = 96,
                  momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 5e-4,
                  lr_factor: Callable[[int, int], float] | None = None,
-                 autocast_dtype: torch.dtype | None = torch.bfloat16, cache: bool = True,
+                 autocast_dtype: torch.dtype | None = torch.bfloat16, inputs: str = "cache",
                  cache_dtype: torch.dtype = torch.bfloat16, memory_format: torch.memory_format = torch.contiguous_format,
                  head_pool: int = 4, seed: int = 0, nonfinite: NonFinitePolicy | None = None) -> None:
         if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
@@ -297,7 +300,7 @@ class LocalTrainer:
         self.num_classes = int(num_classes)
         self.lr, self.lr_batch, self.momentum, self.nesterov, self.wd = lr, lr_batch, momentum, nesterov, weight_decay
         self.lr_factor = lr_factor or (lambda seen, total: 1.0)
-        self.autocast_dtype, self.cache, self.cache_dtype = autocast_dtype, cache, cache_dtype
+        self.autocast_dtype, self.inputs, self.cache_dtype = autocast_dtype, inputs, cache_dtype
         self.memory_format, self.seed = memory_format, seed
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
         self.heads: list[nn.Module] = []
@@ -351,9 +354,10 @@ class LocalTrainer:
         epochs: per block (an int for all). on_epoch(block, epoch, train_loss, seconds) after each
         epoch (e.g. to evaluate the block's exit).
         """
-        runs = block_runs(self.plan, epochs, lr=self.lr, lr_batch=self.lr_batch, seed=self.seed, cache=self.cache)
+        runs = block_runs(self.plan, epochs, lr=self.lr, lr_batch=self.lr_batch, seed=self.seed, inputs=self.inputs)
         n = int(train_x.shape[0])
-        check_views(n, [int(v.shape[0]) for v in views], int(train_y.shape[0]))
+        check_views(n, [int(v.shape[0]) for v in views], int(train_y.shape[0]),
+                    needed=any(r.source in ("cache", "recompute") for r in runs))
         for m in self.units:
             m.eval()
             m.requires_grad_(False)
@@ -375,10 +379,15 @@ class LocalTrainer:
                 def fetch(idx: np.ndarray, _e: list[int], src=src) -> Any:
                     v = src[BlockRun.view(_e[0], len(src))]
                     return self._fmt(gather_to(v, idx, self.device)), gather_to(train_y, idx, self.device)
-            else:
-                def fetch(idx: np.ndarray, _e: list[int], start=blk.start) -> Any:
-                    raw = gather_to(views[BlockRun.view(_e[0], len(views))], idx, self.device)
-                    x = self._prefix(start, self._fmt(view_transform(raw)))
+            else:   # the frozen prefix every step: on a fixed view ("recompute") or fresh images
+                def fetch(idx: np.ndarray, _e: list[int], start=blk.start, fresh=run.source == "fresh") -> Any:
+                    if fresh:
+                        i = indices_to(idx, train_x.device)
+                        x = self._fmt(train_transform(train_x.index_select(0, i)))
+                    else:
+                        raw = gather_to(views[BlockRun.view(_e[0], len(views))], idx, self.device)
+                        x = self._fmt(view_transform(raw))
+                    x = self._prefix(start, x)
                     return (self._fmt(x.to(self.cache_dtype) if self.cache_dtype != x.dtype else x),
                             gather_to(train_y, idx, self.device))
             self.records.append(self._train_block(run, fetch, n, on_epoch))

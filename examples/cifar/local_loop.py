@@ -34,8 +34,9 @@ from .datasets import CifarArrays
 from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
-# --block-batch), kept here so RunOptions stays shared with the other methods unchanged.
-LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None}
+# --block-batch, --block-inputs), kept here so RunOptions stays shared with the other methods unchanged.
+LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
+                                  "block_inputs": "cache"}
 
 
 def host_cache_bytes() -> int:
@@ -119,10 +120,11 @@ def _plan(table: list[Any], budget: int, lo: dict[str, Any], opts: RunOptions, r
     cfg = LocalPlanConfig(memory_budget=budget, batch_buckets=bucket_ladder(8, 8, max(opts.batch_max, 8)),
                           max_blocks=lo["max_blocks"], target_batch=lo["block_batch"], cache_views=lo["cache_views"],
                           max_cache_views=max(opts.epochs, 1), host_cache_bytes=host_cache_bytes(),
+                          block_inputs=lo["block_inputs"],
                           input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=0.85)
     plan = plan_local(table, cfg, num_samples=n, num_classes=num_classes)
     log.write("local_plan", **plan.to_dict())
-    print(f"cached views: {plan.cache_views} ({lo['cache_views']}); host bytes at most {plan.host_peak_bytes} "
+    print(f"block inputs: {lo['block_inputs']}; cached views: {plan.cache_views} ({lo['cache_views']}); host bytes at most {plan.host_peak_bytes} "
           f"({plan.host_peak_bytes / 2**30:.1f} GiB, of {cfg.host_cache_bytes / 2**30:.1f} GiB allowed)", flush=True)
     for blk in plan.blocks:
         print(f"block {blk.index}: {blk.names[0]}..{blk.names[-1]}  batch {blk.batch}  head width {blk.head_width}  "
@@ -239,7 +241,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         units, clf, plan, num_classes=data.num_classes, device=device, lr=opts.lr, lr_batch=opts.batch,
         momentum=opts.momentum, weight_decay=opts.weight_decay,
         lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
-        autocast_dtype=torch.bfloat16, cache=True, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed)
+        autocast_dtype=torch.bfloat16, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed)
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
     records = trainer.train(xtr, ytr, train_transform, views, prep, opts.epochs, on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)
@@ -351,7 +353,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
     trainer = jlocal.LocalTrainer(
         units, clf, plan, num_classes=data.num_classes, lr=opts.lr, lr_batch=opts.batch, momentum=opts.momentum,
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
-        compute_dtype=jnp.bfloat16, cache=True, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev)
+        compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev)
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
     records = trainer.train(xtr, ytr, train_transform, views, prep, opts.epochs, on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)

@@ -66,6 +66,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--cache-views", type=_views_arg, default="auto",
                    help="local: fixed augmentations of the training set cached per block; auto (default): as "
                         "many as epochs while the host caches fit half of the available host memory")
+    p.add_argument("--block-inputs", choices=["cache", "fresh"], default="cache",
+                   help="local: blocks after the first read cached outputs of fixed views (cache) or run the "
+                        "frozen prefix on freshly augmented images every step (fresh: no cache, no views)")
     p.add_argument("--block-batch", type=int, default=None,
                    help="local: the partition aims at the largest batch bucket <= this (default: --batch-max)")
     p.add_argument("--epochs", type=int, default=None, help="default: 10 on a GPU, 1 on CPU")
@@ -180,7 +183,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         if not 0 <= a.exit_tolerance <= 1:
             p.error(f"--exit-tolerance={a.exit_tolerance}: allowed [0, 1] (accuracy fraction)")
         opts.local = {"exit_tolerance": a.exit_tolerance, "max_blocks": a.max_blocks,  # type: ignore[attr-defined]
-                      "cache_views": a.cache_views, "block_batch": a.block_batch}
+                      "cache_views": a.cache_views, "block_batch": a.block_batch,
+                      "block_inputs": a.block_inputs}
     if a.method != "local":   # local's budget may read e2e:B; its knobs are checked by its plan
         opts.triaccel_config()  # validate every knob before any data is loaded
     return opts
