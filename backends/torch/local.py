@@ -498,7 +498,12 @@ class LocalTrainer:
         shape = self.plan.layers[nxt.start - 1].out_shape
         for v, raw in enumerate(views):
             n = int(raw.shape[0])
-            buf = torch.empty((n, *shape), dtype=self.cache_dtype, device=where)
+            # A host buffer is zero-filled first: torch fills it on all its threads, so the pages are
+            # faulted in in parallel rather than one by one inside each device-to-host copy (this
+            # project's CPU machine: 0.20 GB/s copying into fresh pages, 1.9 GB/s zeroing on two
+            # threads, then 9.1 GB/s copying; the H100 host built ten 3.3 GB views at ~1 GB/s).
+            alloc = torch.zeros if where.type == "cpu" else torch.empty
+            buf = alloc((n, *shape), dtype=self.cache_dtype, device=where)
 
             def fill(bs: int, v: int = v, raw: torch.Tensor = raw, buf: torch.Tensor = buf) -> None:
                 for i in range(0, n, bs):
