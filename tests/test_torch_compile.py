@@ -250,3 +250,24 @@ def test_compiles_the_inner_module_of_a_wrapped_ddp_model() -> None:
             compile_model(_net(1), opt, backend="eager")
     finally:
         dist.destroy_process_group()
+
+
+def test_efficientnet_compiles_once_without_breaks() -> None:
+    # EfficientNet-B0 (SE blocks, SiLU, depthwise convs) under the wrapper: one graph for every batch
+    # size with a dynamic batch dimension, no break (issue 14's host-bound model, for --compile)
+    from triaccel.backends.torch.models import create_model
+
+    model = create_model("efficientnet_b0", num_classes=10, width=0.25, seed=0)
+    opt = _wrapped(model)
+    cnt = CompileCounterWithBackend("eager")
+    cmodel = compile_model(model, opt, backend=cnt, dynamic_batch=True)
+    for i, n in enumerate([8, 4, 8, 6]):
+        g = torch.Generator().manual_seed(i)
+        x, y = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+        with opt.autocast():
+            loss = F.cross_entropy(cmodel(x), y)
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+    assert dict(counters["graph_break"]) == {}
+    assert cnt.frame_count == len(opt.plan.keys_seen) == 1
