@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: file-name tags for devices and writing a result as JSON.
+"""Shared by the benchmark scripts: file-name tags for devices, writing a result as JSON, one run of the
+CIFAR demo in its own process.
 
 The scripts run as `python benchmarks/<name>.py`, so this folder is first on sys.path and they
 import it as `_results` (tests add the folder to sys.path, tests/conftest.py).
@@ -7,9 +8,13 @@ import it as `_results` (tests add the folder to sys.path, tests/conftest.py).
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
 def device_tag(name: str, empty: str = "cpu") -> str:
@@ -26,3 +31,23 @@ def write_json(obj: Any, path: str | Path, indent: int = 2) -> Path:
     path.write_text(json.dumps(obj, indent=indent, default=str) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def run_demo(args: Sequence[str], out: Path, workdir: str | Path | None = None,
+             gpu: str | None = None) -> dict[str, Any] | None:
+    """`python -m examples.cifar.train ARGS --out OUT` in its own process (peak-memory counters and caches
+    start clean), on GPU `gpu` (CUDA_VISIBLE_DEVICES) when given. Returns its summary.json plus
+    wall_s (the process' seconds), without the bulky "report"; None when it failed (its output's
+    tail printed)."""
+    cmd = [sys.executable, "-m", "examples.cifar.train", *args, "--out", str(out)]
+    print("$", " ".join(cmd[1:]), flush=True)
+    t0 = time.perf_counter()
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
+    proc = subprocess.run(cmd, cwd=workdir, text=True, capture_output=True, env=env)
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", flush=True)
+        return None
+    summary = json.loads((Path(out) / "summary.json").read_text())
+    summary["wall_s"] = time.perf_counter() - t0
+    summary.pop("report", None)
+    return summary

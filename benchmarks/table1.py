@@ -25,14 +25,13 @@ import json
 import os
 import queue
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from _results import write_json
+from _results import run_demo, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,21 +67,14 @@ def row_options(method: str, args: argparse.Namespace) -> tuple[list[str], int]:
 def run_one(model: str, method: str, seed: int, args: argparse.Namespace, out: Path,
             gpu: str | None = None) -> dict[str, Any]:
     options, epochs = row_options(method, args)
-    cmd = [sys.executable, "-m", "examples.cifar.train", "--backend", args.backend, "--model", model,
-           "--dataset", args.dataset, "--epochs", str(epochs), "--data", args.data, "--seed", str(seed),
-           "--out", str(out), "--no-progress", *options, *args.demo_args]
+    cmd = ["--backend", args.backend, "--model", model, "--dataset", args.dataset, "--epochs", str(epochs),
+           "--data", args.data, "--seed", str(seed), "--no-progress", *options, *args.demo_args]
     if args.budget and "triaccel" in options:
         cmd += ["--budget", args.budget]
-    print("$", " ".join(cmd[1:]), flush=True)
-    t0 = time.perf_counter()
-    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
-    proc = subprocess.run(cmd, cwd=args.workdir, text=True, capture_output=True, env=env)
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", flush=True)
-        return {"model": model, "method": method, "seed": seed, "failed": proc.returncode}
-    summary = json.loads((out / "summary.json").read_text())
-    summary.update(model=model, method=method, seed=seed, wall_s=time.perf_counter() - t0)
-    summary.pop("report", None)
+    summary = run_demo(cmd, out, args.workdir, gpu)
+    if summary is None:
+        return {"model": model, "method": method, "seed": seed, "failed": 1}
+    summary.update(model=model, method=method, seed=seed)
     return summary
 
 

@@ -1,0 +1,63 @@
+"""benchmarks/local_vs_e2e.py: same-seed ratios, mean rows, the runs it launches (demo runs faked)."""
+
+from __future__ import annotations
+
+import pytest
+import local_vs_e2e as lv
+
+
+def _e2e(seed, acc, secs):
+    return {"variant": "e2e", "seed": seed, "final_acc": acc, "epoch_seconds": secs, "device_name": "GPU X"}
+
+
+def _local(variant, seed, accs, train_s, chosen=0):
+    return {"variant": variant, "seed": seed, "exit_accs": accs, "chosen_acc": accs[chosen], "train_seconds": train_s,
+            "param_reduction": 16.0, "model_params": 1000, "exit_params": [100, 500, 1000][:len(accs)],
+            "peak_alloc_bytes": 2**20, "memory_budget_bytes": 2 * 2**20}
+
+
+def test_rows_ratios_within_a_seed_and_means():
+    runs = [_e2e(0, 0.87, [10.0, 10.0]), _local("local", 0, [0.85, 0.86, 0.84], 10.0),
+            _e2e(1, 0.88, [20.0, 20.0]), _local("local", 1, [0.80, 0.87], 30.0),
+            {"variant": "local-fresh", "seed": 1, "failed": True}]
+    rows = lv.rows_of(runs)
+    by = {(r["variant"], r["seed"]): r for r in rows}
+    r0 = by[("local", 0)]
+    assert r0["best_acc"] == 0.86 and r0["points_vs_e2e"] == pytest.approx(-1.0)
+    assert r0["ratio_vs_e2e"] == pytest.approx(0.5) and r0["best_exit_param_reduction"] == 2.0
+    assert by[("local", 1)]["ratio_vs_e2e"] == pytest.approx(0.75)
+    assert by[("e2e", 0)]["ratio_vs_e2e"] == 1.0 and by[("e2e", 0)]["train_s"] == 20.0
+    mean = by[("local", "mean")]
+    assert mean["seeds"] == 2 and mean["ratio_vs_e2e"] == pytest.approx(0.625)
+    assert mean["points_vs_e2e"] == pytest.approx(-1.0)
+    assert by[("local-fresh", 1)]["failed"] and ("local-fresh", "mean") not in by
+    lv.print_table(rows)
+
+
+def test_e2e_batch_from_the_budget():
+    assert lv.e2e_batch("e2e:32", None) == 32 and lv.e2e_batch("512MiB", 16) == 16
+    for budget, given in (("e2e:0", None), ("e2e:32", 64), ("512MiB", None)):
+        with pytest.raises(ValueError):
+            lv.e2e_batch(budget, given)
+
+
+def test_main_runs_every_variant_per_seed(monkeypatch, tmp_path):
+    calls = []
+
+    def fake(args, out, workdir=None, gpu=None):
+        calls.append(list(args))
+        if "local" in args:
+            return _local("x", 0, [0.8, 0.82], 5.0)
+        return {"final_acc": 0.85, "epoch_seconds": [10.0], "device_name": "GPU X"}
+
+    monkeypatch.setattr(lv, "run_demo", fake)
+    res = lv.main(["--data", "d", "--seeds", "0", "1", "--out", str(tmp_path / "r.json"), "--", "--lr", "0.2"])
+    assert len(calls) == 6 and all(c[c.index("--lr") + 1] == "0.2" for c in calls)   # extra options reach every run
+    assert [c[c.index("--seed") + 1] for c in calls] == ["0", "0", "0", "1", "1", "1"]
+    assert calls[0][-4:] == ["--method", "amp", "--batch", "32"]
+    assert calls[1][-4:] == ["--method", "local", "--budget", "e2e:32"]
+    assert calls[2][-6:] == ["--method", "local", "--block-inputs", "fresh", "--budget", "e2e:32"]
+    mean = {r["variant"]: r for r in res["rows"] if r["seed"] == "mean"}
+    assert mean["local"]["ratio_vs_e2e"] == pytest.approx(0.5) and (tmp_path / "r.json").exists()
+    with pytest.raises(SystemExit):
+        lv.main(["--data", "d", "--budget", "1GiB"])
