@@ -284,24 +284,10 @@ def test_fresh_inputs_equal_a_cache_of_the_same_images_fp32(plan, torch_table):
 @pytest.mark.parametrize("block_inputs", ["cache", "fresh"])
 def test_demo_local_loop_jax(tmp_path, block_inputs):
     """examples.cifar local_loop's JAX path on a tiny synthetic CIFAR: plan, training, exits, summary."""
-    from examples.cifar.common import RunLog, RunOptions
-    from examples.cifar.datasets import CifarArrays
-    from examples.cifar.local_loop import train
+    from local_demo import check_block_inputs, run_local_demo
 
-    rng = np.random.default_rng(0)
-    data = CifarArrays(rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8), rng.integers(0, 4, 32),
-                       rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8), rng.integers(0, 4, 16), 4,
-                       (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-    opts = RunOptions(method="local", backend="jax", epochs=1, batch=16, lr=0.05, width=0.0625, budget="6MiB",
-                      batch_max=16, device="cpu", out=str(tmp_path), progress=False)
-    opts.local = {"exit_tolerance": 0.5, "max_blocks": 3, "cache_views": 1, "block_batch": None,
-                  "block_inputs": block_inputs}
-    log = RunLog(tmp_path / "log.jsonl")
-    summary = train(opts, data, log, None)
-    log.close()
+    summary = run_local_demo(tmp_path, "jax", block_inputs)
     nb = len(summary["plan"]["blocks"])
     assert nb >= 2 and len(summary["exit_accs"]) == nb == len(summary["blocks"])
     assert summary["exported_params"] == summary["exit_params"][summary["chosen_exit"]]
-    fresh = block_inputs == "fresh"
-    assert summary["plan"]["cache_views"] == (0 if fresh else 1)
-    assert all((b["input_cache"] == "fresh") == fresh for b in summary["plan"]["blocks"][1:])
+    check_block_inputs(summary, block_inputs)

@@ -207,33 +207,18 @@ def test_trainer_refuses_mismatched_units():
 @pytest.mark.parametrize("block_inputs", ["cache", "fresh"])
 def test_demo_local_loop(tmp_path, block_inputs):
     """examples.cifar local_loop on a tiny synthetic CIFAR: summary fields and plots."""
-    import numpy as np
-
-    from examples.cifar.common import RunLog, RunOptions
-    from examples.cifar.datasets import CifarArrays
-    from examples.cifar.local_loop import parse_local_budget, train
+    from examples.cifar.local_loop import parse_local_budget
     from examples.cifar.plots import plot_run
+    from local_demo import check_block_inputs, run_local_demo
 
-    rng = np.random.default_rng(0)
-    data = CifarArrays(rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8), rng.integers(0, 4, 32),
-                       rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8), rng.integers(0, 4, 16), 4,
-                       (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-    opts = RunOptions(method="local", epochs=1, batch=16, lr=0.05, width=0.0625, budget="6MiB", batch_max=16,
-                      device="cpu", out=str(tmp_path), progress=False)
-    opts.local = {"exit_tolerance": 0.5, "max_blocks": 3, "cache_views": 1, "block_batch": None,
-                  "block_inputs": block_inputs}
-    log = RunLog(tmp_path / "log.jsonl")
-    summary = train(opts, data, log, None)
-    log.close()
+    summary = run_local_demo(tmp_path, "torch", block_inputs)
     nb = len(summary["plan"]["blocks"])
     assert nb >= 2 and len(summary["exit_accs"]) == nb == len(summary["exit_params"]) == len(summary["blocks"])
     assert summary["exported_params"] == summary["exit_params"][summary["chosen_exit"]]
     assert summary["param_reduction"] == pytest.approx(summary["model_params"] / summary["exported_params"])
     assert summary["memory_budget_bytes"] == 6 * 2**20
     assert all(b["peak_bytes"] <= summary["plan"]["usable_bytes"] for b in summary["plan"]["blocks"])
-    fresh = block_inputs == "fresh"
-    assert summary["plan"]["cache_views"] == (0 if fresh else 1)
-    assert all((b["input_cache"] == "fresh") == fresh for b in summary["plan"]["blocks"][1:])
+    check_block_inputs(summary, block_inputs)
     names = {p.name for p in plot_run(tmp_path / "log.jsonl", tmp_path)}
     assert {"local_blocks.png", "local_exits.png"} <= names
     assert summary["unmodelled_fixed_bytes"] is None     # no end-to-end probe on the CPU
