@@ -86,7 +86,8 @@ def rows_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "param_reduction": mean("param_reduction"),
                      "best_exit_param_reduction": mean("best_exit_param_reduction"), "train_s": mean("train_s"),
                      "points_vs_e2e": mean("points_vs_e2e"), "ratio_vs_e2e": mean("ratio_vs_e2e"),
-                     "peak_bytes": max((r["peak_bytes"] or 0) for r in ok) or None, "budget_bytes": ok[0]["budget_bytes"],
+                     "peak_bytes": max((r["peak_bytes"] or 0) for r in ok) or None,
+                     "budget_bytes": ok[0]["budget_bytes"],
                      "seeds": len(ok)})
     return rows
 
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "--seed", str(seed), "--no-progress", *extra]
             opts += (["--method", "amp", "--batch", str(batch)] if v == "e2e" else [*VARIANTS[v], "--budget", a.budget])
             s = run_demo(opts, Path(a.runs) / f"{v}-s{seed}", a.workdir)
-            runs.append({"variant": v, "seed": seed, "failed": True} if s is None else {**s, "variant": v, "seed": seed})
+            tag = {"variant": v, "seed": seed}
+            runs.append({**tag, "failed": True} if s is None else {**s, **tag})
     rows = rows_of(runs)
     device = next((r.get("device_name") for r in runs if r.get("device_name")), "cpu")
     meta = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

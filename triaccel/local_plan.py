@@ -44,9 +44,9 @@ import numpy as np
 
 from .config import parse_bytes
 
-__all__ = ["BLOCK_INPUTS", "check_views", "LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan", "head_cost",
-           "plan_local", "select_exit", "head_init", "micro_batches", "BlockRun", "block_runs", "BlockRecord",
-           "halving_on_oom", "NonFinitePolicy", "NonFiniteTraining", "BlockOutOfMemory"]
+__all__ = ["BLOCK_INPUTS", "check_views", "LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan",
+           "head_cost", "plan_local", "select_exit", "head_init", "micro_batches", "BlockRun", "block_runs",
+           "BlockRecord", "halving_on_oom", "NonFinitePolicy", "NonFiniteTraining", "BlockOutOfMemory"]
 
 
 def _pos_int(name: str, v: Any, lo: int = 1) -> int:
@@ -211,7 +211,8 @@ class BlockPlan:
 
     input_cache: "data" (block 0 reads the data set), "device" or "host" (where its input cache
     lives), or "fresh" (no cache: the frozen prefix runs on fresh images). cache_bytes: its input
-    cache's size (0 for block 0 and fresh blocks). peak_bytes: modelled training peak at `batch`, device cache included.
+    cache's size (0 for block 0 and fresh blocks). peak_bytes: modelled training peak at `batch`,
+    device cache included.
     """
 
     index: int
@@ -487,8 +488,9 @@ class BlockRun:
     out-of-memory error falls back to (gradients accumulated over the logical batch). source: where
     its input comes from: "data" (block 0: freshly augmented images), "cache" (the previous block's
     cached outputs), "recompute" (the frozen prefix run on the fixed views every step, the
-    reference the cache must match) or "fresh" (the frozen prefix run on freshly augmented images). cache_after: where the cache built after it lives ("device",
-    "host"), None when none is built (the last block, or no caching). Epoch e of a block reads
+    reference the cache must match) or "fresh" (the frozen prefix run on freshly augmented images).
+    cache_after: where the cache built after it lives ("device", "host"), None when none is built
+    (the last block, no caching, or a fresh next block). Epoch e of a block reads
     fixed view ``view(e, n_views)``.
     """
 

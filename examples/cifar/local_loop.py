@@ -124,7 +124,8 @@ def _plan(table: list[Any], budget: int, lo: dict[str, Any], opts: RunOptions, r
                           input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=0.85)
     plan = plan_local(table, cfg, num_samples=n, num_classes=num_classes)
     log.write("local_plan", **plan.to_dict())
-    print(f"block inputs: {lo['block_inputs']}; cached views: {plan.cache_views} ({lo['cache_views']}); host bytes at most {plan.host_peak_bytes} "
+    print(f"block inputs: {lo['block_inputs']}; cached views: {plan.cache_views} ({lo['cache_views']}); "
+          f"host bytes at most {plan.host_peak_bytes} "
           f"({plan.host_peak_bytes / 2**30:.1f} GiB, of {cfg.host_cache_bytes / 2**30:.1f} GiB allowed)", flush=True)
     for blk in plan.blocks:
         print(f"block {blk.index}: {blk.names[0]}..{blk.names[-1]}  batch {blk.batch}  head width {blk.head_width}  "
