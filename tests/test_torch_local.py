@@ -272,3 +272,12 @@ def test_fresh_inputs_equal_a_cache_of_the_same_images_fp32():
             torch.testing.assert_close(t, u, rtol=1e-5, atol=1e-6, msg=na)
     assert [r.epoch_losses for r in ra] == [pytest.approx(r.epoch_losses, rel=1e-5) for r in rb]
     assert all(r.cache_seconds in (None, 0, 0.0) for r in rb)
+
+
+def test_host_cache_bytes_reads_mem_available(tmp_path):
+    from examples.cifar.local_loop import host_cache_bytes
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       131072000 kB\nMemFree:          1048576 kB\nMemAvailable:   100000000 kB\n")
+    assert host_cache_bytes(str(info)) == 100000000 * 1024 // 2
+    assert host_cache_bytes(str(tmp_path / "absent")) > 0      # falls back to sysconf (or 8 GiB)

@@ -39,9 +39,17 @@ LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cach
                                   "block_inputs": "cache"}
 
 
-def host_cache_bytes() -> int:
-    """Host bytes the local plan's caches may take: half of the memory available now (Linux
-    sysconf; 8 GiB where it cannot be read)."""
+def host_cache_bytes(meminfo: str = "/proc/meminfo") -> int:
+    """Host bytes the local plan's caches may take: half of the memory available now. Linux's
+    MemAvailable counts the page cache the kernel can reclaim (after reading a data set, free
+    pages alone can be a small part of it); else free pages (sysconf); else 8 GiB."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2   # the kernel reports kB
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
     except (ValueError, OSError, AttributeError):
