@@ -518,9 +518,11 @@ class BlockRun:
                               adaptive_precision=False, curvature="off", batch_multiple=1, memory_budget=memory_budget)
 
 
-def check_views(num_samples: int, view_rows: Sequence[int], label_rows: int, needed: bool = True) -> None:
+def check_views(num_samples: int, view_rows: Sequence[int], label_rows: int,
+                runs: Sequence["BlockRun"] | None = None) -> None:
     """The trainers' training-set views: each with `num_samples` rows, as many labels; at least one
-    when `needed` (a block reads a cache or recomputes on the views; a "fresh" plan reads none)."""
+    unless `runs` (the blocks' `BlockRun`s) show that none reads them (a "fresh" plan)."""
+    needed = runs is None or any(r.source in ("cache", "recompute") for r in runs)
     if needed and not view_rows:
         raise ValueError("views: at least one fixed augmentation of the training set is needed")
     if any(int(r) != num_samples for r in view_rows) or int(label_rows) != num_samples:

@@ -444,8 +444,7 @@ class LocalTrainer:
         """
         runs = block_runs(self.plan, epochs, lr=self.lr, lr_batch=self.lr_batch, seed=self.seed, inputs=self.inputs)
         n = int(train_x.shape[0])
-        check_views(n, [int(v.shape[0]) for v in views], int(train_y.shape[0]),
-                    needed=any(r.source in ("cache", "recompute") for r in runs))
+        check_views(n, [int(v.shape[0]) for v in views], int(train_y.shape[0]), runs)
         train_y = self._put(jnp.asarray(train_y, jnp.int32))
         aug, prep = jax.jit(train_transform), jax.jit(view_transform)
         cache: list[Any] | None = None
@@ -458,16 +457,13 @@ class LocalTrainer:
                 assert cache is not None
                 sources = [(c, train_y) for c in cache]
                 transform = None
-            elif run.source == "recompute":
+            else:   # the frozen prefix every step: on the fixed views ("recompute") or fresh images
                 pre_gd, pre_state = self._eval_split(_Chain(self.units[:blk.start]))
-                sources = [(v, train_y) for v in views]
-                transform = lambda b, key, g=pre_gd, s=pre_state: (  # noqa: E731
-                    _forward(g, s, prep(b[0])).astype(self.cache_dtype), b[1])
-            else:   # fresh: the frozen prefix on freshly augmented images
-                pre_gd, pre_state = self._eval_split(_Chain(self.units[:blk.start]))
-                sources = [(train_x, train_y)]
-                transform = lambda b, key, g=pre_gd, s=pre_state: (  # noqa: E731
-                    _forward(g, s, aug(b[0], key)).astype(self.cache_dtype), b[1])
+                fresh = run.source == "fresh"
+                sources = [(train_x, train_y)] if fresh else [(v, train_y) for v in views]
+                inp = (lambda b, key: aug(b[0], key)) if fresh else (lambda b, key: prep(b[0]))
+                transform = lambda b, key, g=pre_gd, s=pre_state, inp=inp: (  # noqa: E731
+                    _forward(g, s, inp(b, key)).astype(self.cache_dtype), b[1])
             self.records.append(self._train_block(run, sources, transform, n, on_epoch))
             if run.cache_after is not None:
                 cache = self._build_cache(run.index, run.cache_after, cache, views, prep)

@@ -356,22 +356,26 @@ class LocalTrainer:
         """
         runs = block_runs(self.plan, epochs, lr=self.lr, lr_batch=self.lr_batch, seed=self.seed, inputs=self.inputs)
         n = int(train_x.shape[0])
-        check_views(n, [int(v.shape[0]) for v in views], int(train_y.shape[0]),
-                    needed=any(r.source in ("cache", "recompute") for r in runs))
+        check_views(n, [int(v.shape[0]) for v in views], int(train_y.shape[0]), runs)
         for m in self.units:
             m.eval()
             m.requires_grad_(False)
         cache: list[torch.Tensor] | None = None
         self.records = []
+
+        # Every fetch is free of stream syncs (`gather_to`): a pageable host-to-device copy per step
+        # would drain the GPU's queue before each step (the H100 runs of issue 18 had one or two).
+        def augmented(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            """Freshly augmented images and their labels (block 0's input, and a fresh prefix's)."""
+            i = indices_to(idx, train_x.device)
+            y = (train_y.index_select(0, i) if train_y.device == train_x.device
+                 else gather_to(train_y, idx, self.device))
+            return self._fmt(train_transform(train_x.index_select(0, i))), y
+
         for b, (blk, run) in enumerate(zip(self.plan.blocks, runs)):
-            # Every fetch is free of stream syncs (`gather_to`): a pageable host-to-device copy per step
-            # would drain the GPU's queue before each step (the H100 runs of issue 18 had one or two).
             if run.source == "data":
                 def fetch(idx: np.ndarray, _e: list[int]) -> Any:
-                    i = indices_to(idx, train_x.device)
-                    y = (train_y.index_select(0, i) if train_y.device == train_x.device
-                         else gather_to(train_y, idx, self.device))
-                    return self._fmt(train_transform(train_x.index_select(0, i))), y
+                    return augmented(idx)
             elif run.source == "cache":
                 assert cache is not None
                 src = cache
@@ -382,14 +386,12 @@ class LocalTrainer:
             else:   # the frozen prefix every step: on a fixed view ("recompute") or fresh images
                 def fetch(idx: np.ndarray, _e: list[int], start=blk.start, fresh=run.source == "fresh") -> Any:
                     if fresh:
-                        i = indices_to(idx, train_x.device)
-                        x = self._fmt(train_transform(train_x.index_select(0, i)))
+                        x, y = augmented(idx)
                     else:
                         raw = gather_to(views[BlockRun.view(_e[0], len(views))], idx, self.device)
-                        x = self._fmt(view_transform(raw))
+                        x, y = self._fmt(view_transform(raw)), gather_to(train_y, idx, self.device)
                     x = self._prefix(start, x)
-                    return (self._fmt(x.to(self.cache_dtype) if self.cache_dtype != x.dtype else x),
-                            gather_to(train_y, idx, self.device))
+                    return self._fmt(x.to(self.cache_dtype) if self.cache_dtype != x.dtype else x), y
             self.records.append(self._train_block(run, fetch, n, on_epoch))
             if run.cache_after is not None:
                 cache = self._build_cache(b, run.cache_after, cache, views, view_transform)
@@ -486,8 +488,8 @@ class LocalTrainer:
         (cache_after: "device" or "host")."""
         nxt = self.plan.blocks[b + 1]
         # A host cache is pageable: steps gather their rows into pinned buffers (`gather_to`), so
-        # pinning the whole cache (~3.3 GB per view after ResNet-18's layer2.0) would buy nothing
-        # and cost ~1 GB/s to allocate (H100 host: 33.6 s for 10 views).
+        # pinning the whole cache (~3.3 GB per view after ResNet-18's layer2.0) buys nothing (H100:
+        # ten views built in 33.6 s pinned, 33.2 s pageable).
         where = self.device if cache_after == "device" else torch.device("cpu")
         body = self.block(b)
         self._sync()
@@ -501,7 +503,8 @@ class LocalTrainer:
             # A host buffer is zero-filled first: torch fills it on all its threads, so the pages are
             # faulted in in parallel rather than one by one inside each device-to-host copy (this
             # project's CPU machine: 0.20 GB/s copying into fresh pages, 1.9 GB/s zeroing on two
-            # threads, then 9.1 GB/s copying; the H100 host built ten 3.3 GB views at ~1 GB/s).
+            # threads, then 9.1 GB/s copying). The H100 host built ten 3.3 GB views at ~1 GB/s before
+            # this; its effect there is not yet measured.
             alloc = torch.zeros if where.type == "cpu" else torch.empty
             buf = alloc((n, *shape), dtype=self.cache_dtype, device=where)
 
