@@ -6,10 +6,12 @@
 Per seed, every variant runs in its own process, one after the other (so the ratios are within one call):
 ``e2e`` = the demo's AMP-bf16 run at batch B, the largest end-to-end batch under the budget (``--budget
 e2e:B``: B; a byte budget needs ``--e2e-batch``); ``local`` = ``--method local --budget ...`` with its
-defaults (cached views: auto); ``local-fresh`` = the same with ``--block-inputs fresh`` (no cache).
+defaults (cached views: auto); ``local-fresh`` = the same with ``--block-inputs fresh`` (no cache);
+``local-eager`` / ``local-fresh-eager``: the same with ``--cuda-graph off`` (every block step eager).
 Columns: best exit's accuracy and its difference to e2e in points (target >= -1), the chosen exit's
 accuracy and its parameter reduction, training seconds (epochs + cache building; e2e: its epochs) and
-their ratio to e2e's in the same seed (target <= 0.43), peak allocation against the budget.
+their ratio to e2e's in the same seed (target <= 0.43), peak allocation against the budget and the
+allocator's peak reservation (a CUDA graph's pool is reserved for the block's training).
 Writes benchmarks/results/local/local-vs-e2e-<model>-<device>.json (every summary and the table).
 """
 
@@ -26,7 +28,10 @@ from typing import Any
 from _results import device_tag, run_demo, write_json
 
 VARIANTS: dict[str, list[str]] = {"e2e": [], "local": ["--method", "local"],
-                                  "local-fresh": ["--method", "local", "--block-inputs", "fresh"]}
+                                  "local-fresh": ["--method", "local", "--block-inputs", "fresh"],
+                                  "local-eager": ["--method", "local", "--cuda-graph", "off"],
+                                  "local-fresh-eager": ["--method", "local", "--block-inputs", "fresh",
+                                                        "--cuda-graph", "off"]}
 TARGET_POINTS, TARGET_RATIO = -1.0, 0.43
 
 
@@ -71,7 +76,8 @@ def rows_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                           if local else 1.0),
             "train_s": secs, "points_vs_e2e": None if base is None else 100 * (best - base["final_acc"]),
             "ratio_vs_e2e": None if base is None else secs / train_seconds(base),
-            "peak_bytes": r.get("peak_alloc_bytes"), "budget_bytes": r.get("memory_budget_bytes"),
+            "peak_bytes": r.get("peak_alloc_bytes"), "reserved_bytes": r.get("peak_reserved_bytes"),
+            "budget_bytes": r.get("memory_budget_bytes"),
         })
     for v in dict.fromkeys(r["variant"] for r in rows):
         ok = [r for r in rows if r["variant"] == v and not r.get("failed")]
@@ -87,6 +93,7 @@ def rows_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "best_exit_param_reduction": mean("best_exit_param_reduction"), "train_s": mean("train_s"),
                      "points_vs_e2e": mean("points_vs_e2e"), "ratio_vs_e2e": mean("ratio_vs_e2e"),
                      "peak_bytes": max((r["peak_bytes"] or 0) for r in ok) or None,
+                     "reserved_bytes": max((r["reserved_bytes"] or 0) for r in ok) or None,
                      "budget_bytes": ok[0]["budget_bytes"],
                      "seeds": len(ok)})
     return rows
@@ -98,7 +105,7 @@ def _fmt(v: Any, spec: str) -> str:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'variant':<13}{'seed':>5}{'best %':>8}{'pts':>7}{'chosen %':>10}{'x fewer':>9}{'train s':>9}"
-          f"{'/ e2e':>7}{'peak MiB':>10}")
+          f"{'/ e2e':>7}{'peak MiB':>10}{'res. MiB':>10}")
     for r in rows:
         if r.get("failed"):
             print(f"{r['variant']:<13}{r['seed']:>5}  failed")
@@ -107,7 +114,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(f"{r['variant']:<13}{str(r['seed']):>5}{_fmt(pct(r['best_acc']), '.2f'):>8}"
               f"{_fmt(r['points_vs_e2e'], '+.2f'):>7}{_fmt(pct(r['chosen_acc']), '.2f'):>10}"
               f"{_fmt(r['param_reduction'], '.1f'):>9}{_fmt(r['train_s'], '.1f'):>9}{_fmt(r['ratio_vs_e2e'], '.2f'):>7}"
-              f"{_fmt(None if r['peak_bytes'] is None else r['peak_bytes'] / 2**20, '.0f'):>10}")
+              f"{_fmt(None if r['peak_bytes'] is None else r['peak_bytes'] / 2**20, '.0f'):>10}"
+              f"{_fmt(None if r['reserved_bytes'] is None else r['reserved_bytes'] / 2**20, '.0f'):>10}")
     print(f"targets: best exit >= e2e {TARGET_POINTS:+.0f} point, training <= {TARGET_RATIO}x e2e's (same seed, "
           "same call)")
 

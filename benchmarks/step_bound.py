@@ -113,6 +113,7 @@ def measure(name: str, units: list[nn.Module], clf: nn.Module, case: tuple, fmt:
         with torch.cuda.graph(g):
             fwd_bwd()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        timed = []
         for fn in (g.replay, opt.step):
             for _ in range(5):
                 fn()
@@ -121,11 +122,9 @@ def measure(name: str, units: list[nn.Module], clf: nn.Module, case: tuple, fmt:
                 fn()
             e1.record()
             torch.cuda.synchronize()
-            if fn is g.replay:
-                gpu = e0.elapsed_time(e1) / steps
-            else:
-                opt_ms = e0.elapsed_time(e1) / steps
-        gpu += opt_ms
+            timed.append(e0.elapsed_time(e1) / steps)
+        opt_ms = timed[1]
+        gpu = timed[0] + opt_ms
     return {"case": name, "start": start, "stop": stop, "batch": batch, "head": "clf" if head_w is None else head_w,
             "input_shape": list(shape), "params": sum(p.numel() for p in params), "wall_ms": wall, "issue_ms": issue,
             "gpu_ms": gpu, "opt_gpu_ms": opt_ms, "wall_over_gpu": wall / gpu if gpu == gpu else float("nan")}

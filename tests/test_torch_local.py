@@ -73,23 +73,25 @@ def test_measured_table():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # BN stats restored
 
 
-def _train(inputs: str, evaluate: bool = False, poison=None, nonfinite=None, epochs=2):
+def _train(inputs: str, evaluate: bool = False, poison=None, nonfinite=None, epochs=2, device="cpu",
+           cuda_graph=True, n=N):
     """Train the tiny model; evaluate: every exit so far after every epoch (as the demo does);
     poison(call, batch) -> batch: block 0's input at its call-th fetch."""
     model = _model()
     units, clf = sequential_units(model)
     _, plan = _plan(units)
-    tr = LocalTrainer(units, clf, plan, num_classes=K, device="cpu", lr=0.05, lr_batch=16, autocast_dtype=None,
+    model.to(device)
+    tr = LocalTrainer(units, clf, plan, num_classes=K, device=device, lr=0.05, lr_batch=16, autocast_dtype=None,
                       inputs=inputs, cache_dtype=torch.float32, seed=0, nonfinite=nonfinite,
-                      lr_factor=lambda seen, total: 1.0 - seen / total)
-    x, y = _data()
+                      lr_factor=lambda seen, total: 1.0 - seen / total, cuda_graph=cuda_graph)
+    x, y = (t[:n].to(device) for t in _data())
     views = [torch.flip(x, dims=[3]), x + 0.1]        # two fixed "augmentations"
     gen = torch.Generator().manual_seed(1)
     calls = [0]
 
     def augment(xb):                                   # block 0: fresh noise every step
         calls[0] += 1
-        out = xb + 0.01 * torch.randn(xb.shape, generator=gen)
+        out = xb + 0.01 * torch.randn(xb.shape, generator=gen).to(xb.device)
         return out if poison is None else poison(calls[0], out)
 
     def on_epoch(b, e, loss, seconds):
@@ -281,3 +283,38 @@ def test_host_cache_bytes_reads_mem_available(tmp_path):
     info.write_text("MemTotal:       131072000 kB\nMemFree:          1048576 kB\nMemAvailable:   100000000 kB\n")
     assert host_cache_bytes(str(info)) == 100000000 * 1024 // 2
     assert host_cache_bytes(str(tmp_path / "absent")) > 0      # falls back to sysconf (or 8 GiB)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("inputs", ["cache", "fresh"])
+def test_cuda_graph_trains_like_eager(inputs):
+    """Each block's full-batch step captured once and replayed (an epoch's short last batch eager):
+    the same weights, statistics and losses as eager steps, fp32."""
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    n = N - 5                                  # every epoch ends on a short batch
+    g, _, rg = _train(inputs=inputs, device="cuda", cuda_graph=True, epochs=3, n=n)
+    e, _, re = _train(inputs=inputs, device="cuda", cuda_graph=False, epochs=3, n=n)
+    for ma, mb in zip([*g.units, *g.heads], [*e.units, *e.heads]):
+        for (na, pa), (_, pb) in zip(ma.state_dict().items(), mb.state_dict().items()):
+            torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-5, msg=na)
+    for a, b in zip(rg, re):
+        assert a.steps == b.steps and not a.graph_note
+        assert a.graph_steps == a.steps - 3 - 3 and b.graph_steps == 0   # 3 warm-ups, 3 short batches
+        assert a.epoch_losses == pytest.approx(b.epoch_losses, rel=1e-4)
+
+
+@cuda
+def test_cuda_graph_skips_a_nonfinite_replay():
+    def poison(call, xb):
+        return torch.full_like(xb, float("nan")) if call == 6 else xb   # a replayed step (3 warm-ups)
+
+    tr, _, recs = _train(inputs="cache", poison=poison, nonfinite=NonFinitePolicy(patience=2, check_every=2),
+                         epochs=2, device="cuda")
+    assert recs[0].graph_steps > 0 and recs[0].skipped_steps == 1
+    for m in [*tr.units, *tr.heads]:
+        for name, t in m.state_dict().items():
+            assert torch.isfinite(t.float()).all(), name

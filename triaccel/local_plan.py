@@ -566,7 +566,11 @@ class BlockRecord:
     """What training one block did: per epoch train loss (mean over the samples of steps that were
     not skipped) and seconds; steps (skipped ones included); steps skipped for non-finite gradients;
     OOMs survived; peak device bytes while it trained (None where the device reports none); seconds
-    to build the next block's cache and the peak bytes then."""
+    to build the next block's cache and the peak bytes then. graph_steps: steps replayed from a
+    captured CUDA graph (the rest ran eagerly); graph_note: why a block that could have been
+    captured was not (empty otherwise); peak_reserved_bytes: the allocator's peak reservation (a
+    graph's private pool is reserved for its life but counts as allocated only while captured
+    tensors are alive)."""
 
     index: int
     batch: int
@@ -578,6 +582,9 @@ class BlockRecord:
     peak_bytes: int | None = None
     cache_seconds: float = 0.0
     cache_peak_bytes: int | None = None
+    graph_steps: int = 0
+    graph_note: str = ""
+    peak_reserved_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -39,6 +39,7 @@ from triaccel.elastic import ElasticIndexLoader
 from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
                                  block_runs, check_views, halving_on_oom, head_init)
 
+from .cuda_graph import GraphedStep
 from .data import elastic_step, free_memory, gather_to, indices_to, is_oom
 
 __all__ = ["AuxHead", "Classifier", "ExitModel", "LocalTrainer", "BlockRecord", "live_tensors", "measure_layers",
@@ -106,8 +107,10 @@ def sequential_units(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], Cla
                      "or an nn.Sequential ending in nn.Linear")
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+def _autocast(device: torch.device, dtype: torch.dtype | None, cache: bool = True) -> Any:
+    # cache=False in a CUDA graph: it must not keep autocast's cached weight casts from its capture
+    return (torch.autocast(device.type, dtype=dtype, cache_enabled=cache) if dtype is not None
+            else contextlib.nullcontext())
 
 
 def measure_layers(units: Sequence[tuple[str, nn.Module]], example: torch.Tensor,
@@ -208,6 +211,10 @@ def live_tensors(device: torch.device | str, top: int = 6) -> str:
             + ", ".join(f"{d} {v}" for v, d in big))
 
 
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class _StepGuard:
     """The TriAccel wrapper's device-side guard on one block's fused SGD. Per step, the gradients'
     non-finite counts (`triaccel.kernels.grad_moments`, one launch) set ``found_inf``, which the fused
@@ -225,6 +232,7 @@ class _StepGuard:
         self.impl = "auto" if dev.type == "cuda" else "reference"   # the kernel is for GPUs
         self.moments = torch.zeros((len(params), 3), dtype=torch.float32, device=dev)
         self.flag = torch.zeros((), dtype=torch.float32, device=dev)      # 1.0: this step was skipped
+        self.bad = torch.zeros((), dtype=torch.bool, device=dev)
         self.counts = torch.zeros(2, dtype=torch.float32, device=dev)     # skipped, consecutive
         # Momentum buffers start at zero: torch's first update is the same (0.9 * 0 + g == g), and a
         # skipped first step leaves them defined (the fused kernel would leave them uninitialised).
@@ -238,7 +246,13 @@ class _StepGuard:
 
     def step(self, _decision: Any) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
-        if grads:
+        if grads and self.impl == "auto" and torch.cuda.is_current_stream_capturing():
+            # In a CUDA graph the kernel's launch plan cannot be used: it re-bases by uploading the
+            # gradients' addresses into a buffer it recycles, which a replay would read stale. One
+            # multi-tensor norm instead (a norm overflowing float32 counts as non-finite too).
+            torch.logical_not(torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum()), out=self.bad)
+            self.flag.copy_(self.bad)
+        elif grads:
             rows = self.moments[:len(grads)]
             self.moments_fn(grads, out=rows, impl=self.impl)
             torch.clamp(rows[:, 2].sum(), max=1.0, out=self.flag)
@@ -279,7 +293,10 @@ class LocalTrainer:
     cache_dtype: the cache's (and a recomputed prefix output's) dtype.
     memory_format: applied to every input batch (channels_last on CUDA). head_pool: AuxHead's pool.
     nonfinite: how steps with non-finite gradients are skipped and when training stops
-    (`triaccel.local_plan.NonFinitePolicy`; default: its defaults).
+    (`triaccel.local_plan.NonFinitePolicy`; default: its defaults). cuda_graph: on a CUDA device,
+    capture each block's full-batch step (a frozen prefix included) once and replay it
+    (`cuda_graph.GraphedStep`; an epoch's short last batch and OOM replays run eagerly): the eager
+    step at these batches is bound by the host's launches. Ignored on other devices.
     """
 
     def __init__(self, units: Sequence[tuple[str, nn.Module]], classifier: nn.Module, plan: LocalPlan, *,
@@ -288,7 +305,8 @@ class LocalTrainer:
                  lr_factor: Callable[[int, int], float] | None = None,
                  autocast_dtype: torch.dtype | None = torch.bfloat16, inputs: str = "cache",
                  cache_dtype: torch.dtype = torch.bfloat16, memory_format: torch.memory_format = torch.contiguous_format,
-                 head_pool: int = 4, seed: int = 0, nonfinite: NonFinitePolicy | None = None) -> None:
+                 head_pool: int = 4, seed: int = 0, nonfinite: NonFinitePolicy | None = None,
+                 cuda_graph: bool = True) -> None:
         if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
             raise ValueError(f"units: names {[n for n, _ in units]} do not match the plan's layers "
                              f"{[l.name for l in plan.layers]}")
@@ -303,6 +321,7 @@ class LocalTrainer:
         self.autocast_dtype, self.inputs, self.cache_dtype = autocast_dtype, inputs, cache_dtype
         self.memory_format, self.seed = memory_format, seed
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
+        self.cuda_graph = bool(cuda_graph) and self.device.type == "cuda"
         self.heads: list[nn.Module] = []
         for blk in plan.blocks:
             last = blk.stop == len(units)
@@ -326,8 +345,8 @@ class LocalTrainer:
     def _fmt(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=self.memory_format) if x.dim() == 4 else x
 
-    def _cast(self) -> Any:
-        return _autocast(self.device, self.autocast_dtype)
+    def _cast(self, cache: bool = True) -> Any:
+        return _autocast(self.device, self.autocast_dtype, cache)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -373,6 +392,9 @@ class LocalTrainer:
             return self._fmt(train_transform(train_x.index_select(0, i))), y
 
         for b, (blk, run) in enumerate(zip(self.plan.blocks, runs)):
+            # fetch(indices, [epoch]) -> (x, y) on the device; pre(x) -> the block's input (inside
+            # the step, so a CUDA graph holds a frozen prefix's forward too)
+            pre: Callable[[torch.Tensor], torch.Tensor] = _identity
             if run.source == "data":
                 def fetch(idx: np.ndarray, _e: list[int]) -> Any:
                     return augmented(idx)
@@ -384,45 +406,67 @@ class LocalTrainer:
                     v = src[BlockRun.view(_e[0], len(src))]
                     return self._fmt(gather_to(v, idx, self.device)), gather_to(train_y, idx, self.device)
             else:   # the frozen prefix every step: on a fixed view ("recompute") or fresh images
-                def fetch(idx: np.ndarray, _e: list[int], start=blk.start, fresh=run.source == "fresh") -> Any:
+                def fetch(idx: np.ndarray, _e: list[int], fresh=run.source == "fresh") -> Any:
                     if fresh:
-                        x, y = augmented(idx)
-                    else:
-                        raw = gather_to(views[BlockRun.view(_e[0], len(views))], idx, self.device)
-                        x, y = self._fmt(view_transform(raw)), gather_to(train_y, idx, self.device)
+                        return augmented(idx)
+                    raw = gather_to(views[BlockRun.view(_e[0], len(views))], idx, self.device)
+                    return self._fmt(view_transform(raw)), gather_to(train_y, idx, self.device)
+
+                def pre(x: torch.Tensor, start: int = blk.start) -> torch.Tensor:
                     x = self._prefix(start, x)
-                    return self._fmt(x.to(self.cache_dtype) if self.cache_dtype != x.dtype else x), y
-            self.records.append(self._train_block(run, fetch, n, on_epoch))
+                    return self._fmt(x.to(self.cache_dtype) if self.cache_dtype != x.dtype else x)
+            self.records.append(self._train_block(run, fetch, pre, n, on_epoch))
             if run.cache_after is not None:
                 cache = self._build_cache(b, run.cache_after, cache, views, view_transform)
         for m in self.units:
             m.requires_grad_(True)
         return self.records
 
-    def _train_block(self, run: BlockRun, fetch: Callable[[np.ndarray, list[int]], Any], n: int,
-                     on_epoch: Any) -> BlockRecord:
+    def _train_block(self, run: BlockRun, fetch: Callable[[np.ndarray, list[int]], Any],
+                     pre: Callable[[torch.Tensor], torch.Tensor], n: int, on_epoch: Any) -> BlockRecord:
         b, blk, epochs = run.index, self.plan.blocks[run.index], run.epochs
         body, head = self.block(b), self.heads[b]
         body.requires_grad_(True)
         head.requires_grad_(True)
         params = [*body.parameters(), *head.parameters()]
         # fused: the kernel takes the GradScaler protocol's found_inf (a device-side skip); same update
-        # and state (momentum buffers) as the default SGD
-        opt = torch.optim.SGD(params, lr=run.lr, momentum=self.momentum, nesterov=self.nesterov,
+        # and state (momentum buffers) as the default SGD. A device tensor lr reaches a graph's replays.
+        lr0 = torch.tensor(run.lr, dtype=torch.float32, device=self.device) if self.cuda_graph else run.lr
+        opt = torch.optim.SGD(params, lr=lr0, momentum=self.momentum, nesterov=self.nesterov,
                               weight_decay=self.wd, fused=True)
         guard = _StepGuard(params, opt, [*body.buffers(), *head.buffers()], self.nonfinite, b)
         ctl = Controller(run.controller_config(self.plan.memory_budget), [f"block{b}"])
         epoch_of = [0]
         loader = _FnLoader(n, batch_size=blk.batch, seed=run.seed,
                            fetch_fn=lambda idx: fetch(idx, epoch_of))
-        total, seen = epochs * n, [0]
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: self.lr_factor(seen[0], total))
+        total, seen = epochs * n, 0
+        loss_sum = torch.zeros((), device=self.device)   # per epoch, over steps not skipped
+        kept = torch.zeros((), device=self.device)
+
+        def set_lr() -> None:
+            lr = run.lr * self.lr_factor(seen, total)
+            for g in opt.param_groups:
+                if isinstance(g["lr"], torch.Tensor):
+                    g["lr"].fill_(lr)
+                else:
+                    g["lr"] = lr
 
         def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             x, y = batch
             with self._cast():
-                return F.cross_entropy(head(body(x)), y)
+                return F.cross_entropy(head(body(pre(x))), y)
 
+        def graph_step(x: torch.Tensor, y: torch.Tensor) -> None:
+            # the eager step's work, device-side only: a capture records it (see GraphedStep)
+            opt.zero_grad(set_to_none=True)
+            with self._cast(cache=False):
+                loss = F.cross_entropy(head(body(pre(x))), y)
+            loss.backward()
+            guard.step(None)
+            loss_sum.add_(torch.where(guard.flag > 0, 0.0, loss.float()) * y.shape[0])
+            kept.add_((1.0 - guard.flag) * y.shape[0])
+
+        graphed = GraphedStep(graph_step, params) if self.cuda_graph else None
         rec = BlockRecord(index=b, batch=blk.batch)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -434,23 +478,26 @@ class LocalTrainer:
             head.train()
             self._sync()
             t0 = time.perf_counter()
-            loss_sum = torch.zeros((), device=self.device)
-            kept = torch.zeros((), device=self.device)
+            loss_sum.zero_()
+            kept.zero_()
             while True:
-                oom: str | None = None
-                try:
-                    res = elastic_step(loader, ctl, loss_fn, opt, rec.steps, optimizer_step=guard.step)
-                except OOMAtMinimumBatch as exc:
-                    oom = str(exc)   # the text only: the exception's frames hold the failed step's tensors
-                if oom is not None:
-                    raise BlockOutOfMemory(self._oom_report(b, rec.steps, oom))
-                seen[0] += res.samples
-                sched.step()
-                loss_sum += torch.where(guard.flag > 0, 0.0, res.loss.float()) * res.samples
-                kept += (1.0 - guard.flag) * res.samples
+                set_lr()
+                samples = self._graph_step(graphed, loader, blk.batch, n, rec) if graphed is not None else 0
+                if samples == 0:
+                    oom: str | None = None
+                    try:
+                        res = elastic_step(loader, ctl, loss_fn, opt, rec.steps, optimizer_step=guard.step)
+                    except OOMAtMinimumBatch as exc:
+                        oom = str(exc)   # the text only: the exception's frames hold the failed step's tensors
+                    if oom is not None:
+                        raise BlockOutOfMemory(self._oom_report(b, rec.steps, oom))
+                    samples = res.samples
+                    loss_sum.add_(torch.where(guard.flag > 0, 0.0, res.loss.float()) * res.samples)
+                    kept.add_((1.0 - guard.flag) * res.samples)
+                    rec.ooms += res.ooms
+                seen += samples
                 rec.steps += 1
-                rec.ooms += res.ooms
-                if res.end_of_epoch:
+                if loader.end_of_epoch:
                     break
                 if self.nonfinite.due(rec.steps):
                     rec.skipped_steps = guard.check(rec.steps)
@@ -462,13 +509,46 @@ class LocalTrainer:
                 on_epoch(b, e, rec.epoch_losses[-1], rec.epoch_seconds[-1])
         if self.device.type == "cuda":
             rec.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            rec.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(self.device))
         body.eval().requires_grad_(False)
         head.eval().requires_grad_(False)
-        # Free the block's gradients and momentum now: LambdaLR and its optimizer form a reference
-        # cycle that only a garbage collection frees, and later blocks plan without them.
+        # Free the block's graph, gradients and momentum now: later blocks plan without them.
+        del graphed
         opt.zero_grad(set_to_none=True)
         opt.state.clear()
         return rec
+
+    def _graph_step(self, graphed: GraphedStep, loader: _FnLoader, batch: int, n: int, rec: BlockRecord) -> int:
+        """One step through `graphed` when the loader's next step is a full batch; returns its
+        samples, or 0 to leave the step to the eager elastic path (an epoch's short last batch, an
+        OOM while fetching or capturing, a capture that failed before)."""
+        left = n if loader.sampler.epoch_done else loader.sampler.remaining
+        if rec.graph_note or loader.logical_batch != batch or left < batch:
+            return 0
+        idx = loader.next_indices()
+        capturing = not graphed.captured and graphed.calls >= graphed.warmup
+        stage, failed = "fetch", ""
+        try:
+            x, y = loader.fetch(idx)
+            stage = "step"
+            if capturing:
+                free_memory()   # the warm-up's cached blocks: the graph's private pool replaces them
+            graphed(x, y)
+        except Exception as exc:   # noqa: BLE001 - an OOM, or any error of a capture, falls back to eager
+            loader.put_back(idx)
+            if not (is_oom(exc) or (capturing and stage == "step")):
+                raise
+            failed = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        if failed:
+            if capturing and stage == "step":
+                rec.graph_note = f"capture failed ({failed}); eager steps"
+                warnings.warn(f"block {rec.index}: CUDA graph {rec.graph_note}", RuntimeWarning, stacklevel=2)
+            free_memory()
+            return 0
+        loader.complete(idx)
+        if graphed.captured:
+            rec.graph_steps += 1
+        return int(len(idx))
 
     def _oom_report(self, b: int, step: int, msg: str) -> str:
         """BlockOutOfMemory's message: the block, its plan, what the device holds (largest live tensors)."""

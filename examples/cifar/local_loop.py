@@ -34,9 +34,9 @@ from .datasets import CifarArrays
 from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
-# --block-batch, --block-inputs), kept here so RunOptions stays shared with the other methods unchanged.
+# --block-batch, --block-inputs, --cuda-graph), kept here so RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
-                                  "block_inputs": "cache"}
+                                  "block_inputs": "cache", "cuda_graph": True}
 
 
 def host_cache_bytes(meminfo: str = "/proc/meminfo") -> int:
@@ -149,11 +149,13 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
     params = trainer.exit_params()
     for blk, rec in zip(plan.blocks, records):
         log.write("block", **blk.to_dict(), measured_peak_bytes=rec.peak_bytes, cache_peak_bytes=rec.cache_peak_bytes,
-                  cache_seconds=rec.cache_seconds, steps=rec.steps, skipped_steps=rec.skipped_steps, ooms=rec.ooms)
+                  cache_seconds=rec.cache_seconds, steps=rec.steps, skipped_steps=rec.skipped_steps, ooms=rec.ooms,
+                  graph_steps=rec.graph_steps, graph_note=rec.graph_note, peak_reserved_bytes=rec.peak_reserved_bytes)
     log.write("exits", accs=accs, params=params, chosen=chosen, tolerance=lo["exit_tolerance"])
     epoch_seconds = [s for r in records for s in r.epoch_seconds]
     train_seconds = sum(epoch_seconds) + sum(r.cache_seconds for r in records)
     peaks = [p for r in records for p in (r.peak_bytes, r.cache_peak_bytes) if p is not None]
+    reserved = [r.peak_reserved_bytes for r in records if r.peak_reserved_bytes is not None]
     print(f"exits: {', '.join(f'{100 * a:.2f}%' for a in accs)}; chosen exit {chosen} "
           f"({exported.param_count} params, {model_params / exported.param_count:.1f}x fewer than the model); "
           f"training {train_seconds:.1f}s", flush=True)
@@ -164,6 +166,8 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
         "chosen_acc": accs[chosen], "local_options": lo, "plan": plan.to_dict(),
         "blocks": [r.to_dict() for r in records], "epoch_seconds": epoch_seconds, "train_seconds": train_seconds,
         "s_per_epoch_median_last5": median_last(epoch_seconds), "peak_alloc_bytes": max(peaks) if peaks else None,
+        "peak_reserved_bytes": max(reserved) if reserved else None,
+        "graph_steps": sum(r.graph_steps for r in records),
         "e2e_largest_batch_modelled": plan.e2e_batch, "steps": sum(r.steps for r in records),
     }
 
@@ -250,7 +254,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         units, clf, plan, num_classes=data.num_classes, device=device, lr=opts.lr, lr_batch=opts.batch,
         momentum=opts.momentum, weight_decay=opts.weight_decay,
         lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
-        autocast_dtype=torch.bfloat16, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed)
+        autocast_dtype=torch.bfloat16, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed,
+        cuda_graph=lo["cuda_graph"])
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
     records = trainer.train(xtr, ytr, train_transform, views, prep, opts.epochs, on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)

@@ -69,6 +69,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--block-inputs", choices=["cache", "fresh"], default="cache",
                    help="local: blocks after the first read cached outputs of fixed views (cache) or run the "
                         "frozen prefix on freshly augmented images every step (fresh: no cache, no views)")
+    p.add_argument("--cuda-graph", choices=["on", "off"], default="on",
+                   help="local, torch on CUDA: capture each block's full-batch step once and replay it (on, default) "
+                        "or run every step eagerly (off); JAX's steps are compiled by XLA either way")
     p.add_argument("--block-batch", type=int, default=None,
                    help="local: the partition aims at the largest batch bucket <= this (default: --batch-max)")
     p.add_argument("--epochs", type=int, default=None, help="default: 10 on a GPU, 1 on CPU")
@@ -184,7 +187,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
             p.error(f"--exit-tolerance={a.exit_tolerance}: allowed [0, 1] (accuracy fraction)")
         opts.local = {"exit_tolerance": a.exit_tolerance, "max_blocks": a.max_blocks,  # type: ignore[attr-defined]
                       "cache_views": a.cache_views, "block_batch": a.block_batch,
-                      "block_inputs": a.block_inputs}
+                      "block_inputs": a.block_inputs, "cuda_graph": a.cuda_graph == "on"}
     if a.method != "local":   # local's budget may read e2e:B; its knobs are checked by its plan
         opts.triaccel_config()  # validate every knob before any data is loaded
     return opts
