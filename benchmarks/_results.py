@@ -34,18 +34,26 @@ def write_json(obj: Any, path: str | Path, indent: int = 2) -> Path:
 
 
 def run_demo(args: Sequence[str], out: Path, workdir: str | Path | None = None,
-             gpu: str | None = None) -> dict[str, Any] | None:
+             gpu: str | None = None, timeout: float | None = None) -> dict[str, Any] | None:
     """`python -m examples.cifar.train ARGS --out OUT` in its own process (peak-memory counters and caches
     start clean), on GPU `gpu` (CUDA_VISIBLE_DEVICES) when given. Returns its summary.json plus
     wall_s (the process' seconds), without the bulky "report"; None when it failed (its output's
-    tail printed)."""
+    tail printed; all of it is in OUT/output.log) or ran past `timeout` seconds."""
     cmd = [sys.executable, "-m", "examples.cifar.train", *args, "--out", str(out)]
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.perf_counter()
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
-    proc = subprocess.run(cmd, cwd=workdir, text=True, capture_output=True, env=env)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    log = Path(out) / "output.log"   # the run's stdout and stderr as they come (a killed run keeps them)
+    with open(log, "w") as f:
+        try:
+            proc = subprocess.run(cmd, cwd=workdir, text=True, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(log.read_text()[-6000:], f"killed after {timeout} s", sep="\n", flush=True)
+            return None
     if proc.returncode != 0:
-        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", flush=True)
+        print(log.read_text()[-6000:], flush=True)
         return None
     summary = json.loads((Path(out) / "summary.json").read_text())
     summary["wall_s"] = time.perf_counter() - t0

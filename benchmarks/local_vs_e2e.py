@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--workdir", default=str(Path(__file__).resolve().parents[1]))
     p.add_argument("--runs", default="/tmp/local-vs-e2e", help="where each run's --out goes")
     p.add_argument("--out", default=None)
+    p.add_argument("--run-timeout", type=float, default=None, help="seconds: a run still going then counts as failed")
     p.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: extra options for every run")
     a = p.parse_args(argv)
     try:
@@ -141,25 +142,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(str(exc))
     extra = [x for x in a.demo_args if x != "--"]
     runs: list[dict[str, Any]] = []
+    out: dict[str, Any] = {}
     for seed in a.seeds:
         for v in a.variants:
             opts = ["--backend", a.backend, "--model", a.model, "--epochs", str(a.epochs), "--data", a.data,
                     "--seed", str(seed), "--no-progress", *extra]
             opts += (["--method", "amp", "--batch", str(batch)] if v == "e2e" else [*VARIANTS[v], "--budget", a.budget])
-            s = run_demo(opts, Path(a.runs) / f"{v}-s{seed}", a.workdir)
+            s = run_demo(opts, Path(a.runs) / f"{v}-s{seed}", a.workdir, timeout=a.run_timeout)
             tag = {"variant": v, "seed": seed}
             runs.append({**tag, "failed": True} if s is None else {**s, **tag})
+            out = write_report(runs, batch, a)   # after every run: a call cut short keeps what finished
+    print("#", out["meta"])
+    print_table(out["rows"])
+    return out
+
+
+def write_report(runs: list[dict[str, Any]], batch: int, a: argparse.Namespace) -> dict[str, Any]:
+    """The rows of `runs` with this call's metadata, written to --out (or the default path)."""
     rows = rows_of(runs)
     device = next((r.get("device_name") for r in runs if r.get("device_name")), "cpu")
     meta = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "e2e_batch": batch}
-    print("#", meta)
-    print_table(rows)
     out = {"meta": meta, "rows": rows, "runs": runs}
     write_json(out, a.out or Path(__file__).resolve().parent / "results" / "local" /
                f"local-vs-e2e-{a.model}-{device_tag(device)}.json")
     return out
-
 
 if __name__ == "__main__":
     main()
