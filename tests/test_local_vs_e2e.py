@@ -44,14 +44,16 @@ def test_e2e_batch_from_the_budget():
 def test_main_runs_every_variant_per_seed(monkeypatch, tmp_path):
     calls = []
 
-    def fake(args, out, workdir=None, gpu=None):
+    def fake(args, out, workdir=None, gpu=None, timeout=None):
+        assert timeout == 50.0
         calls.append(list(args))
         if "local" in args:
             return _local("x", 0, [0.8, 0.82], 5.0)
         return {"final_acc": 0.85, "epoch_seconds": [10.0], "device_name": "GPU X"}
 
     monkeypatch.setattr(lv, "run_demo", fake)
-    res = lv.main(["--data", "d", "--seeds", "0", "1", "--out", str(tmp_path / "r.json"), "--", "--lr", "0.2"])
+    res = lv.main(["--data", "d", "--seeds", "0", "1", "--out", str(tmp_path / "r.json"), "--run-timeout", "50",
+                   "--", "--lr", "0.2"])
     assert len(calls) == 6 and all(c[c.index("--lr") + 1] == "0.2" for c in calls)   # extra options reach every run
     assert [c[c.index("--seed") + 1] for c in calls] == ["0", "0", "0", "1", "1", "1"]
     assert calls[0][-4:] == ["--method", "amp", "--batch", "32"]
