@@ -72,6 +72,11 @@ class GraphedStep:
             self.graph.replay()
         self.calls += 1
 
+    def release(self) -> None:
+        """Drop the graph and its static buffers (its private pool goes back to the allocator's cache);
+        the next call warms up and captures again."""
+        self.graph, self.static, self.calls = None, [], 0
+
     def _eager(self, inputs: Sequence[torch.Tensor]) -> None:
         cur = torch.cuda.current_stream()
         if self._side is None:

@@ -463,7 +463,7 @@ class LocalTrainer:
                 loss = F.cross_entropy(head(body(pre(x))), y)
             loss.backward()
             guard.step(None)
-            loss_sum.add_(torch.where(guard.flag > 0, 0.0, loss.float()) * y.shape[0])
+            loss_sum.add_(torch.where(guard.flag > 0, 0.0, loss.detach().float()) * y.shape[0])
             kept.add_((1.0 - guard.flag) * y.shape[0])
 
         graphed = GraphedStep(graph_step, params) if self.cuda_graph else None
@@ -520,8 +520,8 @@ class LocalTrainer:
 
     def _graph_step(self, graphed: GraphedStep, loader: _FnLoader, batch: int, n: int, rec: BlockRecord) -> int:
         """One step through `graphed` when the loader's next step is a full batch; returns its
-        samples, or 0 to leave the step to the eager elastic path (an epoch's short last batch, an
-        OOM while fetching or capturing, a capture that failed before)."""
+        samples, or 0 to leave the step to the eager elastic path (an epoch's short last batch; from
+        an OOM or a failed capture on, the whole block)."""
         left = n if loader.sampler.epoch_done else loader.sampler.remaining
         if rec.graph_note or loader.logical_batch != batch or left < batch:
             return 0
@@ -530,19 +530,23 @@ class LocalTrainer:
         stage, failed = "fetch", ""
         try:
             x, y = loader.fetch(idx)
-            stage = "step"
+            stage = "capture" if capturing else "step"
             if capturing:
                 free_memory()   # the warm-up's cached blocks: the graph's private pool replaces them
             graphed(x, y)
         except Exception as exc:   # noqa: BLE001 - an OOM, or any error of a capture, falls back to eager
             loader.put_back(idx)
-            if not (is_oom(exc) or (capturing and stage == "step")):
+            if not (is_oom(exc) or stage == "capture"):
                 raise
             failed = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
         if failed:
-            if capturing and stage == "step":
-                rec.graph_note = f"capture failed ({failed}); eager steps"
-                warnings.warn(f"block {rec.index}: CUDA graph {rec.graph_note}", RuntimeWarning, stacklevel=2)
+            # The graph's private pool stays reserved beside every eager allocation, so under a tight
+            # cap one OOM means the next steps would OOM too: release the graph, train eagerly.
+            cuda, dev = torch.cuda, self.device
+            mem = f"allocated {cuda.memory_allocated(dev)}, reserved {cuda.memory_reserved(dev)} bytes"
+            graphed.release()
+            rec.graph_note = f"{stage} at step {rec.steps}: {failed} ({mem}); graph released, eager steps"
+            warnings.warn(f"block {rec.index}: CUDA graph {rec.graph_note}", RuntimeWarning, stacklevel=2)
             free_memory()
             return 0
         loader.complete(idx)
