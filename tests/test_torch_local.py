@@ -318,3 +318,58 @@ def test_cuda_graph_skips_a_nonfinite_replay():
     for m in [*tr.units, *tr.heads]:
         for name, t in m.state_dict().items():
             assert torch.isfinite(t.float()).all(), name
+
+
+class _FlakyGraph:
+    """Stands in for GraphedStep on the CPU: runs the step eagerly, "captures" at the 4th call, and
+    raises torch's OOM at block 0's calls listed in `oom_at` (0-based, counting every call)."""
+
+    instances: list = []
+    oom_at: tuple = ()
+
+    def __init__(self, fn, params, warmup=3):
+        self.fn, self.warmup, self.calls, self.attempts, self.warmup_ooms = fn, warmup, 0, 0, 0
+        self.captured, self.released = False, False
+        _FlakyGraph.instances.append(self)
+
+    def release(self):
+        self.captured, self.calls, self.released = False, 0, True
+
+    def __call__(self, x, y):
+        self.attempts += 1
+        if self is _FlakyGraph.instances[0] and self.attempts - 1 in self.oom_at:   # block 0's only
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        self.fn(x, y)
+        self.calls += 1
+        self.captured = self.captured or self.calls > self.warmup
+
+
+@pytest.mark.parametrize("oom_at, note", [((0, 1, 2), ""), ((3,), "capture"), ((0, 1, 2, 3), "step"),
+                                           ((6,), "step")])
+def test_graph_fallbacks_lose_no_sample(monkeypatch, oom_at, note):
+    """Warm-up OOMs fall back to the eager step (up to WARMUP_OOMS), a failed capture or an OOM beside a
+    captured graph releases it for the block: every step still trains its whole batch once."""
+    import triaccel.backends.torch.local as tl
+
+    monkeypatch.setattr(tl, "GraphedStep", _FlakyGraph)
+    monkeypatch.setattr(_FlakyGraph, "oom_at", oom_at)
+    _FlakyGraph.instances = []
+    orig = tl.LocalTrainer.__init__
+
+    def init(self, *a, **k):
+        orig(self, *a, **k)
+        self.cuda_graph = True          # the graph path on the CPU, through the stand-in
+    monkeypatch.setattr(tl.LocalTrainer, "__init__", init)
+    _, _, recs = _train("cache", epochs=2, n=N - 5)
+    _, _, ref = _train("cache", epochs=2, n=N - 5, cuda_graph=False)
+    first = recs[0]
+    assert [r.steps for r in recs] == [r.steps for r in ref]
+    assert all(r.ooms == 0 for r in recs)            # the fallbacks never reached the elastic OOM path
+    assert (note in first.graph_note) and (bool(first.graph_note) == bool(note))
+    assert _FlakyGraph.instances[0].released == bool(note)
+    if note:
+        assert f"{note} at step" in first.graph_note
+    # every block but the first trained through the stand-in without failures
+    assert all(not r.graph_note and r.graph_steps == r.steps - 3 - 2 for r in recs[1:])
+    for a, b in zip(recs, ref):   # the graph path's lr is a float32 tensor, the reference's a float
+        assert a.epoch_losses == pytest.approx(b.epoch_losses, rel=1e-3)

@@ -6,8 +6,8 @@ end-to-end training at batch 32 11.2 ms, with the GPU idle between launches
 (`benchmarks/step_bound.py`, issue 18). Captured once and replayed, such a step costs one graph launch
 plus the copies of its inputs into static buffers.
 
-`GraphedStep` follows torch's whole-network capture recipe: a few eager warm-up steps on a side stream
-(cuDNN/cuBLAS set themselves up there), gradients set to None before the capture so backward allocates
+`GraphedStep` follows torch's whole-network capture recipe: a few eager warm-up steps (cuDNN/cuBLAS set
+themselves up there; on the caller's stream, see `_eager`), gradients set to None before the capture so backward allocates
 them in the graph's private pool, then one capture; every later call copies its inputs into the static
 buffers and replays. The warm-up steps are real steps (the step function runs on the caller's batches),
 and the capture itself runs nothing, so the call that captures replays once at the end: every call
@@ -42,9 +42,9 @@ class GraphedStep:
             raise ValueError(f"warmup={warmup!r}: allowed >= 1 (cuDNN/cuBLAS set up in eager steps before a capture)")
         self.fn, self.params, self.warmup = fn, list(params), int(warmup)
         self.calls = 0
+        self.warmup_ooms = 0   # the caller's count of warm-up steps that ran out of memory
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: list[torch.Tensor] = []
-        self._side: torch.cuda.Stream | None = None
 
     @property
     def captured(self) -> bool:
@@ -78,13 +78,10 @@ class GraphedStep:
         self.graph, self.static, self.calls = None, [], 0
 
     def _eager(self, inputs: Sequence[torch.Tensor]) -> None:
-        cur = torch.cuda.current_stream()
-        if self._side is None:
-            self._side = torch.cuda.Stream(device=cur.device)
-        self._side.wait_stream(cur)
-        with torch.cuda.stream(self._side):
-            self.fn(*inputs)
-        cur.wait_stream(self._side)
+        # On the caller's stream, not torch's recipe's side stream: the caching allocator keeps a
+        # stream's freed blocks for that stream, so a side stream's warm-up needs a second working set
+        # beside the caller's (on the H100 it ran out of memory at step 0 under issue 18's 520 MiB cap).
+        self.fn(*inputs)
 
     def _capture(self, inputs: Sequence[torch.Tensor]) -> None:
         # the static buffers keep the inputs' layouts (a channels_last batch stays channels_last)

@@ -211,6 +211,9 @@ def live_tensors(device: torch.device | str, top: int = 6) -> str:
             + ", ".join(f"{d} {v}" for v, d in big))
 
 
+WARMUP_OOMS = 3   # warm-up steps of a CUDA graph that may run out of memory before a block gives up on it
+
+
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
@@ -520,8 +523,9 @@ class LocalTrainer:
 
     def _graph_step(self, graphed: GraphedStep, loader: _FnLoader, batch: int, n: int, rec: BlockRecord) -> int:
         """One step through `graphed` when the loader's next step is a full batch; returns its
-        samples, or 0 to leave the step to the eager elastic path (an epoch's short last batch; from
-        an OOM or a failed capture on, the whole block)."""
+        samples, or 0 to leave the step to the eager elastic path (an epoch's short last batch; a
+        warm-up step that ran out of memory; from a failed capture, an OOM beside a captured graph or
+        the WARMUP_OOMS-th warm-up OOM on, the whole block)."""
         left = n if loader.sampler.epoch_done else loader.sampler.remaining
         if rec.graph_note or loader.logical_batch != batch or left < batch:
             return 0
@@ -539,11 +543,19 @@ class LocalTrainer:
             if not (is_oom(exc) or stage == "capture"):
                 raise
             failed = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        if failed and stage != "capture" and not graphed.captured and graphed.warmup_ooms < WARMUP_OOMS:
+            # a warm-up step (eager) that ran out of memory: the elastic path replays it in
+            # micro-batches; the first steps' OOMs can be transient (cuDNN's first-call workspaces)
+            graphed.warmup_ooms += 1
+            free_memory()
+            return 0
         if failed:
             # The graph's private pool stays reserved beside every eager allocation, so under a tight
-            # cap one OOM means the next steps would OOM too: release the graph, train eagerly.
+            # cap a capture that does not fit, or an OOM beside a captured graph, means the next
+            # steps would OOM too: release the graph, train eagerly.
             cuda, dev = torch.cuda, self.device
-            mem = f"allocated {cuda.memory_allocated(dev)}, reserved {cuda.memory_reserved(dev)} bytes"
+            mem = (f"allocated {cuda.memory_allocated(dev)}, reserved {cuda.memory_reserved(dev)} bytes"
+                   if dev.type == "cuda" else "")
             graphed.release()
             rec.graph_note = f"{stage} at step {rec.steps}: {failed} ({mem}); graph released, eager steps"
             warnings.warn(f"block {rec.index}: CUDA graph {rec.graph_note}", RuntimeWarning, stacklevel=2)
