@@ -74,7 +74,7 @@ def test_measured_table():
 
 
 def _train(inputs: str, evaluate: bool = False, poison=None, nonfinite=None, epochs=2, device="cpu",
-           cuda_graph=True, n=N, block_inputs="cache"):
+           cuda_graph=True, n=N, block_inputs="cache", noise=0.01):
     """Train the tiny model; evaluate: every exit so far after every epoch (as the demo does);
     poison(call, batch) -> batch: block 0's input at its call-th fetch."""
     model = _model()
@@ -91,7 +91,7 @@ def _train(inputs: str, evaluate: bool = False, poison=None, nonfinite=None, epo
 
     def augment(xb):                                   # block 0: fresh noise every step
         calls[0] += 1
-        out = xb + 0.01 * torch.randn(xb.shape, generator=gen).to(xb.device)
+        out = xb + noise * torch.randn(xb.shape, generator=gen).to(xb.device) if noise else xb
         return out if poison is None else poison(calls[0], out)
 
     def on_epoch(b, e, loss, seconds):
@@ -352,7 +352,7 @@ def test_graph_fallbacks_lose_no_sample(monkeypatch, oom_at, note):
     import triaccel.backends.torch.local as tl
 
     monkeypatch.setattr(tl, "GraphedStep", _FlakyGraph)
-    monkeypatch.setattr(_FlakyGraph, "oom_at", oom_at)
+    monkeypatch.setattr(_FlakyGraph, "oom_at", ())
     _FlakyGraph.instances = []
     orig = tl.LocalTrainer.__init__
 
@@ -360,8 +360,11 @@ def test_graph_fallbacks_lose_no_sample(monkeypatch, oom_at, note):
         orig(self, *a, **k)
         self.cuda_graph = True          # the graph path on the CPU, through the stand-in
     monkeypatch.setattr(tl.LocalTrainer, "__init__", init)
-    _, _, recs = _train("cache", epochs=2, n=N - 5)
-    _, _, ref = _train("cache", epochs=2, n=N - 5, cuda_graph=False)
+    # deterministic block-0 inputs: a failed attempt's fetch would otherwise consume augmentation draws
+    _, _, ref = _train("cache", epochs=2, n=N - 5, noise=0)     # the stand-in never failing: the reference
+    monkeypatch.setattr(_FlakyGraph, "oom_at", oom_at)
+    _FlakyGraph.instances = []
+    _, _, recs = _train("cache", epochs=2, n=N - 5, noise=0)
     first = recs[0]
     assert [r.steps for r in recs] == [r.steps for r in ref]
     assert all(r.ooms == 0 for r in recs)            # the fallbacks never reached the elastic OOM path
@@ -371,5 +374,5 @@ def test_graph_fallbacks_lose_no_sample(monkeypatch, oom_at, note):
         assert f"{note} at step" in first.graph_note
     # every block but the first trained through the stand-in without failures
     assert all(not r.graph_note and r.graph_steps == r.steps - 3 - 2 for r in recs[1:])
-    for a, b in zip(recs, ref):   # the graph path's lr is a float32 tensor, the reference's a float
-        assert a.epoch_losses == pytest.approx(b.epoch_losses, rel=1e-3)
+    for a, b in zip(recs, ref):
+        assert a.epoch_losses == pytest.approx(b.epoch_losses, rel=1e-5)
