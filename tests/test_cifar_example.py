@@ -54,6 +54,13 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     with pytest.raises(SystemExit):   # the compilation cache is JAX's
         train.parse_args(["--backend", "torch", "--compile-cache", str(tmp_path)])
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
+    local = ["--method", "local", "--budget", "e2e:32"]
+    for bad in (["--graph-reserve", "lots"], ["--graph-reserve", "64MiB", "--cuda-graph", "off"],
+                ["--graph-reserve", "64MiB", "--backend", "jax"]):
+        with pytest.raises(SystemExit):
+            train.parse_args([*local, *bad])
+    assert train.parse_args([*local, "--graph-reserve", "64MiB"]).local["graph_reserve"] == 64 * 2 ** 20
+    assert train.parse_args(local).local["graph_reserve"] == 0
 
 
 def test_memory_format_auto_keeps_efficientnet_contiguous_on_cuda(tmp_path):

@@ -51,6 +51,20 @@ def test_train_peak_by_hand():
     assert m.infer_peak(1, 3, 5) == 1000 + 40 + 5 + 3 * (100 + 48)
     # its input cache: 4 samples x 8 elements x 2 bytes
     assert m.train_peak(1, 2, 0, 3, device_cache=True) == m.train_peak(1, 2, 0, 3) + 64
+    # a CUDA graph's reserve adds to every training step, not to inference
+    g = _Model(layers, LocalPlanConfig(memory_budget=MIB, act_bytes=2, cache_bytes=2, input_bytes=100,
+                                       state_bytes_per_param=10, resident_bytes=1000, graph_reserve_bytes="1KiB"), 10, 4)
+    assert g.train_peak(1, 2, 0, 3) == m.train_peak(1, 2, 0, 3) + 1024 and g.infer_peak(1, 3, 5) == m.infer_peak(1, 3, 5)
+
+
+def test_graph_reserve_shrinks_batches_within_the_same_budget():
+    _, plain = make(96 * MIB)
+    cfg, graphed = make(96 * MIB, graph_reserve_bytes=24 * MIB)
+    m = _Model(TABLE, cfg, K, N)
+    assert all(m.train_peak(b.start, b.stop, b.head_width, b.batch) <= cfg.usable_bytes for b in graphed.blocks)
+    assert (len(graphed.blocks), [b.batch for b in graphed.blocks]) != (len(plain.blocks), [b.batch for b in plain.blocks])
+    with pytest.raises(ValueError, match="graph_reserve_bytes"):
+        LocalPlanConfig(memory_budget=MIB, graph_reserve_bytes=-1)
 
 
 @pytest.mark.parametrize("budget", [48 * MIB, 64 * MIB, 96 * MIB, 160 * MIB, 512 * MIB])

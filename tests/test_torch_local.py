@@ -302,7 +302,7 @@ def test_cuda_graph_trains_like_eager(block_inputs):
         for (na, pa), (_, pb) in zip(ma.state_dict().items(), mb.state_dict().items()):
             torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-5, msg=na)
     for a, b in zip(rg, re):
-        assert a.steps == b.steps and not a.graph_note
+        assert a.steps == b.steps and not a.graph_note and a.graph_pool_bytes is not None and b.graph_pool_bytes is None
         assert a.graph_steps == a.steps - 3 - 3 and b.graph_steps == 0   # 3 warm-ups, 3 short batches
         assert a.epoch_losses == pytest.approx(b.epoch_losses, rel=1e-4)
 
@@ -329,7 +329,7 @@ class _FlakyGraph:
 
     def __init__(self, fn, params, warmup=3):
         self.fn, self.warmup, self.calls, self.attempts, self.warmup_ooms = fn, warmup, 0, 0, 0
-        self.captured, self.released = False, False
+        self.captured, self.released, self.pool_bytes = False, False, 123
         _FlakyGraph.instances.append(self)
 
     def release(self):
@@ -373,6 +373,6 @@ def test_graph_fallbacks_lose_no_sample(monkeypatch, oom_at, note):
     if note:
         assert f"{note} at step" in first.graph_note
     # every block but the first trained through the stand-in without failures
-    assert all(not r.graph_note and r.graph_steps == r.steps - 3 - 2 for r in recs[1:])
+    assert all(not r.graph_note and r.graph_steps == r.steps - 3 - 2 and r.graph_pool_bytes == 123 for r in recs[1:])
     for a, b in zip(recs, ref):
         assert a.epoch_losses == pytest.approx(b.epoch_losses, rel=1e-5)

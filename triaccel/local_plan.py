@@ -115,6 +115,11 @@ class LocalPlanConfig:
     frozen_bytes_per_param: bytes per parameter of the units not in training (their fp32 weights).
     resident_bytes: bytes held on the device throughout (e.g. the training images, and workspaces the
       framework keeps that the table does not show).
+    graph_reserve_bytes: bytes every training step keeps free beside its modelled peak for a CUDA graph
+      (int or e.g. "64MiB"; 0: steps run eagerly). A captured step's working set sits in the graph's
+      private pool, which no other allocation may use, so the eager work beside it (fetching the next
+      batch, the allocator's segment rounding) needs segments of its own: on the H100 under issue 18's
+      520 MiB budget a capture with no reserve ran out of memory 32 MiB short.
     """
 
     memory_budget: int | str
@@ -135,6 +140,7 @@ class LocalPlanConfig:
     state_bytes_per_param: int = 14
     frozen_bytes_per_param: int = 4
     resident_bytes: int = 0
+    graph_reserve_bytes: int | str = 0
     headroom: float = 0.9
 
     def __post_init__(self) -> None:
@@ -168,6 +174,9 @@ class LocalPlanConfig:
             raise ValueError("host_cache_bytes=None: cache_views='auto' needs the host bytes the caches may "
                              "hold, e.g. host_cache_bytes='16GiB'")
         _pos_int("resident_bytes", self.resident_bytes, 0)
+        if not (isinstance(self.graph_reserve_bytes, int) and not isinstance(self.graph_reserve_bytes, bool)
+                and self.graph_reserve_bytes == 0):   # 0 (no reserve) or a positive size
+            object.__setattr__(self, "graph_reserve_bytes", parse_bytes(self.graph_reserve_bytes, "graph_reserve_bytes"))
         if isinstance(self.headroom, bool) or not isinstance(self.headroom, (int, float)) or not 0 < self.headroom <= 1:
             raise ValueError(f"headroom={self.headroom!r}: allowed (0, 1]")
 
@@ -284,7 +293,8 @@ class _Model:
             largest = max(largest, self.layers[i - 1].out_elements)
         own = sum(u.params for u in units)
         frozen = sum(u.params for u in self.layers) - own
-        fixed = c.resident_bytes + c.state_bytes_per_param * (own + hc.params) + c.frozen_bytes_per_param * frozen
+        fixed = (c.resident_bytes + c.graph_reserve_bytes + c.state_bytes_per_param * (own + hc.params)
+                 + c.frozen_bytes_per_param * frozen)
         per = self.in_bytes(i) + sum(u.saved_bytes for u in units) + hc.saved_bytes + 2 * largest * c.act_bytes
         return fixed + batch * per + (self.cache_size(i) if device_cache else 0)
 
@@ -567,7 +577,8 @@ class BlockRecord:
     not skipped) and seconds; steps (skipped ones included); steps skipped for non-finite gradients;
     OOMs survived; peak device bytes while it trained (None where the device reports none); seconds
     to build the next block's cache and the peak bytes then. graph_steps: steps replayed from a
-    captured CUDA graph (the rest ran eagerly); graph_note: why a block that could have been
+    captured CUDA graph (the rest ran eagerly); graph_pool_bytes: what the allocator reserved for the
+    capture (None: no capture); graph_note: why a block that could have been
     captured was not (empty otherwise); peak_reserved_bytes: the allocator's peak reservation (a
     graph's private pool is reserved for its life but counts as allocated only while captured
     tensors are alive)."""
@@ -583,6 +594,7 @@ class BlockRecord:
     cache_seconds: float = 0.0
     cache_peak_bytes: int | None = None
     graph_steps: int = 0
+    graph_pool_bytes: int | None = None
     graph_note: str = ""
     peak_reserved_bytes: int | None = None
 

@@ -44,6 +44,7 @@ class GraphedStep:
         self.calls = 0
         self.warmup_ooms = 0   # the caller's count of warm-up steps that ran out of memory
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.pool_bytes: int | None = None   # what the allocator reserved during the capture (bytes)
         self.static: list[torch.Tensor] = []
 
     @property
@@ -88,8 +89,11 @@ class GraphedStep:
         self.static = [torch.empty_like(x, memory_format=torch.preserve_format).copy_(x) for x in inputs]
         for p in self.params:
             p.grad = None
+        dev = self.static[0].device if self.static else None
         torch.cuda.synchronize()
+        before = torch.cuda.memory_reserved(dev)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             self.fn(*self.static)
         self.graph = g
+        self.pool_bytes = torch.cuda.memory_reserved(dev) - before

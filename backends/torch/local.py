@@ -564,6 +564,7 @@ class LocalTrainer:
         loader.complete(idx)
         if graphed.captured:
             rec.graph_steps += 1
+            rec.graph_pool_bytes = graphed.pool_bytes
         return int(len(idx))
 
     def _oom_report(self, b: int, step: int, msg: str) -> str:

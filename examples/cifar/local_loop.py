@@ -34,9 +34,9 @@ from .datasets import CifarArrays
 from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
-# --block-batch, --block-inputs, --cuda-graph), kept here so RunOptions stays shared with the other methods unchanged.
+# --block-batch, --block-inputs, --cuda-graph, --graph-reserve), kept here so RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
-                                  "block_inputs": "cache", "cuda_graph": True}
+                                  "block_inputs": "cache", "cuda_graph": True, "graph_reserve": 0}
 
 
 def host_cache_bytes(meminfo: str = "/proc/meminfo") -> int:
@@ -128,7 +128,7 @@ def _plan(table: list[Any], budget: int, lo: dict[str, Any], opts: RunOptions, r
     cfg = LocalPlanConfig(memory_budget=budget, batch_buckets=bucket_ladder(8, 8, max(opts.batch_max, 8)),
                           max_blocks=lo["max_blocks"], target_batch=lo["block_batch"], cache_views=lo["cache_views"],
                           max_cache_views=max(opts.epochs, 1), host_cache_bytes=host_cache_bytes(),
-                          block_inputs=lo["block_inputs"],
+                          block_inputs=lo["block_inputs"], graph_reserve_bytes=lo["graph_reserve"],
                           input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=0.85)
     plan = plan_local(table, cfg, num_samples=n, num_classes=num_classes)
     log.write("local_plan", **plan.to_dict())
@@ -150,7 +150,8 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
     for blk, rec in zip(plan.blocks, records):
         log.write("block", **blk.to_dict(), measured_peak_bytes=rec.peak_bytes, cache_peak_bytes=rec.cache_peak_bytes,
                   cache_seconds=rec.cache_seconds, steps=rec.steps, skipped_steps=rec.skipped_steps, ooms=rec.ooms,
-                  graph_steps=rec.graph_steps, graph_note=rec.graph_note, peak_reserved_bytes=rec.peak_reserved_bytes)
+                  graph_steps=rec.graph_steps, graph_pool_bytes=rec.graph_pool_bytes, graph_note=rec.graph_note,
+                  peak_reserved_bytes=rec.peak_reserved_bytes)
     log.write("exits", accs=accs, params=params, chosen=chosen, tolerance=lo["exit_tolerance"])
     epoch_seconds = [s for r in records for s in r.epoch_seconds]
     train_seconds = sum(epoch_seconds) + sum(r.cache_seconds for r in records)

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from triaccel.config import parse_bytes
+
 from .common import DEFAULT_LEVERS, LEVERS, MEMORY_FORMATS, RunLog, RunOptions, options_record
 from .plots import plot_run
 
@@ -72,6 +74,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--cuda-graph", choices=["on", "off"], default="on",
                    help="local, torch on CUDA: capture each block's full-batch step once and replay it (on, default) "
                         "or run every step eagerly (off); JAX's steps are compiled by XLA either way")
+    p.add_argument("--graph-reserve", default="0",
+                   help="local, torch with --cuda-graph on: device bytes each block step keeps free beside its "
+                        "modelled peak for the graph (e.g. 64MiB; smaller batches within the same budget). Default 0: "
+                        "a capture that does not fit falls back to eager steps")
     p.add_argument("--block-batch", type=int, default=None,
                    help="local: the partition aims at the largest batch bucket <= this (default: --batch-max)")
     p.add_argument("--epochs", type=int, default=None, help="default: 10 on a GPU, 1 on CPU")
@@ -185,9 +191,16 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
             p.error(str(exc))
         if not 0 <= a.exit_tolerance <= 1:
             p.error(f"--exit-tolerance={a.exit_tolerance}: allowed [0, 1] (accuracy fraction)")
+        try:
+            reserve = 0 if a.graph_reserve.strip() == "0" else parse_bytes(a.graph_reserve, "--graph-reserve")
+        except ValueError as exc:
+            p.error(str(exc))
+        if reserve and (a.backend != "torch" or a.cuda_graph == "off"):
+            p.error(f"--graph-reserve={a.graph_reserve}: only with --backend torch and --cuda-graph on "
+                    "(the reserve is for the torch trainer's CUDA graphs)")
         opts.local = {"exit_tolerance": a.exit_tolerance, "max_blocks": a.max_blocks,  # type: ignore[attr-defined]
                       "cache_views": a.cache_views, "block_batch": a.block_batch,
-                      "block_inputs": a.block_inputs, "cuda_graph": a.cuda_graph == "on"}
+                      "block_inputs": a.block_inputs, "cuda_graph": a.cuda_graph == "on", "graph_reserve": reserve}
     if a.method != "local":   # local's budget may read e2e:B; its knobs are checked by its plan
         opts.triaccel_config()  # validate every knob before any data is loaded
     return opts
