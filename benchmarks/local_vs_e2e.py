@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -133,6 +134,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--workdir", default=str(Path(__file__).resolve().parents[1]))
     p.add_argument("--runs", default="/tmp/local-vs-e2e", help="where each run's --out goes")
     p.add_argument("--out", default=None)
+    p.add_argument("--local-args", default="", help="extra demo options for the local variants only, e.g. "
+                   "\"--graph-reserve 64MiB\" (one string)")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds: a run still going then counts as failed")
     p.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: extra options for every run")
     a = p.parse_args(argv)
@@ -147,7 +150,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for v in a.variants:
             opts = ["--backend", a.backend, "--model", a.model, "--epochs", str(a.epochs), "--data", a.data,
                     "--seed", str(seed), "--no-progress", *extra]
-            opts += (["--method", "amp", "--batch", str(batch)] if v == "e2e" else [*VARIANTS[v], "--budget", a.budget])
+            opts += (["--method", "amp", "--batch", str(batch)] if v == "e2e"
+                     else [*VARIANTS[v], "--budget", a.budget, *shlex.split(a.local_args)])
             s = run_demo(opts, Path(a.runs) / f"{v}-s{seed}", a.workdir, timeout=a.run_timeout)
             tag = {"variant": v, "seed": seed}
             runs.append({**tag, "failed": True} if s is None else {**s, **tag})

@@ -53,12 +53,14 @@ def test_main_runs_every_variant_per_seed(monkeypatch, tmp_path):
 
     monkeypatch.setattr(lv, "run_demo", fake)
     res = lv.main(["--data", "d", "--seeds", "0", "1", "--out", str(tmp_path / "r.json"), "--run-timeout", "50",
-                   "--", "--lr", "0.2"])
+                   "--local-args", "--graph-reserve 64MiB", "--", "--lr", "0.2"])
+    assert all(("--graph-reserve" in c) == ("local" in c) for c in calls)   # local variants only
     assert len(calls) == 6 and all(c[c.index("--lr") + 1] == "0.2" for c in calls)   # extra options reach every run
     assert [c[c.index("--seed") + 1] for c in calls] == ["0", "0", "0", "1", "1", "1"]
     assert calls[0][-4:] == ["--method", "amp", "--batch", "32"]
-    assert calls[1][-4:] == ["--method", "local", "--budget", "e2e:32"]
-    assert calls[2][-6:] == ["--method", "local", "--block-inputs", "fresh", "--budget", "e2e:32"]
+    assert calls[1][-6:] == ["--method", "local", "--budget", "e2e:32", "--graph-reserve", "64MiB"]
+    assert calls[2][-8:] == ["--method", "local", "--block-inputs", "fresh", "--budget", "e2e:32", "--graph-reserve",
+                             "64MiB"]
     mean = {r["variant"]: r for r in res["rows"] if r["seed"] == "mean"}
     assert mean["local"]["ratio_vs_e2e"] == pytest.approx(0.5) and (tmp_path / "r.json").exists()
     with pytest.raises(SystemExit):

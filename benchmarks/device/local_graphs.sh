@@ -1,0 +1,24 @@
+# Issue 18's next calls (H100): do the block steps' CUDA graphs fit the 520 MiB budget with a reserve
+# (call 1, ~3 min), and what does local learning with graphs take against end-to-end in one call
+# (call 2, ~7 min, R = the smallest reserve whose captures all fit)?
+#   bash benchmarks/device/local_graphs.sh probe        (device tool, carry [".device"])
+#   R=64MiB bash benchmarks/device/local_graphs.sh compare
+source benchmarks/device/prep.sh; cd /tmp/pkg
+if [ "${1:-probe}" = probe ]; then
+timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_torch_local.py -k cuda_graph > $OUT/gpu-tests.log 2>&1
+tail -1 $OUT/gpu-tests.log
+D="python3 -m examples.cifar.train --backend torch --model resnet18 --epochs 2 --data /tmp/data/cifar10-jpeg --seed 0
+   --no-progress --method local --block-inputs fresh --budget e2e:32"
+for r in 0 64MiB 128MiB; do
+  timeout 100 $D --graph-reserve $r --out $OUT/fresh-2ep-reserve-$r > $OUT/fresh-2ep-reserve-$r.log 2>&1
+  python3 -c "
+import json; d = json.load(open('$OUT/fresh-2ep-reserve-$r/summary.json'))
+print('reserve $r', round(d['train_seconds'], 1), [round(a, 4) for a in d['exit_accs']],
+      [(b['batch'], b['graph_steps'], b['steps'], b['graph_pool_bytes'], b['graph_note'][:60]) for b in d['blocks']])"
+done
+else
+R=${R:-64MiB}
+timeout 400 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds 0 --variants e2e local-fresh \
+  --local-args "--graph-reserve $R" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
+tail -6 $OUT/lve.log
+fi
