@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 
-def run_local_demo(tmp_path: Path, backend: str, block_inputs: str) -> dict[str, Any]:
+def run_local_demo(tmp_path: Path, backend: str, block_inputs: str, **local: Any) -> dict[str, Any]:
     """examples.cifar.local_loop.train (CPU, 6 MiB budget, 1 epoch, width 1/16) -> its summary; the
-    run's log is tmp_path/log.jsonl."""
+    run's log is tmp_path/log.jsonl. local: more of the demo's local options (LOCAL_DEFAULTS' keys)."""
     from examples.cifar.common import RunLog, RunOptions
     from examples.cifar.datasets import CifarArrays
     from examples.cifar.local_loop import train
@@ -22,7 +22,7 @@ def run_local_demo(tmp_path: Path, backend: str, block_inputs: str) -> dict[str,
     opts = RunOptions(method="local", backend=backend, epochs=1, batch=16, lr=0.05, width=0.0625, budget="6MiB",
                       batch_max=16, device="cpu", out=str(tmp_path), progress=False)
     opts.local = {"exit_tolerance": 0.5, "max_blocks": 3, "cache_views": 1, "block_batch": None,
-                  "block_inputs": block_inputs}
+                  "block_inputs": block_inputs, **local}
     log = RunLog(tmp_path / "log.jsonl")
     try:
         return train(opts, data, log, None)

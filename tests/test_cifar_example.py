@@ -61,6 +61,23 @@ def test_bad_options_fail_before_loading_data(tmp_path):
             train.parse_args([*local, *bad])
     assert train.parse_args([*local, "--graph-reserve", "64MiB"]).local["graph_reserve"] == 64 * 2 ** 20
     assert train.parse_args(local).local["graph_reserve"] == 0
+    with pytest.raises(SystemExit):
+        train.parse_args([*local, "--block-epochs", "10,0"])
+    assert train.parse_args([*local, "--block-epochs", "10,15,15"]).local["block_epochs"] == (10, 15, 15)
+
+
+def test_block_epochs_one_per_planned_block():
+    from types import SimpleNamespace
+
+    from examples.cifar.local_loop import LOCAL_DEFAULTS, block_epochs
+
+    plan = SimpleNamespace(blocks=[0, 1, 2])
+    opts = SimpleNamespace(epochs=4)
+    assert block_epochs(LOCAL_DEFAULTS, opts, plan) == (4, 4, 4)
+    assert block_epochs({**LOCAL_DEFAULTS, "block_epochs": (2, 3, 5)}, opts, plan) == (2, 3, 5)
+    assert block_epochs({**LOCAL_DEFAULTS, "block_epochs": (2, 3)}, opts, None) == (2, 3)   # before a plan exists
+    with pytest.raises(ValueError, match="--block-epochs=2,3: 2 values, but the plan has 3 blocks"):
+        block_epochs({**LOCAL_DEFAULTS, "block_epochs": (2, 3)}, opts, plan)
 
 
 def test_memory_format_auto_keeps_efficientnet_contiguous_on_cuda(tmp_path):

@@ -227,6 +227,10 @@ def test_demo_local_loop(tmp_path, block_inputs):
     with pytest.raises(ValueError, match="e2e"):
         parse_local_budget("e2e:0")
     assert parse_local_budget("e2e:32") == (None, 32) and parse_local_budget("1KiB") == (1024, None)
+    if block_inputs == "fresh":   # --block-epochs: each block its own count
+        per = tuple(range(1, nb + 1))
+        again = run_local_demo(tmp_path / "per-block", "torch", block_inputs, block_epochs=per)
+        assert tuple(len(b["epoch_seconds"]) for b in again["blocks"]) == per
 
 
 def test_unmodelled_fixed_bytes_from_end_to_end_peaks():

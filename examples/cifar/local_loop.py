@@ -34,9 +34,9 @@ from .datasets import CifarArrays
 from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
-# --block-batch, --block-inputs, --cuda-graph, --graph-reserve), kept here so RunOptions stays shared with the other methods unchanged.
+# --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs), kept here so RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
-                                  "block_inputs": "cache", "cuda_graph": True, "graph_reserve": 0}
+                                  "block_inputs": "cache", "cuda_graph": True, "graph_reserve": 0, "block_epochs": None}
 
 
 def host_cache_bytes(meminfo: str = "/proc/meminfo") -> int:
@@ -122,15 +122,29 @@ def unmodelled_fixed_bytes(probe: dict[int, int | None], resident: int, params: 
     return max(int(intercept) - resident - (state_bytes_per_param + weight_bytes_per_param) * params, 0)
 
 
+def block_epochs(lo: dict[str, Any], opts: RunOptions, plan: Any) -> tuple[int, ...]:
+    """Epochs per block: --block-epochs, else --epochs for each of `plan`'s blocks (plan None: the
+    values alone, for sizing the view count). ValueError naming --block-epochs when its count is not
+    the plan's number of blocks."""
+    given = lo["block_epochs"]
+    if given is None:
+        return (opts.epochs,) * (1 if plan is None else len(plan.blocks))
+    if plan is not None and len(given) != len(plan.blocks):
+        raise ValueError(f"--block-epochs={','.join(map(str, given))}: {len(given)} values, but the plan has "
+                         f"{len(plan.blocks)} blocks; give one per block")
+    return tuple(given)
+
+
 def _plan(table: list[Any], budget: int, lo: dict[str, Any], opts: RunOptions, resident: int, n: int,
           num_classes: int, log: RunLog) -> Any:
     """The plan under `budget` (logged and printed), the same for both backends."""
     cfg = LocalPlanConfig(memory_budget=budget, batch_buckets=bucket_ladder(8, 8, max(opts.batch_max, 8)),
                           max_blocks=lo["max_blocks"], target_batch=lo["block_batch"], cache_views=lo["cache_views"],
-                          max_cache_views=max(opts.epochs, 1), host_cache_bytes=host_cache_bytes(),
+                          max_cache_views=max(*block_epochs(lo, opts, None), 1), host_cache_bytes=host_cache_bytes(),
                           block_inputs=lo["block_inputs"], graph_reserve_bytes=lo["graph_reserve"],
                           input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=0.85)
     plan = plan_local(table, cfg, num_samples=n, num_classes=num_classes)
+    block_epochs(lo, opts, plan)   # the count of --block-epochs checked before any training
     log.write("local_plan", **plan.to_dict())
     print(f"block inputs: {lo['block_inputs']}; cached views: {plan.cache_views} ({lo['cache_views']}); "
           f"host bytes at most {plan.host_peak_bytes} "
@@ -258,7 +272,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         autocast_dtype=torch.bfloat16, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed,
         cuda_graph=lo["cuda_graph"])
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
-    records = trainer.train(xtr, ytr, train_transform, views, prep, opts.epochs, on_epoch=on_epoch)
+    records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)
     summary = _exits_and_summary(trainer, plan, records, accs, lo, sum(p.numel() for p in model.parameters()), log)
     return {
@@ -370,7 +384,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev)
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
-    records = trainer.train(xtr, ytr, train_transform, views, prep, opts.epochs, on_epoch=on_epoch)
+    records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)
     model_params = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
     summary = _exits_and_summary(trainer, plan, records, accs, lo, model_params, log)

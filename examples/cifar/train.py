@@ -54,6 +54,14 @@ def _views_arg(v: str) -> int | str:
     return int(v)
 
 
+def _epochs_list(v: str) -> tuple[int, ...]:
+    """--block-epochs: comma-separated integers >= 1."""
+    parts = v.split(",")
+    if not all(x.strip().isdigit() and int(x) >= 1 for x in parts):
+        raise argparse.ArgumentTypeError(f"{v!r}: allowed comma-separated integers >= 1, one per block, e.g. 10,15,15")
+    return tuple(int(x) for x in parts)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p = argparse.ArgumentParser(prog="python -m examples.cifar.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,6 +86,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="local, torch with --cuda-graph on: device bytes each block step keeps free beside its "
                         "modelled peak for the graph (e.g. 64MiB; smaller batches within the same budget). Default 0: "
                         "a capture that does not fit falls back to eager steps")
+    p.add_argument("--block-epochs", type=_epochs_list, default=None,
+                   help="local: epochs of each block, comma-separated, one per planned block (default: --epochs "
+                        "for every block)")
     p.add_argument("--block-batch", type=int, default=None,
                    help="local: the partition aims at the largest batch bucket <= this (default: --batch-max)")
     p.add_argument("--epochs", type=int, default=None, help="default: 10 on a GPU, 1 on CPU")
@@ -200,7 +211,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                     "(the reserve is for the torch trainer's CUDA graphs)")
         opts.local = {"exit_tolerance": a.exit_tolerance, "max_blocks": a.max_blocks,  # type: ignore[attr-defined]
                       "cache_views": a.cache_views, "block_batch": a.block_batch,
-                      "block_inputs": a.block_inputs, "cuda_graph": a.cuda_graph == "on", "graph_reserve": reserve}
+                      "block_inputs": a.block_inputs, "cuda_graph": a.cuda_graph == "on", "graph_reserve": reserve,
+                      "block_epochs": a.block_epochs}
     if a.method != "local":   # local's budget may read e2e:B; its knobs are checked by its plan
         opts.triaccel_config()  # validate every knob before any data is loaded
     return opts
