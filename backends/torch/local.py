@@ -461,7 +461,7 @@ class LocalTrainer:
 
         def graph_step(x: torch.Tensor, y: torch.Tensor) -> None:
             # the eager step's work, device-side only: a capture records it (see GraphedStep)
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=False)   # in place: eager calls after the capture reuse its buffers
             with self._cast(cache=False):
                 loss = F.cross_entropy(head(body(pre(x))), y)
             loss.backward()
@@ -522,22 +522,26 @@ class LocalTrainer:
         return rec
 
     def _graph_step(self, graphed: GraphedStep, loader: _FnLoader, batch: int, n: int, rec: BlockRecord) -> int:
-        """One step through `graphed` when the loader's next step is a full batch; returns its
-        samples, or 0 to leave the step to the eager elastic path (an epoch's short last batch; a
-        warm-up step that ran out of memory; from a failed capture, an OOM beside a captured graph or
-        the WARMUP_OOMS-th warm-up OOM on, the whole block)."""
+        """One step through `graphed`: a full batch replays (or warms up, or captures) the graph, an
+        epoch's short last batch once it is captured runs the same step eagerly into the graph's
+        gradient buffers (`GraphedStep.run_eager`: no second set of gradients beside the pool). Returns
+        its samples, or 0 to leave the step to the eager elastic path (a short batch before the
+        capture; a warm-up step that ran out of memory; from a failed capture, an OOM beside a captured
+        graph or the WARMUP_OOMS-th warm-up OOM on, the whole block)."""
         left = n if loader.sampler.epoch_done else loader.sampler.remaining
-        if rec.graph_note or loader.logical_batch != batch or left < batch:
+        if rec.graph_note or loader.logical_batch != batch or (left < batch and not graphed.captured):
             return 0
+        full = left >= batch
         idx = loader.next_indices()
         capturing = not graphed.captured and graphed.calls >= graphed.warmup
         stage, failed = "fetch", ""
         try:
             x, y = loader.fetch(idx)
             stage = "capture" if capturing else "step"
-            if capturing:
-                free_memory()   # the warm-up's cached blocks: the graph's private pool replaces them
-            graphed(x, y)
+            if full:
+                graphed(x, y)
+            else:
+                graphed.run_eager(x, y)
         except Exception as exc:   # noqa: BLE001 - an OOM, or any error of a capture, falls back to eager
             loader.put_back(idx)
             if not (is_oom(exc) or stage == "capture"):
@@ -562,7 +566,7 @@ class LocalTrainer:
             free_memory()
             return 0
         loader.complete(idx)
-        if graphed.captured:
+        if graphed.captured and full:
             rec.graph_steps += 1
             rec.graph_pool_bytes = graphed.pool_bytes
         return int(len(idx))
