@@ -3,6 +3,8 @@
 # (call 2, ~7 min, R = the smallest reserve whose captures all fit)?
 #   bash benchmarks/device/local_graphs.sh probe        (device tool, carry [".device"])
 #   R=64MiB bash benchmarks/device/local_graphs.sh compare
+#   R=64MiB bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, 3 epochs: its eager e2e step
+#     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call)
 source benchmarks/device/prep.sh; cd /tmp/pkg
 if [ "${1:-probe}" = probe ]; then
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_torch_local.py -k cuda_graph > $OUT/gpu-tests.log 2>&1
@@ -16,6 +18,12 @@ import json; d = json.load(open('$OUT/fresh-2ep-reserve-$r/summary.json'))
 print('reserve $r', round(d['train_seconds'], 1), [round(a, 4) for a in d['exit_accs']],
       [(b['batch'], b['graph_steps'], b['steps'], b['graph_pool_bytes'], b['graph_note'][:60]) for b in d['blocks']])"
 done
+elif [ "$1" = effnet ]; then
+R=${R:-64MiB}
+timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 3 --seeds 0 \
+  --variants local-fresh e2e --local-args "--graph-reserve $R" --run-timeout 400 --runs $OUT/runs --out $OUT/lve-eff.json \
+  > $OUT/lve-eff.log 2>&1
+tail -6 $OUT/lve-eff.log
 else
 R=${R:-64MiB}
 timeout 400 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds 0 --variants e2e local-fresh \
