@@ -1,14 +1,19 @@
 # Issue 18's next calls (H100): do the block steps' CUDA graphs fit the 520 MiB budget with a reserve
-# (call 1, ~3 min), and what does local learning with graphs take against end-to-end in one call
+# (call 1, ~4 min), and what does local learning with graphs take against end-to-end in one call
 # (call 2, ~7 min, R = the smallest reserve whose captures all fit)?
 #   bash benchmarks/device/local_graphs.sh probe        (device tool, carry [".device"])
 #   R=64MiB bash benchmarks/device/local_graphs.sh compare
+#   bash benchmarks/device/local_graphs.sh jax   (the JAX twin: its steps are jitted, so no graphs needed;
+#     never timed against JAX end-to-end on a GPU yet)
 #   R=64MiB bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, 3 epochs: its eager e2e step
 #     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call)
 source benchmarks/device/prep.sh; cd /tmp/pkg
 if [ "${1:-probe}" = probe ]; then
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_torch_local.py -k cuda_graph > $OUT/gpu-tests.log 2>&1
 tail -1 $OUT/gpu-tests.log
+# EfficientNet-B0's eager steps against their GPU time (issue 14: is the flat step time the host?)
+timeout 90 python3 benchmarks/step_bound.py --model efficientnet_b0 --steps 50 --out $OUT/sb-eff.json > $OUT/sb-eff.log 2>&1
+tail -4 $OUT/sb-eff.log
 D="python3 -m examples.cifar.train --backend torch --model resnet18 --epochs 2 --data /tmp/data/cifar10-jpeg --seed 0
    --no-progress --method local --block-inputs fresh --budget e2e:32"
 for r in 0 64MiB 128MiB; do
@@ -18,6 +23,10 @@ import json; d = json.load(open('$OUT/fresh-2ep-reserve-$r/summary.json'))
 print('reserve $r', round(d['train_seconds'], 1), [round(a, 4) for a in d['exit_accs']],
       [(b['batch'], b['graph_steps'], b['steps'], b['graph_pool_bytes'], b['graph_note'][:60]) for b in d['blocks']])"
 done
+elif [ "$1" = jax ]; then
+timeout 560 python3 benchmarks/local_vs_e2e.py --backend jax --data /tmp/data/cifar10-jpeg --seeds 0 \
+  --variants e2e local-fresh local --run-timeout 300 --runs $OUT/runs --out $OUT/lve-jax.json > $OUT/lve-jax.log 2>&1
+tail -6 $OUT/lve-jax.log
 elif [ "$1" = effnet ]; then
 R=${R:-64MiB}
 timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 3 --seeds 0 \
