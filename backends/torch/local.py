@@ -298,8 +298,9 @@ class LocalTrainer:
     nonfinite: how steps with non-finite gradients are skipped and when training stops
     (`triaccel.local_plan.NonFinitePolicy`; default: its defaults). cuda_graph: on a CUDA device,
     capture each block's full-batch step (a frozen prefix included) once and replay it
-    (`cuda_graph.GraphedStep`; an epoch's short last batch and OOM replays run eagerly): the eager
-    step at these batches is bound by the host's launches. Ignored on other devices.
+    (`cuda_graph.GraphedStep`; an epoch's short last batch runs the same step eagerly, OOMs fall back
+    to the eager elastic step, see `_graph_step`): the eager step at these batches is bound by the
+    host's launches. Ignored on other devices.
     """
 
     def __init__(self, units: Sequence[tuple[str, nn.Module]], classifier: nn.Module, plan: LocalPlan, *,
