@@ -11,6 +11,9 @@ source benchmarks/device/prep.sh; cd /tmp/pkg
 if [ "${1:-probe}" = probe ]; then
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_torch_local.py -k cuda_graph > $OUT/gpu-tests.log 2>&1
 tail -1 $OUT/gpu-tests.log
+# host time per step around a replay, with the augmentation's real kernel launches
+timeout 60 python3 benchmarks/local_step_overhead.py --device cuda --fixed-batch --out $OUT/lso.json > $OUT/lso.log 2>&1
+tail -3 $OUT/lso.log
 # EfficientNet-B0's eager steps against their GPU time (issue 14: is the flat step time the host?)
 timeout 90 python3 benchmarks/step_bound.py --model efficientnet_b0 --steps 50 --out $OUT/sb-eff.json > $OUT/sb-eff.log 2>&1
 tail -4 $OUT/sb-eff.log
