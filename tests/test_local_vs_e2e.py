@@ -31,7 +31,13 @@ def test_rows_ratios_within_a_seed_and_means():
     assert mean["seeds"] == 2 and mean["ratio_vs_e2e"] == pytest.approx(0.625)
     assert mean["points_vs_e2e"] == pytest.approx(-1.0)
     assert by[("local-fresh", 1)]["failed"] and ("local-fresh", "mean") not in by
+    assert r0["ratio_vs_e2e_graph"] is None
     lv.print_table(rows)
+    # with the CUDA-graphed end-to-end run beside: a second ratio, against it
+    graph = {**_e2e(0, 0.87, [4.0, 4.0]), "variant": "e2e-graph"}
+    by = {(r["variant"], r["seed"]): r for r in lv.rows_of(runs + [graph])}
+    assert by[("local", 0)]["ratio_vs_e2e_graph"] == pytest.approx(10.0 / 8.0)
+    assert by[("e2e-graph", 0)]["ratio_vs_e2e"] == pytest.approx(0.4) and by[("local", 1)]["ratio_vs_e2e_graph"] is None
 
 
 def test_e2e_batch_from_the_budget():
@@ -65,3 +71,6 @@ def test_main_runs_every_variant_per_seed(monkeypatch, tmp_path):
     assert mean["local"]["ratio_vs_e2e"] == pytest.approx(0.5) and (tmp_path / "r.json").exists()
     with pytest.raises(SystemExit):
         lv.main(["--data", "d", "--budget", "1GiB"])
+    lv.main(["--data", "d", "--seeds", "0", "--variants", "e2e-graph", "--out", str(tmp_path / "g.json"),
+             "--run-timeout", "50"])
+    assert calls[-1][-6:] == ["--method", "amp", "--batch", "32", "--compile", "reduce-overhead"]
