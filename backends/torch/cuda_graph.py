@@ -100,7 +100,8 @@ class GraphedStep:
         dev = self.static[0].device if self.static else None
         # The private pool can only take memory the caching allocator has given back: the warm-up's
         # cached blocks, the gradients just dropped among them, would otherwise stay reserved beside it
-        # (on the H100 under a 520 MiB cap a capture ran out of memory by one set of gradients, 32 MiB).
+        # (on the H100 under a 520 MiB cap a capture ran out of memory 32 MiB short with 34 MiB cached,
+        # most likely the block's gradients dropped here; this ordering is not yet GPU-tested).
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
