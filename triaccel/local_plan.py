@@ -119,7 +119,8 @@ class LocalPlanConfig:
       (int or e.g. "64MiB"; 0: steps run eagerly). A captured step's working set sits in the graph's
       private pool, which no other allocation may use, so the eager work beside it (fetching the next
       batch, the allocator's segment rounding) needs segments of its own: on the H100 under issue 18's
-      520 MiB budget a capture with no reserve ran out of memory 32 MiB short.
+      520 MiB budget a capture with no reserve ran out of memory 32 MiB short. The partition may then
+      take smaller batches or more blocks.
     """
 
     memory_budget: int | str

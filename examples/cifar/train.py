@@ -84,8 +84,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "or run every step eagerly (off); JAX's steps are compiled by XLA either way")
     p.add_argument("--graph-reserve", default="0",
                    help="local, torch with --cuda-graph on: device bytes each block step keeps free beside its "
-                        "modelled peak for the graph (e.g. 64MiB; smaller batches within the same budget). Default 0: "
-                        "a capture that does not fit falls back to eager steps")
+                        "modelled peak for the graph (e.g. 64MiB; smaller batches or more blocks within the same "
+                        "budget). Default 0: a capture that does not fit falls back to eager steps")
     p.add_argument("--block-epochs", type=_epochs_list, default=None,
                    help="local: epochs of each block, comma-separated, one per planned block (default: --epochs "
                         "for every block)")
