@@ -1,17 +1,17 @@
 """CUDA-graph replay of a fixed-shape training step.
 
 At small batches an eager step is bound by the host's kernel launches, not by the GPU: on an H100,
-ResNet-18's local blocks at batch 64 took 5.9-6.7 ms of host time per bare eager step and
-end-to-end training at batch 32 11.2 ms, with the GPU idle between launches
-(`benchmarks/step_bound.py`, issue 18). Captured once and replayed, such a step costs one graph launch
+ResNet-18's local blocks at batch 64 took 5.00 / 6.46 ms of host time per bare eager step against
+1.21 / 1.26 ms of GPU time, end-to-end training at batch 32 8.91 against 1.89 ms (2026-11-23,
+`benchmarks/step_bound.py --steps 100`, issue 18). Captured once and replayed, such a step costs one graph launch
 plus the copies of its inputs into static buffers.
 
 `GraphedStep` follows torch's whole-network capture recipe: a few eager warm-up steps (cuDNN/cuBLAS set
-themselves up there; on the caller's stream, see `_eager`), gradients set to None before the capture so backward allocates
-them in the graph's private pool, then one capture; every later call copies its inputs into the static
-buffers and replays. The warm-up steps are real steps (the step function runs on the caller's batches),
-and the capture itself runs nothing, so the call that captures replays once at the end: every call
-trains exactly once.
+themselves up there; on the caller's stream, see `__call__`), gradients set to None before the capture
+so backward allocates them in the graph's private pool, then one capture; every later call copies its
+inputs into the static buffers and replays. The warm-up steps are real steps (the step function runs on
+the caller's batches), and the capture itself runs nothing, so the call that captures replays once at
+the end: every call trains exactly once.
 
 What the step function may do: only device work on tensors that live as long as the graph (parameters,
 optimizer state, accumulators updated in place, the static inputs); no host reads (`.item()`,
@@ -69,7 +69,10 @@ class GraphedStep:
                 s.copy_(x)
             self.graph.replay()
         elif self.calls < self.warmup:
-            self._eager(inputs)
+            # On the caller's stream, not torch's recipe's side stream: the caching allocator keeps a
+            # stream's freed blocks for that stream, so a side stream's warm-up needs a second working set
+            # beside the caller's (on the H100 it ran out of memory at step 0 under issue 18's 520 MiB cap).
+            self.fn(*inputs)
         else:
             self._capture(inputs)
             self.graph.replay()
@@ -85,12 +88,6 @@ class GraphedStep:
         """Drop the graph and its static buffers (its private pool goes back to the allocator's cache);
         the next call warms up and captures again."""
         self.graph, self.static, self.calls = None, [], 0
-
-    def _eager(self, inputs: Sequence[torch.Tensor]) -> None:
-        # On the caller's stream, not torch's recipe's side stream: the caching allocator keeps a
-        # stream's freed blocks for that stream, so a side stream's warm-up needs a second working set
-        # beside the caller's (on the H100 it ran out of memory at step 0 under issue 18's 520 MiB cap).
-        self.fn(*inputs)
 
     def _capture(self, inputs: Sequence[torch.Tensor]) -> None:
         # the static buffers keep the inputs' layouts (a channels_last batch stays channels_last)

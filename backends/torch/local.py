@@ -235,7 +235,6 @@ class _StepGuard:
         self.impl = "auto" if dev.type == "cuda" else "reference"   # the kernel is for GPUs
         self.moments = torch.zeros((len(params), 3), dtype=torch.float32, device=dev)
         self.flag = torch.zeros((), dtype=torch.float32, device=dev)      # 1.0: this step was skipped
-        self.bad = torch.zeros((), dtype=torch.bool, device=dev)
         self.counts = torch.zeros(2, dtype=torch.float32, device=dev)     # skipped, consecutive
         # Momentum buffers start at zero: torch's first update is the same (0.9 * 0 + g == g), and a
         # skipped first step leaves them defined (the fused kernel would leave them uninitialised).
@@ -253,8 +252,7 @@ class _StepGuard:
             # In a CUDA graph the kernel's launch plan cannot be used: it re-bases by uploading the
             # gradients' addresses into a buffer it recycles, which a replay would read stale. One
             # multi-tensor norm instead (a norm overflowing float32 counts as non-finite too).
-            torch.logical_not(torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum()), out=self.bad)
-            self.flag.copy_(self.bad)
+            self.flag.copy_(torch.logical_not(torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())))
         elif grads:
             rows = self.moments[:len(grads)]
             self.moments_fn(grads, out=rows, impl=self.impl)
