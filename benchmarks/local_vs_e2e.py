@@ -179,5 +179,6 @@ def write_report(runs: list[dict[str, Any]], batch: int, a: argparse.Namespace) 
                f"local-vs-e2e-{a.model}-{device_tag(device)}.json")
     return out
 
+
 if __name__ == "__main__":
     main()

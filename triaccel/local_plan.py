@@ -46,7 +46,17 @@ from .config import parse_bytes
 
 __all__ = ["BLOCK_INPUTS", "check_views", "LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan",
            "head_cost", "plan_local", "select_exit", "head_init", "micro_batches", "BlockRun", "block_runs",
-           "BlockRecord", "halving_on_oom", "NonFinitePolicy", "NonFiniteTraining", "BlockOutOfMemory"]
+           "BlockRecord", "halving_on_oom", "NonFinitePolicy", "NonFiniteTraining", "BlockOutOfMemory",
+           "parse_reserve"]
+
+
+def parse_reserve(value: int | str, name: str = "graph_reserve_bytes") -> int:
+    """A byte reserve that may be zero: 0 or "0" -> 0, else `parse_bytes` (a positive size such as
+    "64MiB"); ValueError naming `name` otherwise."""
+    if (isinstance(value, int) and not isinstance(value, bool) and value == 0) or \
+            (isinstance(value, str) and value.strip() == "0"):
+        return 0
+    return parse_bytes(value, name)
 
 
 def _pos_int(name: str, v: Any, lo: int = 1) -> int:
@@ -175,9 +185,7 @@ class LocalPlanConfig:
             raise ValueError("host_cache_bytes=None: cache_views='auto' needs the host bytes the caches may "
                              "hold, e.g. host_cache_bytes='16GiB'")
         _pos_int("resident_bytes", self.resident_bytes, 0)
-        if not (isinstance(self.graph_reserve_bytes, int) and not isinstance(self.graph_reserve_bytes, bool)
-                and self.graph_reserve_bytes == 0):   # 0 (no reserve) or a positive size
-            object.__setattr__(self, "graph_reserve_bytes", parse_bytes(self.graph_reserve_bytes, "graph_reserve_bytes"))
+        object.__setattr__(self, "graph_reserve_bytes", parse_reserve(self.graph_reserve_bytes))
         if isinstance(self.headroom, bool) or not isinstance(self.headroom, (int, float)) or not 0 < self.headroom <= 1:
             raise ValueError(f"headroom={self.headroom!r}: allowed (0, 1]")
 

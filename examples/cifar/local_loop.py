@@ -34,7 +34,8 @@ from .datasets import CifarArrays
 from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
-# --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs), kept here so RunOptions stays shared with the other methods unchanged.
+# --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs), kept here so
+# RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
                                   "block_inputs": "cache", "cuda_graph": True, "graph_reserve": 0, "block_epochs": None}
 

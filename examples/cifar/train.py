@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from triaccel.config import parse_bytes
+from triaccel.local_plan import parse_reserve
 
 from .common import DEFAULT_LEVERS, LEVERS, MEMORY_FORMATS, RunLog, RunOptions, options_record
 from .plots import plot_run
@@ -203,7 +203,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         if not 0 <= a.exit_tolerance <= 1:
             p.error(f"--exit-tolerance={a.exit_tolerance}: allowed [0, 1] (accuracy fraction)")
         try:
-            reserve = 0 if a.graph_reserve.strip() == "0" else parse_bytes(a.graph_reserve, "--graph-reserve")
+            reserve = parse_reserve(a.graph_reserve, "--graph-reserve")
         except ValueError as exc:
             p.error(str(exc))
         if reserve and (a.backend != "torch" or a.cuda_graph == "off"):
