@@ -132,12 +132,16 @@ def measure_layers(units: Sequence[tuple[str, nn.Module]], example: torch.Tensor
     def saved_bytes(module: nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
         seen: dict[tuple[int, int], int] = {}
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def pack(t: torch.Tensor) -> None:
             s = t.untyped_storage()
             seen[(s.data_ptr(), s.nbytes())] = s.nbytes()
-            return t
+            # Nothing kept: no backward runs here, and a saved output packed as itself (ReLU saves
+            # its result) closes a cycle through autograd's C++ nodes that the garbage collector
+            # cannot see. Returning `t` leaked every unit's activations and 16-bit weight copies:
+            # 65 MiB on the H100 under issue 18's 520 MiB budget, which broke the CUDA-graph captures.
+            return None
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _autocast(dev, autocast_dtype):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), _autocast(dev, autocast_dtype):
             y = module(x.detach().requires_grad_(True))
         return sum(seen.values()), y.detach()
 
