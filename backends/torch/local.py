@@ -131,14 +131,16 @@ def measure_layers(units: Sequence[tuple[str, nn.Module]], example: torch.Tensor
 
     def saved_bytes(module: nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
         seen: dict[tuple[int, int], int] = {}
+        keep: list[torch.Tensor] = []   # saved storages stay allocated (and distinct) until the unit returns
 
         def pack(t: torch.Tensor) -> None:
             s = t.untyped_storage()
             seen[(s.data_ptr(), s.nbytes())] = s.nbytes()
-            # Nothing kept: no backward runs here, and a saved output packed as itself (ReLU saves
-            # its result) closes a cycle through autograd's C++ nodes that the garbage collector
-            # cannot see. Returning `t` leaked every unit's activations and 16-bit weight copies:
-            # 65 MiB on the H100 under issue 18's 520 MiB budget, which broke the CUDA-graph captures.
+            # A detached alias, not `t`: no backward runs here, and a saved output packed as itself
+            # (ReLU saves its result) closes a cycle through autograd's C++ nodes that the garbage
+            # collector cannot see. Packing `t` leaked every unit's activations and 16-bit weight
+            # copies: 65 MiB on the H100 under issue 18's 520 MiB budget, which broke CUDA-graph captures.
+            keep.append(t.detach())
             return None
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), _autocast(dev, autocast_dtype):
