@@ -351,9 +351,11 @@ class _FlakyGraph:
 
     instances: list = []
     oom_at: tuple = ()
+    short_oom_at: tuple = ()   # block 0's short-batch (run_eager) calls that raise, 0-based
 
     def __init__(self, fn, params, warmup=3):
         self.fn, self.warmup, self.calls, self.attempts, self.warmup_ooms = fn, warmup, 0, 0, 0
+        self.short_attempts, self.captures = 0, 0
         self.captured, self.released, self.pool_bytes = False, False, 123
         _FlakyGraph.instances.append(self)
 
@@ -361,6 +363,9 @@ class _FlakyGraph:
         self.captured, self.calls, self.released = False, 0, True
 
     def run_eager(self, x, y):
+        self.short_attempts += 1
+        if self is _FlakyGraph.instances[0] and self.short_attempts - 1 in self.short_oom_at:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated, beside the pool)")
         self.fn(x, y)
 
     def __call__(self, x, y):
@@ -369,7 +374,8 @@ class _FlakyGraph:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         self.fn(x, y)
         self.calls += 1
-        self.captured = self.captured or self.calls > self.warmup
+        if not self.captured and self.calls > self.warmup:
+            self.captured, self.captures = True, self.captures + 1
 
 
 @pytest.mark.parametrize("oom_at, note", [((0, 1, 2), ""), ((3,), "capture"), ((0, 1, 2, 3), "step"),
@@ -402,5 +408,35 @@ def test_graph_fallbacks_lose_no_sample(monkeypatch, oom_at, note):
         assert f"{note} at step" in first.graph_note
     # every block but the first trained through the stand-in without failures
     assert all(not r.graph_note and r.graph_steps == r.steps - 3 - 2 and r.graph_pool_bytes == 123 for r in recs[1:])
+    for a, b in zip(recs, ref):
+        assert a.epoch_losses == pytest.approx(b.epoch_losses, rel=1e-5)
+
+
+def test_short_batch_oom_beside_the_graph_recaptures(monkeypatch):
+    """An epoch's short last batch that runs out of memory beside the graph's pool: the graph is
+    released for it (the elastic path trains it) and captured again from the next epoch's full
+    batches; no sample lost, the same steps and losses, the block keeps its replays."""
+    import triaccel.backends.torch.local as tl
+
+    monkeypatch.setattr(tl, "GraphedStep", _FlakyGraph)
+    orig = tl.LocalTrainer.__init__
+
+    def init(self, *a, **k):
+        orig(self, *a, **k)
+        self.cuda_graph = True
+    monkeypatch.setattr(tl.LocalTrainer, "__init__", init)
+    monkeypatch.setattr(_FlakyGraph, "oom_at", ())
+    monkeypatch.setattr(_FlakyGraph, "short_oom_at", ())
+    _FlakyGraph.instances = []
+    _, _, ref = _train("cache", epochs=3, n=N - 5, noise=0)
+    monkeypatch.setattr(_FlakyGraph, "short_oom_at", (0,))   # epoch 1's short batch
+    _FlakyGraph.instances = []
+    _, _, recs = _train("cache", epochs=3, n=N - 5, noise=0)
+    first, g = recs[0], _FlakyGraph.instances[0]
+    assert not first.graph_note and first.graph_recaptures == 1 and g.captures == 2
+    assert [r.steps for r in recs] == [r.steps for r in ref] and all(r.ooms == 0 for r in recs)
+    # the 3 warm-up steps again after the release: 3 fewer replays than the reference
+    assert first.graph_steps == ref[0].graph_steps - 3
+    assert all(r.graph_recaptures == 0 for r in recs[1:])
     for a, b in zip(recs, ref):
         assert a.epoch_losses == pytest.approx(b.epoch_losses, rel=1e-5)

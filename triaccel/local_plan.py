@@ -588,7 +588,9 @@ class BlockRecord:
     to build the next block's cache and the peak bytes then. graph_steps: steps replayed from a
     captured CUDA graph (the rest ran eagerly); graph_pool_bytes: what the allocator reserved for the
     capture (None: no capture); graph_note: why a block that could have been
-    captured was not (empty otherwise); peak_reserved_bytes: the allocator's peak reservation (a
+    captured was not (empty otherwise); graph_recaptures: epochs whose short last batch ran out of
+    memory beside the graph's pool, so the graph was released for it and captured again from the
+    next epoch's full batches; peak_reserved_bytes: the allocator's peak reservation (a
     graph's private pool is reserved for its life but counts as allocated only while captured
     tensors are alive)."""
 
@@ -605,6 +607,7 @@ class BlockRecord:
     graph_steps: int = 0
     graph_pool_bytes: int | None = None
     graph_note: str = ""
+    graph_recaptures: int = 0
     peak_reserved_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -531,8 +531,9 @@ class LocalTrainer:
         epoch's short last batch once it is captured runs the same step eagerly into the graph's
         gradient buffers (`GraphedStep.run_eager`: no second set of gradients beside the pool). Returns
         its samples, or 0 to leave the step to the eager elastic path (a short batch before the
-        capture; a warm-up step that ran out of memory; from a failed capture, an OOM beside a captured
-        graph or the WARMUP_OOMS-th warm-up OOM on, the whole block)."""
+        capture; a warm-up step that ran out of memory; a short batch that ran out of memory beside the
+        graph, which is then released and captured again next epoch; from a failed capture, an OOM
+        beside a replay or the WARMUP_OOMS-th warm-up OOM on, the whole block)."""
         left = n if loader.sampler.epoch_done else loader.sampler.remaining
         if rec.graph_note or loader.logical_batch != batch or (left < batch and not graphed.captured):
             return 0
@@ -556,6 +557,15 @@ class LocalTrainer:
             # a warm-up step (eager) that ran out of memory: the elastic path replays it in
             # micro-batches; the first steps' OOMs can be transient (cuDNN's first-call workspaces)
             graphed.warmup_ooms += 1
+            free_memory()
+            return 0
+        if failed and stage == "step" and not full:
+            # The epoch's short last batch, run eagerly beside the graph's pool, ran out of memory: free
+            # the pool for it (the elastic path replays it) and capture again from the next epoch's
+            # full batches (warm-up steps included). Under issue 18's 520 MiB cap on the H100 this hit
+            # every epoch of the block whose pool was largest (201 MiB), which kept its replays.
+            graphed.release()
+            rec.graph_recaptures += 1
             free_memory()
             return 0
         if failed:
