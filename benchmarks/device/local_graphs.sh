@@ -1,11 +1,11 @@
-# Issue 18's next calls (H100): do the block steps' CUDA graphs fit the 520 MiB budget with a reserve
-# (call 1, ~4 min), and what does local learning with graphs take against end-to-end in one call
-# (call 2, ~7 min, R = the smallest reserve whose captures all fit)?
+# Issue 18's calls (H100): do the block steps' CUDA graphs fit the 520 MiB budget with a reserve
+# (probe, ~4 min), and what does local learning with graphs take against end-to-end in one call
+# (compare, ~5 min per seed: 20 epochs per block, e2e 10 epochs; 2026-11-23 seed 0: 0.39x, -0.72 points)?
 #   bash benchmarks/device/local_graphs.sh probe        (device tool, carry [".device"])
-#   R=64MiB bash benchmarks/device/local_graphs.sh compare
+#   SEED=1 bash benchmarks/device/local_graphs.sh compare   (R defaults to 32MiB, the reserve that fitted)
 #   bash benchmarks/device/local_graphs.sh jax   (the JAX twin: its steps are jitted, so no graphs needed;
 #     never timed against JAX end-to-end on a GPU yet)
-#   R=64MiB bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, 3 epochs: its eager e2e step
+#   bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, 3 epochs: its eager e2e step
 #     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call)
 source benchmarks/device/prep.sh; cd /tmp/pkg
 if [ "${1:-probe}" = probe ]; then
@@ -31,15 +31,16 @@ timeout 560 python3 benchmarks/local_vs_e2e.py --backend jax --data /tmp/data/ci
   --variants e2e local-fresh local --run-timeout 300 --runs $OUT/runs --out $OUT/lve-jax.json > $OUT/lve-jax.log 2>&1
 tail -6 $OUT/lve-jax.log
 elif [ "$1" = effnet ]; then
-R=${R:-64MiB}
+R=${R:-32MiB}
 timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 3 --seeds 0 \
   --variants local-fresh e2e --local-args "--graph-reserve $R" --run-timeout 400 --runs $OUT/runs --out $OUT/lve-eff.json \
   > $OUT/lve-eff.log 2>&1
 tail -6 $OUT/lve-eff.log
 else
-R=${R:-64MiB}
-# e2e-graph: end-to-end under torch.compile's CUDA graphs, the stronger plain alternative (its step is host-bound too)
-timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds 0 --variants e2e local-fresh e2e-graph \
-  --local-args "--graph-reserve $R" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
-tail -6 $OUT/lve.log
+R=${R:-32MiB}
+# local first: a call cut short keeps the cheaper run; e2e-graph (end-to-end under torch.compile's CUDA
+# graphs, the stronger plain alternative, ~107 s) with EXTRA=e2e-graph when the call has room
+timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds ${SEED:-0} --variants local-fresh e2e $EXTRA \
+  --local-args "--graph-reserve $R --epochs 20" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
+tail -6 $OUT/lve.log; rm -f $OUT/runs/*/*.png
 fi
