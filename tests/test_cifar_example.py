@@ -60,7 +60,13 @@ def test_bad_options_fail_before_loading_data(tmp_path):
         with pytest.raises(SystemExit):
             train.parse_args([*local, *bad])
     assert train.parse_args([*local, "--graph-reserve", "64MiB"]).local["graph_reserve"] == 64 * 2 ** 20
-    assert train.parse_args(local).local["graph_reserve"] == 0
+    assert train.parse_args(local).local["graph_reserve"] == "auto"
+    assert train.parse_args([*local, "--graph-reserve", "0"]).local["graph_reserve"] == 0
+    from examples.cifar.local_loop import AUTO_GRAPH_RESERVE, graph_reserve
+    lo = {"graph_reserve": "auto", "cuda_graph": True}
+    assert graph_reserve(lo, "cuda") == AUTO_GRAPH_RESERVE and graph_reserve(lo, "cpu") == 0
+    assert graph_reserve({**lo, "cuda_graph": False}, "cuda") == 0 and graph_reserve(lo, "jax") == 0
+    assert graph_reserve({**lo, "graph_reserve": 5}, "cuda") == 5
     with pytest.raises(SystemExit):
         train.parse_args([*local, "--block-epochs", "10,0"])
     assert train.parse_args([*local, "--block-epochs", "10,15,15"]).local["block_epochs"] == (10, 15, 15)

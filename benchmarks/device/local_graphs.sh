@@ -19,7 +19,7 @@ timeout 90 python3 benchmarks/step_bound.py --model efficientnet_b0 --steps 50 -
 tail -4 $OUT/sb-eff.log
 D="python3 -m examples.cifar.train --backend torch --model resnet18 --epochs 2 --data /tmp/data/cifar10-jpeg --seed 0
    --no-progress --method local --block-inputs fresh --budget e2e:32"
-for r in 0 64MiB 128MiB; do
+for r in 0 32MiB 64MiB; do
   timeout 100 $D --graph-reserve $r --out $OUT/fresh-2ep-reserve-$r > $OUT/fresh-2ep-reserve-$r.log 2>&1
   python3 -c "
 import json; d = json.load(open('$OUT/fresh-2ep-reserve-$r/summary.json'))

@@ -37,7 +37,20 @@ from .torch_loop import _prep, device_arrays, pick_device
 # --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs), kept here so
 # RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
-                                  "block_inputs": "cache", "cuda_graph": True, "graph_reserve": 0, "block_epochs": None}
+                                  "block_inputs": "cache", "cuda_graph": True, "graph_reserve": "auto",
+                                  "block_epochs": None}
+# --graph-reserve auto on a CUDA device with graphs on: with it the H100's block captures fitted issue 18's
+# 520 MiB budget, without it the last block's warm-up ran out of memory (2026-11-23, docs/results.md)
+AUTO_GRAPH_RESERVE = 32 * 2 ** 20
+
+
+def graph_reserve(lo: dict[str, Any], device_type: str) -> int:
+    """The plan's graph reserve in bytes: --graph-reserve, or for "auto" AUTO_GRAPH_RESERVE where the
+    torch trainer captures graphs (CUDA, --cuda-graph on) and 0 elsewhere (CPU, JAX)."""
+    r = lo["graph_reserve"]
+    if r == "auto":
+        return AUTO_GRAPH_RESERVE if device_type == "cuda" and lo["cuda_graph"] else 0
+    return int(r)
 
 
 def host_cache_bytes(meminfo: str = "/proc/meminfo") -> int:
@@ -210,6 +223,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     lo = {**LOCAL_DEFAULTS, **getattr(opts, "local", {})}
     budget, e2e_batch = parse_local_budget(opts.budget)
     device = pick_device(opts)
+    lo["graph_reserve"] = graph_reserve(lo, device.type)
     torch.manual_seed(opts.seed)
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
     nhwc = opts.channels_last(device.type)
@@ -333,6 +347,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
     from triaccel.backends.jax.models import create_model as jax_model
 
     lo = {**LOCAL_DEFAULTS, **getattr(opts, "local", {})}
+    lo["graph_reserve"] = graph_reserve(lo, "jax")   # XLA compiles the steps: no CUDA graphs to reserve for
     budget, e2e_batch = parse_local_budget(opts.budget)
     dev = jax.devices()[0]
     model = jax_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed)

@@ -82,10 +82,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--cuda-graph", choices=["on", "off"], default="on",
                    help="local, torch on CUDA: capture each block's full-batch step once and replay it (on, default) "
                         "or run every step eagerly (off); JAX's steps are compiled by XLA either way")
-    p.add_argument("--graph-reserve", default="0",
+    p.add_argument("--graph-reserve", default="auto",
                    help="local, torch with --cuda-graph on: device bytes each block step keeps free beside its "
                         "modelled peak for the graph (e.g. 64MiB; smaller batches or more blocks within the same "
-                        "budget). Default 0: a capture that does not fit falls back to eager steps")
+                        "budget; 0: none). Default auto: 32MiB on a CUDA device (the H100 captures fitted issue "
+                        "18's 520 MiB budget with it, not without), 0 elsewhere. A capture that does not fit "
+                        "falls back to eager steps")
     p.add_argument("--block-epochs", type=_epochs_list, default=None,
                    help="local: epochs of each block, comma-separated, one per planned block (default: --epochs "
                         "for every block)")
@@ -202,13 +204,15 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
             p.error(str(exc))
         if not 0 <= a.exit_tolerance <= 1:
             p.error(f"--exit-tolerance={a.exit_tolerance}: allowed [0, 1] (accuracy fraction)")
-        try:
-            reserve = parse_reserve(a.graph_reserve, "--graph-reserve")
-        except ValueError as exc:
-            p.error(str(exc))
-        if reserve and (a.backend != "torch" or a.cuda_graph == "off"):
-            p.error(f"--graph-reserve={a.graph_reserve}: only with --backend torch and --cuda-graph on "
-                    "(the reserve is for the torch trainer's CUDA graphs)")
+        reserve: int | str = "auto"
+        if a.graph_reserve != "auto":
+            try:
+                reserve = parse_reserve(a.graph_reserve, "--graph-reserve")
+            except ValueError as exc:
+                p.error(str(exc))
+            if reserve and (a.backend != "torch" or a.cuda_graph == "off"):
+                p.error(f"--graph-reserve={a.graph_reserve}: only with --backend torch and --cuda-graph on "
+                        "(the reserve is for the torch trainer's CUDA graphs)")
         opts.local = {"exit_tolerance": a.exit_tolerance, "max_blocks": a.max_blocks,  # type: ignore[attr-defined]
                       "cache_views": a.cache_views, "block_batch": a.block_batch,
                       "block_inputs": a.block_inputs, "cuda_graph": a.cuda_graph == "on", "graph_reserve": reserve,
