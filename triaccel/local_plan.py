@@ -128,9 +128,11 @@ class LocalPlanConfig:
     graph_reserve_bytes: bytes every training step keeps free beside its modelled peak for a CUDA graph
       (int or e.g. "64MiB"; 0: steps run eagerly). A captured step's working set sits in the graph's
       private pool, which no other allocation may use, so the eager work beside it (fetching the next
-      batch, the allocator's segment rounding) needs segments of its own: on the H100 under issue 18's
-      520 MiB budget a capture with no reserve ran out of memory 32 MiB short. The partition may then
-      take smaller batches or more blocks.
+      batch, the allocator's segment rounding) needs segments of its own. The partition may then take
+      smaller batches or more blocks. H100, issue 18's 520 MiB budget, ResNet-18 (2026-11-23): with
+      no reserve the last block's warm-up (batch 256) ran out of memory, with 32 MiB all three blocks
+      were captured (seed 0); measured block peaks exceeded the modelled ones less the reserve by
+      52-104 MiB, which the reserve and `headroom` absorb.
     """
 
     memory_budget: int | str
