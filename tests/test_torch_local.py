@@ -91,7 +91,9 @@ def test_measured_table_keeps_nothing_alive(autocast_dtype):
     x = torch.randn(2, 3, S, S)
     before = _tensors_alive()
     measure_layers(units, x, autocast_dtype=autocast_dtype)
-    assert _tensors_alive() == before
+    # <=, not ==: in the full suite other tests' tensors may be collected meanwhile (CI saw 716 -> 644);
+    # the leak kept 230 more alive for this model's 5 units on the CPU
+    assert _tensors_alive() <= before
 
 
 def _train(inputs: str, evaluate: bool = False, poison=None, nonfinite=None, epochs=2, device="cpu",
