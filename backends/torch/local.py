@@ -563,7 +563,7 @@ class LocalTrainer:
             # The epoch's short last batch, run eagerly beside the graph's pool, ran out of memory: free
             # the pool for it (the elastic path replays it) and capture again from the next epoch's
             # full batches (warm-up steps included). Under issue 18's 520 MiB cap on the H100 this hit
-            # every epoch of the block whose pool was largest (201 MiB), which kept its replays.
+            # two blocks of three (pools of 192 and 98 MiB), which before fell back to eager for good.
             graphed.release()
             rec.graph_recaptures += 1
             free_memory()

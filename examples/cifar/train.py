@@ -85,9 +85,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--graph-reserve", default="auto",
                    help="local, torch with --cuda-graph on: device bytes each block step keeps free beside its "
                         "modelled peak for the graph (e.g. 64MiB; smaller batches or more blocks within the same "
-                        "budget; 0: none). Default auto: 32MiB on a CUDA device (the H100 captures fitted issue "
-                        "18's 520 MiB budget with it, not without), 0 elsewhere. A capture that does not fit "
-                        "falls back to eager steps")
+                        "budget; 0: none). Default auto: 32MiB on a CUDA device (on the H100 under issue 18's "
+                        "520 MiB budget all three block captures fitted with it, the last one not without), 0 "
+                        "elsewhere. A capture that does not fit falls back to eager steps")
     p.add_argument("--block-epochs", type=_epochs_list, default=None,
                    help="local: epochs of each block, comma-separated, one per planned block (default: --epochs "
                         "for every block)")
