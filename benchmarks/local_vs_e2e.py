@@ -1,7 +1,7 @@
 """Issue 18's comparison: local learning (`--method local`) against end-to-end AMP training under the same budget.
 
     python3 benchmarks/local_vs_e2e.py --data ../shared/data/cifar10-jpeg --seeds 0 1 2 \
-        [--budget e2e:32] [--variants e2e local local-fresh] [--model resnet18] [--epochs 10]
+        [--budget e2e:32] [--variants e2e local local-fresh] [--model resnet18] [--epochs 10] [--local-epochs 20]
 
 Per seed, every variant runs in its own process, one after the other (so the ratios are within one call):
 ``e2e`` = the demo's AMP-bf16 run at batch B, the largest end-to-end batch under the budget (``--budget
@@ -10,7 +10,8 @@ defaults (cached views: auto); ``local-fresh`` = the same with ``--block-inputs 
 ``e2e-graph`` = e2e with ``--compile reduce-overhead`` (torch.compile's CUDA graphs: the end-to-end
 step is host-bound too, so this is the stronger plain alternative; its ratio column "/ graph");
 ``local-eager`` / ``local-fresh-eager``: the same with ``--cuda-graph off`` (every block step eager).
-Columns: best exit's accuracy and its difference to e2e in points (target >= -1), the chosen exit's
+``--epochs``: end-to-end's epochs, and each block's unless ``--local-epochs`` gives the local runs their
+own (column "ep": a run's epochs, per block for local runs). Columns: best exit's accuracy and its difference to e2e in points (target >= -1), the chosen exit's
 accuracy and its parameter reduction, training seconds (epochs + cache building; e2e: its epochs) and
 their ratio to e2e's in the same seed (target <= 0.43), peak allocation against the budget and the
 allocator's peak reservation (a CUDA graph's pool is reserved for the block's training).
@@ -58,6 +59,15 @@ def train_seconds(run: dict[str, Any]) -> float:
     return float(run["train_seconds"]) if "train_seconds" in run else float(sum(run["epoch_seconds"]))
 
 
+def epochs_of(run: dict[str, Any]) -> str | None:
+    """A run's epochs as given to the demo: --block-epochs (comma-separated) or --epochs; None if unknown."""
+    blocks = (run.get("local_options") or {}).get("block_epochs")
+    if blocks:
+        return ",".join(map(str, blocks))
+    epochs = (run.get("options") or {}).get("epochs") if isinstance(run.get("options"), dict) else None
+    return None if epochs is None else str(epochs)
+
+
 def rows_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (variant, seed) with its same-seed e2e ratios, then one mean row per variant.
 
@@ -83,7 +93,7 @@ def rows_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "ratio_vs_e2e": None if base is None else secs / train_seconds(base),
             "ratio_vs_e2e_graph": (secs / train_seconds(graph[r["seed"]])) if r["seed"] in graph else None,
             "peak_bytes": r.get("peak_alloc_bytes"), "reserved_bytes": r.get("peak_reserved_bytes"),
-            "budget_bytes": r.get("memory_budget_bytes"),
+            "budget_bytes": r.get("memory_budget_bytes"), "epochs": epochs_of(r),
         })
     for v in dict.fromkeys(r["variant"] for r in rows):
         ok = [r for r in rows if r["variant"] == v and not r.get("failed")]
@@ -99,6 +109,7 @@ def rows_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "best_exit_param_reduction": mean("best_exit_param_reduction"), "train_s": mean("train_s"),
                      "points_vs_e2e": mean("points_vs_e2e"), "ratio_vs_e2e": mean("ratio_vs_e2e"),
                      "ratio_vs_e2e_graph": mean("ratio_vs_e2e_graph"),
+                     "epochs": ok[0]["epochs"] if len({r["epochs"] for r in ok}) == 1 else None,
                      "peak_bytes": max((r["peak_bytes"] or 0) for r in ok) or None,
                      "reserved_bytes": max((r["reserved_bytes"] or 0) for r in ok) or None,
                      "budget_bytes": ok[0]["budget_bytes"],
@@ -111,14 +122,14 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"{'variant':<13}{'seed':>5}{'best %':>8}{'pts':>7}{'chosen %':>10}{'x fewer':>9}{'train s':>9}"
+    print(f"{'variant':<13}{'seed':>5}{'ep':>4}{'best %':>8}{'pts':>7}{'chosen %':>10}{'x fewer':>9}{'train s':>9}"
           f"{'/ e2e':>7}{'/ graph':>8}{'peak MiB':>10}{'res. MiB':>10}")
     for r in rows:
         if r.get("failed"):
             print(f"{r['variant']:<13}{r['seed']:>5}  failed")
             continue
         pct = (lambda v: None if v is None else 100 * v)
-        print(f"{r['variant']:<13}{str(r['seed']):>5}{_fmt(pct(r['best_acc']), '.2f'):>8}"
+        print(f"{r['variant']:<13}{str(r['seed']):>5}{r.get('epochs') or '-':>4}{_fmt(pct(r['best_acc']), '.2f'):>8}"
               f"{_fmt(r['points_vs_e2e'], '+.2f'):>7}{_fmt(pct(r['chosen_acc']), '.2f'):>10}"
               f"{_fmt(r['param_reduction'], '.1f'):>9}{_fmt(r['train_s'], '.1f'):>9}{_fmt(r['ratio_vs_e2e'], '.2f'):>7}"
               f"{_fmt(r['ratio_vs_e2e_graph'], '.2f'):>8}"
@@ -135,7 +146,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=["e2e", "local", "local-fresh"])
     p.add_argument("--model", choices=["resnet18", "efficientnet_b0"], default="resnet18")
     p.add_argument("--backend", choices=["torch", "jax"], default="torch")
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=10, help="end-to-end's epochs (and each block's by default)")
+    p.add_argument("--local-epochs", type=int, default=None,
+                   help="each block's epochs in the local runs (default: --epochs); e.g. 20 against e2e's 10")
     p.add_argument("--budget", default="e2e:32", help="the local runs' --budget (e2e:B or bytes)")
     p.add_argument("--e2e-batch", type=int, default=None, help="end-to-end's batch under a byte budget")
     p.add_argument("--workdir", default=str(Path(__file__).resolve().parents[1]))
@@ -146,6 +159,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--run-timeout", type=float, default=None, help="seconds: a run still going then counts as failed")
     p.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: extra options for every run")
     a = p.parse_args(argv)
+    for name in ("epochs", "local_epochs"):
+        v = getattr(a, name)
+        if v is not None and v < 1:
+            p.error(f"--{name.replace('_', '-')}={v}: allowed [1, inf)")
     try:
         batch = e2e_batch(a.budget, a.e2e_batch)
     except ValueError as exc:
@@ -155,7 +172,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for seed in a.seeds:
         for v in a.variants:
-            opts = ["--backend", a.backend, "--model", a.model, "--epochs", str(a.epochs), "--data", a.data,
+            epochs = a.epochs if v.startswith("e2e") or a.local_epochs is None else a.local_epochs
+            opts = ["--backend", a.backend, "--model", a.model, "--epochs", str(epochs), "--data", a.data,
                     "--seed", str(seed), "--no-progress", *extra]
             opts += (["--method", "amp", "--batch", str(batch), *VARIANTS[v]] if v.startswith("e2e")
                      else [*VARIANTS[v], "--budget", a.budget, *shlex.split(a.local_args)])

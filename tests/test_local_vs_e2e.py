@@ -74,3 +74,22 @@ def test_main_runs_every_variant_per_seed(monkeypatch, tmp_path):
     lv.main(["--data", "d", "--seeds", "0", "--variants", "e2e-graph", "--out", str(tmp_path / "g.json"),
              "--run-timeout", "50"])
     assert calls[-1][-6:] == ["--method", "amp", "--batch", "32", "--compile", "reduce-overhead"]
+    # the local runs' own epochs: e2e keeps --epochs; the row says which each run had
+    calls.clear()
+    res = lv.main(["--data", "d", "--seeds", "0", "--variants", "e2e", "local-fresh", "--epochs", "10",
+                   "--local-epochs", "20", "--out", str(tmp_path / "e.json"), "--run-timeout", "50"])
+    assert [c[c.index("--epochs") + 1] for c in calls] == ["10", "20"]
+    for bad in (["--local-epochs", "0"], ["--epochs", "0"]):
+        with pytest.raises(SystemExit):
+            lv.main(["--data", "d", *bad])
+
+
+def test_epochs_of_a_run():
+    assert lv.epochs_of({"options": {"epochs": 20}, "local_options": {"block_epochs": None}}) == "20"
+    assert lv.epochs_of({"options": {"epochs": 10}, "local_options": {"block_epochs": [10, 15, 15]}}) == "10,15,15"
+    assert lv.epochs_of({"final_acc": 0.8}) is None
+    rows = lv.rows_of([{**_e2e(0, 0.87, [10.0]), "options": {"epochs": 10}},
+                       {**_local("local-fresh", 0, [0.85, 0.86], 5.0), "options": {"epochs": 20}}])
+    by = {(r["variant"], r["seed"]): r for r in rows}
+    assert by[("e2e", 0)]["epochs"] == "10" and by[("local-fresh", "mean")]["epochs"] == "20"
+    lv.print_table(rows)

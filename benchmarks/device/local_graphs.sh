@@ -40,7 +40,7 @@ else
 R=${R:-32MiB}
 # local first: a call cut short keeps the cheaper run; e2e-graph (end-to-end under torch.compile's CUDA
 # graphs, the stronger plain alternative, ~107 s) with EXTRA=e2e-graph when the call has room
-timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds ${SEED:-0} --variants local-fresh e2e $EXTRA \
-  --local-args "--graph-reserve $R --epochs 20" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
+timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds ${SEED:-0} --variants local-fresh e2e $EXTRA --local-epochs 20 \
+  --local-args "--graph-reserve $R" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
 tail -6 $OUT/lve.log; rm -f $OUT/runs/*/*.png
 fi
