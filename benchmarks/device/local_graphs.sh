@@ -2,10 +2,10 @@
 # (probe, ~4 min), and what does local learning with graphs take against end-to-end in one call
 # (compare, ~5 min per seed: 20 epochs per block, e2e 10 epochs; 2026-11-23 seed 0: 0.39x, -0.72 points)?
 #   bash benchmarks/device/local_graphs.sh probe        (device tool, carry [".device"])
-#   SEED=1 bash benchmarks/device/local_graphs.sh compare   (R defaults to 32MiB, the reserve that fitted)
+#   SEEDS="1 2" bash benchmarks/device/local_graphs.sh compare   (~9 min for two seeds; R defaults to 32MiB)
 #   bash benchmarks/device/local_graphs.sh jax   (the JAX twin: its steps are jitted, so no graphs needed;
 #     never timed against JAX end-to-end on a GPU yet)
-#   bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, 3 epochs: its eager e2e step
+#   bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, e2e 3 epochs, 6 per block: its eager e2e step
 #     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call)
 source benchmarks/device/prep.sh; cd /tmp/pkg
 if [ "${1:-probe}" = probe ]; then
@@ -32,7 +32,7 @@ timeout 560 python3 benchmarks/local_vs_e2e.py --backend jax --data /tmp/data/ci
 tail -6 $OUT/lve-jax.log
 elif [ "$1" = effnet ]; then
 R=${R:-32MiB}
-timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 3 --seeds 0 \
+timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 3 --local-epochs 6 --seeds 0 \
   --variants local-fresh e2e --local-args "--graph-reserve $R" --run-timeout 400 --runs $OUT/runs --out $OUT/lve-eff.json \
   > $OUT/lve-eff.log 2>&1
 tail -6 $OUT/lve-eff.log
@@ -40,7 +40,7 @@ else
 R=${R:-32MiB}
 # local first: a call cut short keeps the cheaper run; e2e-graph (end-to-end under torch.compile's CUDA
 # graphs, the stronger plain alternative, ~107 s) with EXTRA=e2e-graph when the call has room
-timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds ${SEED:-0} --variants local-fresh e2e $EXTRA --local-epochs 20 \
+timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} --variants local-fresh e2e $EXTRA --local-epochs 20 \
   --local-args "--graph-reserve $R" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
 tail -6 $OUT/lve.log; rm -f $OUT/runs/*/*.png
 fi
