@@ -1,0 +1,10 @@
+# Issue 14's next call (H100, ~8 min): EfficientNet-B0's eager step is host-bound (2026-11-23,
+# `benchmarks/step_bound.py --model efficientnet_b0`: 33.0 / 36.9 / 36.6 ms eager against 6.9 / 9.9 /
+# 18.6 ms as one CUDA graph at batch 96 / 192 / 512), so the static sweep and triaccel both run under
+# torch.compile's CUDA graphs here (every run gets the same `--compile reduce-overhead`: a fair sweep).
+#   bash benchmarks/device/effnet_compiled.sh           (device tool, carry [".device"])
+source benchmarks/device/prep.sh; cd /tmp/pkg
+timeout 580 python3 benchmarks/table1.py --models efficientnet_b0 --methods "AMP bs 192" "AMP bs 512" triaccel \
+  --seeds 1 --epochs 10 --budget 4GiB --data /tmp/data/cifar10-jpeg --runs $OUT/runs --out $OUT/effnet-compiled.json \
+  -- --compile reduce-overhead > $OUT/effnet-compiled.log 2>&1
+tail -12 $OUT/effnet-compiled.log; rm -f $OUT/runs/*/*.png $OUT/runs/*/*/*.png
