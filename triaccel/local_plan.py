@@ -126,7 +126,7 @@ class LocalPlanConfig:
     resident_bytes: bytes held on the device throughout (e.g. the training images, and workspaces the
       framework keeps that the table does not show).
     graph_reserve_bytes: bytes every training step keeps free beside its modelled peak for a CUDA graph
-      (int or e.g. "64MiB"; 0: steps run eagerly). A captured step's working set sits in the graph's
+      (int or e.g. "64MiB"; 0: none; graphs are captured either way). A captured step's working set sits in the graph's
       private pool, which no other allocation may use, so the eager work beside it (fetching the next
       batch, the allocator's segment rounding) needs segments of its own. The partition may then take
       smaller batches or more blocks. H100, issue 18's 520 MiB budget, ResNet-18 (2026-11-23): with

@@ -459,6 +459,11 @@ class LocalTrainer:
                 else:
                     g["lr"] = lr
 
+        def tally(loss: torch.Tensor, samples: int) -> None:
+            # the epoch's loss over steps not skipped, on the device (no host sync per step)
+            loss_sum.add_(torch.where(guard.flag > 0, 0.0, loss.float()) * samples)
+            kept.add_((1.0 - guard.flag) * samples)
+
         def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             x, y = batch
             with self._cast():
@@ -471,8 +476,7 @@ class LocalTrainer:
                 loss = F.cross_entropy(head(body(pre(x))), y)
             loss.backward()
             guard.step(None)
-            loss_sum.add_(torch.where(guard.flag > 0, 0.0, loss.detach().float()) * y.shape[0])
-            kept.add_((1.0 - guard.flag) * y.shape[0])
+            tally(loss.detach(), y.shape[0])
 
         graphed = GraphedStep(graph_step, params) if self.cuda_graph else None
         rec = BlockRecord(index=b, batch=blk.batch)
@@ -500,8 +504,7 @@ class LocalTrainer:
                     if oom is not None:
                         raise BlockOutOfMemory(self._oom_report(b, rec.steps, oom))
                     samples = res.samples
-                    loss_sum.add_(torch.where(guard.flag > 0, 0.0, res.loss.float()) * res.samples)
-                    kept.add_((1.0 - guard.flag) * res.samples)
+                    tally(res.loss, res.samples)
                     rec.ooms += res.ooms
                 seen += samples
                 rec.steps += 1
