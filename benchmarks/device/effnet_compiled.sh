@@ -8,3 +8,4 @@ timeout 580 python3 benchmarks/table1.py --models efficientnet_b0 --methods "AMP
   --seeds 1 --epochs 10 --budget 4GiB --data /tmp/data/cifar10-jpeg --runs $OUT/runs --out $OUT/effnet-compiled.json \
   -- --compile reduce-overhead > $OUT/effnet-compiled.log 2>&1
 tail -12 $OUT/effnet-compiled.log; rm -f $OUT/runs/*/*.png $OUT/runs/*/*/*.png
+tar -czf $OUT/runs.tgz -C $OUT runs && rm -rf $OUT/runs   # the device tool returns few files

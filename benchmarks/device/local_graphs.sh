@@ -42,5 +42,7 @@ R=${R:-32MiB}
 # graphs, the stronger plain alternative, ~107 s) with EXTRA=e2e-graph when the call has room
 timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} --variants local-fresh e2e $EXTRA --local-epochs 20 \
   --local-args "--graph-reserve $R" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
-tail -6 $OUT/lve.log; rm -f $OUT/runs/*/*.png
+tail -6 $OUT/lve.log
 fi
+# the device tool returns few files: the runs' logs travel as one archive
+[ -d $OUT/runs ] && rm -f $OUT/runs/*/*.png && tar -czf $OUT/runs.tgz -C $OUT runs && rm -rf $OUT/runs

@@ -246,7 +246,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     buckets = bucket_ladder(8, 8, max(opts.batch_max, 8))
     e2e_probe: dict[int, int | None] = {}
     if budget is None:   # e2e:B: probe uncapped up to 2B, then the budget between the two peaks
-        e2e_probe = _e2e_probe(model, train_transform, xtr, ytr, bucket_ladder(e2e_batch, 1, 2 * e2e_batch), opts)
+        # from batch 2: BatchNorm cannot train on one sample where the map is 1x1 (EfficientNet's last stages)
+        e2e_probe = _e2e_probe(model, train_transform, xtr, ytr, bucket_ladder(e2e_batch, 2, 2 * e2e_batch), opts)
         if e2e_probe.get(2 * e2e_batch) is None or e2e_probe.get(e2e_batch) is None:
             raise RuntimeError(f"--budget {opts.budget}: end-to-end did not run at batch {2 * e2e_batch} on this "
                                f"device ({e2e_probe}); pass bytes")
