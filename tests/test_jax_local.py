@@ -118,13 +118,13 @@ def _views(x: np.ndarray) -> list[np.ndarray]:
     return [x[:, :, ::-1].copy(), x + 0.1]          # two fixed "augmentations" (NHWC: flip W)
 
 
-def _train_jax(plan, inputs: str, evaluate: bool = False, transform=None, nonfinite=None):
+def _train_jax(plan, inputs: str, evaluate: bool = False, transform=None, nonfinite=None, steps_per_call=16):
     """evaluate: every exit so far after every epoch (as the demo does); transform: block 0's."""
     model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
     units, clf = jl.sequential_units(model)
     tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.05, lr_batch=16, inputs=inputs,
                          cache_dtype=jnp.float32, seed=0, lr_factor=lambda seen, total: 1.0 - seen / total,
-                         nonfinite=nonfinite)
+                         nonfinite=nonfinite, steps_per_call=steps_per_call)
     x, y = _data()
 
     def on_epoch(b, e, loss, seconds):
@@ -208,6 +208,44 @@ def test_torch_and_jax_train_alike(plan, cached):
         np.testing.assert_allclose(sj[k], st[k], rtol=2e-3, atol=2e-4, err_msg=k)
 
 
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+def test_fused_steps_equal_elastic_steps(plan, cached, steps_per_call):
+    """Full batches run 16 per compiled scan (the default, the fixture), 3 per call (an epoch's last
+    call with spare slots) or each through the elastic path (1): same augmentation keys, same lr per
+    step, same weights and losses. Block 0's transform draws on its key, so a wrong key shows."""
+    def aug(xb, key):
+        return xb * 0.9 + 0.05 * jax.random.normal(key, xb.shape)
+
+    model_a, a, ra = _train_jax(plan, inputs="recompute", transform=aug)   # later blocks: the prefix in the scan
+    model_b, b, rb = _train_jax(plan, inputs="recompute", transform=aug, steps_per_call=steps_per_call)
+    assert all(r.graph_steps == r.steps - EPOCHS * (N % r.batch > 0) for r in ra)
+    assert all(r.graph_steps == (0 if steps_per_call == 1 else r.steps - EPOCHS * (N % r.batch > 0)) for r in rb)
+    sa, sb = _state(model_a, a), _state(model_b, b)
+    for k in sa:
+        np.testing.assert_allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for x, y in zip(ra, rb):
+        assert x.steps == y.steps and x.epoch_losses == pytest.approx(y.epoch_losses, rel=1e-5)
+
+
+def test_fused_call_out_of_memory_falls_back_to_elastic_steps(plan, cached, monkeypatch):
+    """A fused call that runs out of memory loses no sample: its batches go back to the loader, the
+    block's steps take the elastic path (same results as never fusing), the record says why."""
+    def failing(*args, **kwargs):
+        def call(*a, **k):
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory (simulated)")
+        return call
+
+    monkeypatch.setattr(jl, "_scan_steps", failing)
+    with pytest.warns(RuntimeWarning, match="fused steps at step 0"):
+        model_b, b, rb = _train_jax(plan, inputs="cache")
+    model_a, a, ra = _train_jax(plan, inputs="cache", steps_per_call=1)
+    assert all(r.graph_steps == 0 and r.graph_note.startswith("fused steps at step 0: JaxRuntimeError") for r in rb)
+    sa, sb = _state(model_a, a), _state(model_b, b)
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+    assert [r.steps for r in ra] == [r.steps for r in rb]
+
+
 def test_evaluating_exits_between_epochs_changes_nothing(plan, cached):
     model_a, a, ra = cached
     model_b, b, rb = _train_jax(plan, inputs="cache", evaluate=True)
@@ -250,6 +288,9 @@ def test_trainer_refuses_bad_input(plan):
     units, clf = jl.sequential_units(model)
     with pytest.raises(ValueError, match="units"):
         jl.LocalTrainer(units[:-1], clf, plan, num_classes=K, lr=0.1)
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=r"steps_per_call=.*allowed integers >= 1"):
+            jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.1, steps_per_call=bad)
     tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.1)
     x, y = _data()
     with pytest.raises(ValueError, match="epochs"):
@@ -288,6 +329,7 @@ def test_demo_local_loop_jax(tmp_path, block_inputs):
 
     summary = run_local_demo(tmp_path, "jax", block_inputs)
     nb = len(summary["plan"]["blocks"])
+    assert summary["graph_steps"] > 0   # the demo fuses full-batch steps (--fuse-steps 16)
     assert nb >= 2 and len(summary["exit_accs"]) == nb == len(summary["blocks"])
     assert summary["exported_params"] == summary["exit_params"][summary["chosen_exit"]]
     check_block_inputs(summary, block_inputs)

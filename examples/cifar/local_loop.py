@@ -34,11 +34,11 @@ from .datasets import CifarArrays
 from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
-# --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs), kept here so
+# --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs, --fuse-steps), kept here so
 # RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
                                   "block_inputs": "cache", "cuda_graph": True, "graph_reserve": "auto",
-                                  "block_epochs": None}
+                                  "block_epochs": None, "fuse_steps": 16}
 # --graph-reserve auto on a CUDA device with graphs on: with it the H100's block captures fitted issue 18's
 # 520 MiB budget, without it the last block's warm-up ran out of memory (2026-11-23, docs/results.md)
 AUTO_GRAPH_RESERVE = 32 * 2 ** 20
@@ -400,7 +400,8 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
     trainer = jlocal.LocalTrainer(
         units, clf, plan, num_classes=data.num_classes, lr=opts.lr, lr_batch=opts.batch, momentum=opts.momentum,
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
-        compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev)
+        compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev,
+        steps_per_call=lo["fuse_steps"])
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)

@@ -82,6 +82,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--cuda-graph", choices=["on", "off"], default="on",
                    help="local, torch on CUDA: capture each block's full-batch step once and replay it (on, default) "
                         "or run every step eagerly (off); JAX's steps are compiled by XLA either way")
+    p.add_argument("--fuse-steps", type=int, default=None, metavar="K",
+                   help="local, JAX: full-batch block steps run K per compiled call (a lax.scan; one host sync per "
+                        "call, the counterpart of torch's CUDA graphs); 1: every step through the elastic path. "
+                        "Default 16")
     p.add_argument("--graph-reserve", default="auto",
                    help="local, torch with --cuda-graph on: device bytes each block step keeps free beside its "
                         "modelled peak for the graph (e.g. 64MiB; smaller batches or more blocks within the same "
@@ -204,6 +208,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
             p.error(str(exc))
         if not 0 <= a.exit_tolerance <= 1:
             p.error(f"--exit-tolerance={a.exit_tolerance}: allowed [0, 1] (accuracy fraction)")
+        if a.fuse_steps is not None and (a.backend != "jax" or a.fuse_steps < 1):
+            p.error(f"--fuse-steps={a.fuse_steps}: allowed integers >= 1, with --backend jax")
         reserve: int | str = "auto"
         if a.graph_reserve != "auto":
             try:
@@ -216,7 +222,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         opts.local = {"exit_tolerance": a.exit_tolerance, "max_blocks": a.max_blocks,  # type: ignore[attr-defined]
                       "cache_views": a.cache_views, "block_batch": a.block_batch,
                       "block_inputs": a.block_inputs, "cuda_graph": a.cuda_graph == "on", "graph_reserve": reserve,
-                      "block_epochs": a.block_epochs}
+                      "block_epochs": a.block_epochs,
+                      **({} if a.fuse_steps is None else {"fuse_steps": a.fuse_steps})}
     if a.method != "local":   # local's budget may read e2e:B; its knobs are checked by its plan
         opts.triaccel_config()  # validate every knob before any data is loaded
     return opts
