@@ -293,36 +293,39 @@ def _update(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads
     return jax.tree_util.tree_map(lambda p, u: p - lr * u, params, updates), opt_state
 
 
-def _scan_steps(gd: Any, tx: optax.GradientTransformation, transform: Callable[[Any, jax.Array], Any] | None,
+def _scan_steps(gd: Any, tx: optax.GradientTransformation, transform: Callable[[Any, Any, jax.Array], Any] | None,
                 seed: int, batch: int) -> Callable[..., Any]:
     """K full-batch training steps as one jitted ``lax.scan`` (K from its inputs' leading axis).
 
-    Returns f(params, opt, rest, acc, raw, epoch, firsts, lrs, active) -> (params, opt, rest, acc):
-    raw: the steps' raw batches, leaves (K, batch, ...); epoch: int32 () the loader's epoch; firsts:
-    int32 (K,) each batch's first sample id (with the seed and epoch: the key the loader gives its
-    transform, so the augmentation equals the elastic path's); lrs: float32 (K,); active: bool (K,),
-    False steps leave the state alone (a call's spare slots at an epoch's end: one compiled K)."""
+    transform(tstate, raw batch, key) -> (x, y), or None (the raw batch is the input). Returns
+    f(params, opt, rest, acc, tstate, raw, epoch, firsts, lrs, active) -> (params, opt, rest, acc):
+    tstate: the transform's arrays (the frozen prefix's weights), an argument so that they are not
+    baked into the program as constants; raw: the steps' raw batches, leaves (K, batch, ...); epoch:
+    int32 () the loader's epoch; firsts: int32 (K,) each batch's first sample id (with the seed and
+    epoch: the key the loader gives its transform, so the augmentation equals the elastic path's);
+    lrs: float32 (K,); active: bool (K,), False steps leave the state alone (a call's spare slots at
+    an epoch's end: one compiled K)."""
     ones = jnp.ones((batch,), jnp.float32)
 
     def one(carry: Any, inp: Any) -> tuple[Any, None]:
         raw_k, first, lr, on, epoch = inp
 
         def step(c: Any) -> Any:
-            params, opt, rest, acc = c
+            params, opt, rest, acc, tstate = c
             key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), epoch), first)
-            x, y = raw_k if transform is None else transform(raw_k, key)
+            x, y = raw_k if transform is None else transform(tstate, raw_k, key)
             loss, grads, new_rest = _grad(gd, params, rest, x, y, ones)
             params, opt = _update(tx, params, opt, grads, lr)
             # a skipped step keeps the statistics it found (the elastic path restores them at the next check)
             new_rest = jax.tree_util.tree_map(lambda u, v: jnp.where(opt.last_finite, u, v), new_rest, rest)
-            return params, opt, new_rest, _add_loss(acc, loss, opt.last_finite, jnp.float32(batch))
+            return params, opt, new_rest, _add_loss(acc, loss, opt.last_finite, jnp.float32(batch)), tstate
 
         return jax.lax.cond(on, step, lambda c: c, carry), None
 
-    def run(params: Any, opt: Any, rest: Any, acc: jax.Array, raw: Any, epoch: jax.Array, firsts: jax.Array,
-            lrs: jax.Array, active: jax.Array) -> Any:
+    def run(params: Any, opt: Any, rest: Any, acc: jax.Array, tstate: Any, raw: Any, epoch: jax.Array,
+            firsts: jax.Array, lrs: jax.Array, active: jax.Array) -> Any:
         epochs = jnp.broadcast_to(epoch, firsts.shape)
-        return jax.lax.scan(one, (params, opt, rest, acc), (raw, firsts, lrs, active, epochs))[0]
+        return jax.lax.scan(one, (params, opt, rest, acc, tstate), (raw, firsts, lrs, active, epochs))[0][:4]
 
     return jax.jit(run)
 
@@ -495,26 +498,28 @@ class LocalTrainer:
         cache: list[Any] | None = None
         self.records = []
         for blk, run in zip(self.plan.blocks, runs):
+            # transform(tstate, raw batch, key) -> (x, y); tstate holds its arrays (see _scan_steps)
+            tstate: Any = None
             if run.source == "data":
                 sources = [(train_x, train_y)]
-                transform = lambda b, key: (aug(b[0], key), b[1])  # noqa: E731
+                transform = lambda _s, b, key: (aug(b[0], key), b[1])  # noqa: E731
             elif run.source == "cache":
                 assert cache is not None
                 sources = [(c, train_y) for c in cache]
                 transform = None
             else:   # the frozen prefix every step: on the fixed views ("recompute") or fresh images
-                pre_gd, pre_state = self._eval_split(_Chain(self.units[:blk.start]))
+                pre_gd, tstate = self._eval_split(_Chain(self.units[:blk.start]))
                 fresh = run.source == "fresh"
                 sources = [(train_x, train_y)] if fresh else [(v, train_y) for v in views]
                 inp = (lambda b, key: aug(b[0], key)) if fresh else (lambda b, key: prep(b[0]))
-                transform = lambda b, key, g=pre_gd, s=pre_state, inp=inp: (  # noqa: E731
+                transform = lambda s, b, key, g=pre_gd, inp=inp: (  # noqa: E731
                     _forward(g, s, inp(b, key)).astype(self.cache_dtype), b[1])
-            self.records.append(self._train_block(run, sources, transform, n, on_epoch))
+            self.records.append(self._train_block(run, sources, transform, tstate, n, on_epoch))
             if run.cache_after is not None:
                 cache = self._build_cache(run.index, run.cache_after, cache, views, prep)
         return self.records
 
-    def _train_block(self, run: BlockRun, sources: list[tuple[Any, Any]], transform: Any, n: int,
+    def _train_block(self, run: BlockRun, sources: list[tuple[Any, Any]], transform: Any, tstate: Any, n: int,
                      on_epoch: Any) -> BlockRecord:
         b, blk = run.index, self.plan.blocks[run.index]
         body = _Chain(self.units[blk.start:blk.stop], self.heads[b])
@@ -528,7 +533,7 @@ class LocalTrainer:
         st = {"params": params, "rest": rest, "opt": jax.device_put(self.tx.init(params), self.device)}
         ctl = Controller(run.controller_config(self.plan.memory_budget), [f"block{b}"])
         loader = ElasticLoader(sources[0], batch_size=blk.batch, buckets=run.micro_batches, seed=run.seed,
-                               transform=transform, device=self.device)
+                               transform=None if transform is None else partial(transform, tstate), device=self.device)
         total, seen = run.epochs * n, 0
 
         def grad_fn(batch: Any, mask: jax.Array) -> tuple[jax.Array, Any]:
@@ -559,7 +564,7 @@ class LocalTrainer:
             st["acc"] = self._put(np.zeros(2, np.float32))
             while True:
                 before = rec.steps
-                done = (self._fused_call(fused, st, loader, run, blk.batch, n, seen, total, rec)
+                done = (self._fused_call(fused, st, tstate, loader, run, blk.batch, n, seen, total, rec)
                         if fused is not None and not rec.graph_note else 0)
                 seen += done * blk.batch
                 if not done:
@@ -595,8 +600,8 @@ class LocalTrainer:
         body.eval()
         return rec
 
-    def _fused_call(self, fused: Callable[..., Any], st: dict[str, Any], loader: ElasticLoader, run: BlockRun,
-                    batch: int, n: int, seen: int, total: int, rec: BlockRecord) -> int:
+    def _fused_call(self, fused: Callable[..., Any], st: dict[str, Any], tstate: Any, loader: ElasticLoader,
+                    run: BlockRun, batch: int, n: int, seen: int, total: int, rec: BlockRecord) -> int:
         """Up to `steps_per_call` full batches of the epoch through `fused` (`_scan_steps`), updating
         `st` (params, opt, rest, acc) and `rec`. Returns the steps taken: 0 leaves the step to the
         elastic path (no full batch left, or the call ran out of memory: its samples are put back and
@@ -622,7 +627,7 @@ class LocalTrainer:
         failed = ""
         try:
             raw = jax.tree_util.tree_map(gather, loader.arrays)
-            out = fused(st["params"], st["opt"], st["rest"], st["acc"], raw, np.int32(loader.epoch),
+            out = fused(st["params"], st["opt"], st["rest"], st["acc"], tstate, raw, np.int32(loader.epoch),
                         firsts, lrs, active)
             jax.block_until_ready(out)   # an OOM surfaces here, before the state is replaced
         except Exception as exc:   # noqa: BLE001 - only an OOM falls back
