@@ -3,8 +3,8 @@
 # (compare, ~5 min per seed: 20 epochs per block, e2e 10 epochs; 2026-11-23 seed 0: 0.39x, -0.72 points)?
 #   bash benchmarks/device/local_graphs.sh probe        (device tool, carry [".device"])
 #   SEEDS="1 2" bash benchmarks/device/local_graphs.sh compare   (~9 min for two seeds; R defaults to 32MiB)
-#   bash benchmarks/device/local_graphs.sh jax   (the JAX twin: its steps are jitted, so no graphs needed;
-#     never timed against JAX end-to-end on a GPU yet)
+#   bash benchmarks/device/local_graphs.sh jax   (the JAX twin: block steps fused 16 per compiled scan,
+#     its counterpart of CUDA graphs; local first, e2e second)
 #   bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, e2e 3 epochs, 6 per block: its eager e2e step
 #     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call)
 source benchmarks/device/prep.sh; cd /tmp/pkg
@@ -27,8 +27,10 @@ print('reserve $r', round(d['train_seconds'], 1), [round(a, 4) for a in d['exit_
       [(b['batch'], b['graph_steps'], b['steps'], b['graph_pool_bytes'], b['graph_note'][:60]) for b in d['blocks']])"
 done
 elif [ "$1" = jax ]; then
-timeout 560 python3 benchmarks/local_vs_e2e.py --backend jax --data /tmp/data/cifar10-jpeg --seeds 0 \
-  --variants e2e local-fresh local --run-timeout 300 --runs $OUT/runs --out $OUT/lve-jax.json > $OUT/lve-jax.log 2>&1
+# 2026-11-23 (elastic steps, one sync each): local-fresh 242.6 s of training = 1.22x e2e's 199.0 s, then cut at
+# 300 s before its summary; full-batch steps now run 16 per compiled scan (--fuse-steps, default 16)
+timeout 570 python3 benchmarks/local_vs_e2e.py --backend jax --data /tmp/data/cifar10-jpeg --seeds 0 \
+  --variants local-fresh e2e --run-timeout 330 --runs $OUT/runs --out $OUT/lve-jax.json > $OUT/lve-jax.log 2>&1
 tail -6 $OUT/lve-jax.log
 elif [ "$1" = effnet ]; then
 R=${R:-32MiB}
