@@ -24,7 +24,9 @@ over the steps, `LocalTrainer._fused_call`): the elastic step waits for every st
 out-of-memory error surfaces inside its retry loop), which at these small steps leaves the device
 idle while the host prepares the next (H100, issue 18: 7.3 ms per block step at batch 64); a fused call
 waits once. An epoch's short last batch, and every step after a fused call runs out of memory, take
-the elastic path. The torch twin's counterpart is its CUDA graph.
+the elastic path. The torch twin's counterpart is its CUDA graph. Block b+1's fused program is
+compiled from shapes alone on a background thread while block b trains (`compile_ahead`), so only
+block 0's compilation is on the critical path.
 
 Pieces: :func:`sequential_units`, :func:`measure_layers` (the per-unit table from XLA's compiled memory
 analysis), :class:`AuxHead`, :class:`LocalTrainer` (train, evaluate every exit, export a prefix + head
@@ -49,6 +51,7 @@ from triaccel.layout import check_canonical
 from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
                                  block_runs, check_views, halving_on_oom, head_init)
 
+from .compile_ahead import AheadCompiler
 from .data import ElasticLoader, _gather, elastic_step, free_memory, is_oom
 from .models import BatchNorm2d, EfficientNet, ResNet, _canonical_entries, _conv, _linear
 
@@ -330,6 +333,27 @@ def _scan_steps(gd: Any, tx: optax.GradientTransformation, transform: Callable[[
     return jax.jit(run)
 
 
+class _Ahead:
+    """A block's fused program compiled ahead (`LocalTrainer._submit_ahead`), its jit the fallback:
+    a call whose arguments differ from the shapes or placements it was compiled for is refused
+    before anything runs (TypeError / ValueError), and the jit compiles it then, as without compiling
+    ahead. hits: calls the ahead-compiled program ran."""
+
+    def __init__(self, compiled: Any, fn: Callable[..., Any]) -> None:
+        self.compiled, self.fn, self.hits = compiled, fn, 0
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled is not None:
+            try:
+                out = self.compiled(*args)
+            except (TypeError, ValueError):
+                self.compiled = None
+            else:
+                self.hits += 1
+                return out
+        return self.fn(*args)
+
+
 def _write_rows(buf: jax.Array, y: jax.Array, i: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_slice_in_dim(buf, y.astype(buf.dtype), i, 0)
 
@@ -428,6 +452,8 @@ class LocalTrainer:
     when training stops (`triaccel.local_plan.NonFinitePolicy`; default: its defaults). steps_per_call:
     full-batch steps per compiled call (>= 1; 1: every step through the elastic path); a record's
     graph_steps counts the steps that ran fused, graph_note says why fusing stopped (an OOM).
+    compile_ahead: compile block b+1's fused program on a background thread while block b trains
+    (`compile_ahead.AheadCompiler`; the blocks that ran one are listed in `fused_ahead`).
     """
 
     def __init__(self, units: Sequence[tuple[str, nnx.Module]], classifier: nnx.Module | None, plan: LocalPlan, *,
@@ -435,7 +461,8 @@ class LocalTrainer:
                  weight_decay: float = 5e-4, lr_factor: Callable[[int, int], float] | None = None,
                  compute_dtype: Any = None, inputs: str = "cache", cache_dtype: Any = jnp.bfloat16,
                  head_pool: int = 4, seed: int = 0, device: Any = None,
-                 nonfinite: NonFinitePolicy | None = None, steps_per_call: int = 16) -> None:
+                 nonfinite: NonFinitePolicy | None = None, steps_per_call: int = 16,
+                 compile_ahead: bool = True) -> None:
         if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
             raise ValueError(f"steps_per_call={steps_per_call!r}: allowed integers >= 1")
         if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
@@ -452,7 +479,10 @@ class LocalTrainer:
         self.inputs, self.cache_dtype, self.seed = inputs, jnp.dtype(cache_dtype), int(seed)
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
         self.device = device if device is not None else jax.devices()[0]
-        self.steps_per_call = steps_per_call
+        if not isinstance(compile_ahead, bool):
+            raise ValueError(f"compile_ahead={compile_ahead!r}: allowed True or False")
+        self.steps_per_call, self.compile_ahead = steps_per_call, compile_ahead
+        self.fused_ahead: list[int] = []
         if compute_dtype is not None:
             set_compute_dtype(self.units, compute_dtype)
         self.heads: list[nnx.Module] = []
@@ -496,37 +526,93 @@ class LocalTrainer:
         train_y = self._put(jnp.asarray(train_y, jnp.int32))
         aug, prep = jax.jit(train_transform), jax.jit(view_transform)
         cache: list[Any] | None = None
-        self.records = []
-        for blk, run in zip(self.plan.blocks, runs):
-            # transform(tstate, raw batch, key) -> (x, y); tstate holds its arrays (see _scan_steps)
-            tstate: Any = None
-            if run.source == "data":
-                sources = [(train_x, train_y)]
-                transform = lambda _s, b, key: (aug(b[0], key), b[1])  # noqa: E731
-            elif run.source == "cache":
-                assert cache is not None
-                sources = [(c, train_y) for c in cache]
-                transform = None
-            else:   # the frozen prefix every step: on the fixed views ("recompute") or fresh images
-                pre_gd, tstate = self._eval_split(_Chain(self.units[:blk.start]))
-                fresh = run.source == "fresh"
-                sources = [(train_x, train_y)] if fresh else [(v, train_y) for v in views]
-                inp = (lambda b, key: aug(b[0], key)) if fresh else (lambda b, key: prep(b[0]))
-                transform = lambda s, b, key, g=pre_gd, inp=inp: (  # noqa: E731
-                    _forward(g, s, inp(b, key)).astype(self.cache_dtype), b[1])
-            self.records.append(self._train_block(run, sources, transform, tstate, n, on_epoch))
-            if run.cache_after is not None:
-                cache = self._build_cache(run.index, run.cache_after, cache, views, prep)
+        self.records, self.fused_ahead = [], []
+        ahead = AheadCompiler() if self.compile_ahead and self.steps_per_call > 1 else None
+        try:
+            for blk, run in zip(self.plan.blocks, runs):
+                sources, transform, tstate, pre_gd = self._inputs(blk, run, train_x, train_y, views, cache, aug, prep)
+                if ahead is not None and run.index + 1 < len(runs):   # the next block's program, while this one trains
+                    self._submit_ahead(ahead, runs[run.index + 1], train_x, train_y, views, aug, prep)
+                taken = ahead.take(run.index) if ahead is not None else None
+                self.records.append(self._train_block(run, sources, transform, tstate, n, on_epoch,
+                                                      None if taken is None or taken[1] != pre_gd else taken))
+                if run.cache_after is not None:
+                    cache = self._build_cache(run.index, run.cache_after, cache, views, prep)
+        finally:
+            if ahead is not None:
+                ahead.close()
         return self.records
 
-    def _train_block(self, run: BlockRun, sources: list[tuple[Any, Any]], transform: Any, tstate: Any, n: int,
-                     on_epoch: Any) -> BlockRecord:
-        b, blk = run.index, self.plan.blocks[run.index]
+    def _inputs(self, blk: Any, run: BlockRun, train_x: Any, train_y: Any, views: Sequence[Any], cache: list[Any] | None,
+                aug: Callable[..., Any], prep: Callable[..., Any], abstract: bool = False) -> tuple[Any, Any, Any, Any]:
+        """A block's (sources, transform, tstate, pre_gd): the arrays its loader reads, transform(tstate,
+        raw batch, key) -> (x, y) or None, its arrays (the frozen prefix's eval-mode state), the prefix's
+        graph definition (None without a prefix). abstract: shapes only (`jax.ShapeDtypeStruct`, for
+        compiling ahead: the prefix is not trained yet, a cache not built)."""
+        if run.source == "data":
+            return [(train_x, train_y)], (lambda _s, b, key: (aug(b[0], key), b[1])), None, None
+        if run.source == "cache":
+            if abstract:
+                c, h, w = self.plan.layers[blk.start - 1].out_shape
+                cache = [self._abstract(jax.ShapeDtypeStruct((int(train_y.shape[0]), h, w, c), self.cache_dtype))]
+            assert cache is not None
+            return [(c, train_y) for c in cache], None, None, None
+        # the frozen prefix every step: on the fixed views ("recompute") or fresh images
+        chain = _Chain(self.units[:blk.start])
+        if abstract:
+            chain.eval()
+            pre_gd, tstate = nnx.split(chain)
+            tstate = self._abstract(tstate)
+        else:
+            pre_gd, tstate = self._eval_split(chain)
+        fresh = run.source == "fresh"
+        sources = [(train_x, train_y)] if fresh else [(v, train_y) for v in views]
+        inp = (lambda b, key: aug(b[0], key)) if fresh else (lambda b, key: prep(b[0]))
+        transform = lambda s, b, key, g=pre_gd, inp=inp: (  # noqa: E731
+            _forward(g, s, inp(b, key)).astype(self.cache_dtype), b[1])
+        return sources, transform, tstate, pre_gd
+
+    def _abstract(self, tree: Any) -> Any:
+        """Shapes and dtypes of `tree`'s arrays, placed on the trainer's device (as the real ones are)."""
+        where = jax.sharding.SingleDeviceSharding(self.device)
+        return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(
+            np.shape(x), x.dtype, sharding=where, weak_type=bool(getattr(x, "weak_type", False))), tree)
+
+    def _body_split(self, b: int) -> tuple[nnx.Module, Any, Any, Any]:
+        """Block b's training module (units + head) and its train-mode split: (module, graph def, params,
+        rest). The step runs this graph definition: on_epoch's exit evaluation, which puts the shared
+        modules in eval mode, cannot reach training (the torch twin sets train mode each epoch)."""
+        blk = self.plan.blocks[b]
         body = _Chain(self.units[blk.start:blk.stop], self.heads[b])
         body.train()
-        # the step runs this train-mode graph definition: on_epoch's exit evaluation, which puts the
-        # shared modules in eval mode, cannot reach training (the torch twin sets train mode each epoch)
-        gd, params, rest = nnx.split(body, nnx.Param, ...)
+        return (body, *nnx.split(body, nnx.Param, ...))
+
+    def _submit_ahead(self, ahead: AheadCompiler, run: BlockRun, train_x: Any, train_y: Any, views: Sequence[Any],
+                      aug: Callable[..., Any], prep: Callable[..., Any]) -> None:
+        """Queue the compilation of block `run.index`'s fused program (`_scan_steps`) on `ahead`'s thread,
+        from shapes alone; its result is (body graph def, prefix graph def, executable). The graph
+        definitions are read here, on the caller's thread, which owns the modules."""
+        blk, k = self.plan.blocks[run.index], self.steps_per_call
+        sources, transform, tstate, pre_gd = self._inputs(blk, run, train_x, train_y, views, None, aug, prep,
+                                                          abstract=True)
+        _, gd, params, rest = self._body_split(run.index)
+        params, rest = self._abstract(params), self._abstract(rest)
+        opt = self._abstract(jax.eval_shape(self.tx.init, params))
+        acc = self._abstract(jax.ShapeDtypeStruct((2,), jnp.float32))
+        raw = jax.tree_util.tree_map(lambda x: self._abstract(
+            jax.ShapeDtypeStruct((k, blk.batch, *x.shape[1:]), x.dtype)), sources[0])
+        steps = (jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((k,), jnp.int32),
+                 jax.ShapeDtypeStruct((k,), jnp.float32), jax.ShapeDtypeStruct((k,), jnp.bool_))
+        fn = _scan_steps(gd, self.tx, transform, run.seed, blk.batch)
+        ahead.submit(run.index, lambda: (gd, pre_gd, fn.lower(params, opt, rest, acc, tstate, raw, *steps).compile()),
+                     name=f"fused steps, block {run.index}")
+
+    def _train_block(self, run: BlockRun, sources: list[tuple[Any, Any]], transform: Any, tstate: Any, n: int,
+                     on_epoch: Any, ahead: tuple[Any, Any, Any] | None = None) -> BlockRecord:
+        """ahead: (body graph def, prefix graph def, executable) compiled for this block by `_submit_ahead`,
+        used when the body's graph definition is the one trained here."""
+        b, blk = run.index, self.plan.blocks[run.index]
+        body, gd, params, rest = self._body_split(b)
         # committed to the device from the start: the step's outputs are, and a change of placement
         # between calls would compile the step again
         params, rest = jax.device_put((params, rest), self.device)
@@ -557,7 +643,11 @@ class LocalTrainer:
             self.nonfinite.check(b, rec.steps, skipped, consecutive, clean["skipped"])
             clean["skipped"] = rec.skipped_steps = skipped
 
-        fused = (_scan_steps(gd, self.tx, transform, run.seed, blk.batch) if self.steps_per_call > 1 else None)
+        fused = None
+        if self.steps_per_call > 1:
+            fused = _scan_steps(gd, self.tx, transform, run.seed, blk.batch)
+            if ahead is not None and ahead[0] == gd:
+                fused = _Ahead(ahead[2], fused)
         for e in range(run.epochs):
             loader.arrays = sources[BlockRun.view(e, len(sources))]
             t0 = time.perf_counter()
@@ -597,6 +687,8 @@ class LocalTrainer:
             if on_epoch is not None:
                 on_epoch(b, e, rec.epoch_losses[-1], rec.epoch_seconds[-1])
         rec.peak_bytes = _peak_bytes(self.device)
+        if isinstance(fused, _Ahead) and fused.hits:
+            self.fused_ahead.append(b)
         body.eval()
         return rec
 

@@ -413,4 +413,5 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         "e2e_compiled_peak_bytes": {str(k): v for k, v in e2e_peaks.items()},
         "e2e_largest_batch_compiled": max(e2e_fit) if e2e_fit else None, "device": str(dev),
         "device_name": getattr(dev, "device_kind", str(dev)), "bytes_limit": stats.get("bytes_limit"),
+        "fuse_steps": lo["fuse_steps"], "fused_compiled_ahead": trainer.fused_ahead,
     }
