@@ -358,3 +358,33 @@ def test_demo_local_loop_jax(tmp_path, block_inputs):
     assert nb >= 2 and len(summary["exit_accs"]) == nb == len(summary["blocks"])
     assert summary["exported_params"] == summary["exit_params"][summary["chosen_exit"]]
     check_block_inputs(summary, block_inputs)
+
+
+def test_short_last_batch_jits_warmed_ahead(plan, monkeypatch):
+    """With a short last batch (36 samples: 4 left over at batches 8 and 16), the ahead job also runs
+    the elastic path's jits once at that micro-batch (zeros), off the critical path; training is
+    unchanged by it (same weights as without compiling ahead)."""
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((36, S, S, 3)).astype(np.float32), rng.integers(0, K, 36)
+    sizes = []
+    warm = jl.LocalTrainer._warm_elastic
+
+    def spy(self, gd, transform, tstate, params, opt, rest, source, size):
+        sizes.append(size)
+        return warm(self, gd, transform, tstate, params, opt, rest, source, size)
+
+    monkeypatch.setattr(jl.LocalTrainer, "_warm_elastic", spy)
+    out = []
+    for ahead in (True, False):
+        model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
+        units, clf = jl.sequential_units(model)
+        tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.05, lr_batch=16, inputs="recompute",
+                             cache_dtype=jnp.float32, seed=0, compile_ahead=ahead)
+        recs = tr.train(jnp.asarray(x), y, lambda xb, key: xb * 0.9, _views(x), lambda v: v, epochs=1)
+        out.append((_state(model, tr), recs, tr.fused_ahead))
+    assert sizes == [4] * (len(plan.blocks) - 1)   # micro-batch ladders 1, 2, 4, 8(, 16): 4 left -> 4
+    (sa, ra, fa), (sb, rb, fb) = out
+    assert fa == list(range(1, len(plan.blocks))) and fb == []
+    assert all(r.graph_steps == r.steps - 1 for r in ra)   # the short batch took the elastic path
+    for k in sa:
+        np.testing.assert_allclose(sa[k], sb[k], rtol=1e-6, atol=1e-7, err_msg=k)

@@ -604,8 +604,28 @@ class LocalTrainer:
         steps = (jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((k,), jnp.int32),
                  jax.ShapeDtypeStruct((k,), jnp.float32), jax.ShapeDtypeStruct((k,), jnp.bool_))
         fn = _scan_steps(gd, self.tx, transform, run.seed, blk.batch)
-        ahead.submit(run.index, lambda: (gd, pre_gd, fn.lower(params, opt, rest, acc, tstate, raw, *steps).compile()),
-                     name=f"fused steps, block {run.index}")
+        short = int(train_y.shape[0]) % blk.batch
+        size = min(m for m in run.micro_batches if m >= short) if short else 0
+
+        def job() -> tuple[Any, Any, Any]:
+            compiled = fn.lower(params, opt, rest, acc, tstate, raw, *steps).compile()
+            if size:   # the epoch's short last batch takes the elastic path: its jits compile here, by a call
+                self._warm_elastic(gd, transform, tstate, params, opt, rest, sources[0], size)
+            return gd, pre_gd, compiled
+
+        ahead.submit(run.index, job, name=f"fused steps, block {run.index}")
+
+    def _warm_elastic(self, gd: Any, transform: Any, tstate: Any, params: Any, opt: Any, rest: Any, source: Any,
+                      size: int) -> None:
+        """Run the elastic path's jitted pieces once on zeros at a micro-batch of `size` samples (arguments
+        abstract, as `_submit_ahead` builds them), so that their compiled programs are in the jits' own
+        caches when the block's short last batch arrives (an ahead-of-time `lower().compile()` is not)."""
+        zeros = lambda a: jax.device_put(np.zeros(a.shape, a.dtype), self.device)  # noqa: E731
+        p, o, r, t = (jax.tree_util.tree_map(zeros, v) for v in (params, opt, rest, tstate))
+        batch = jax.tree_util.tree_map(lambda a: zeros(jax.ShapeDtypeStruct((size, *a.shape[1:]), a.dtype)), source)
+        x, y = batch if transform is None else transform(t, batch, jax.random.PRNGKey(0))
+        _, grads, _ = _grad(gd, p, r, x, y, self._put(np.ones(size, np.float32)))
+        jax.block_until_ready(_update(self.tx, p, o, grads, self._put(np.float32(0.0))))
 
     def _train_block(self, run: BlockRun, sources: list[tuple[Any, Any]], transform: Any, tstate: Any, n: int,
                      on_epoch: Any, ahead: tuple[Any, Any, Any] | None = None) -> BlockRecord:
