@@ -453,7 +453,9 @@ class LocalTrainer:
     full-batch steps per compiled call (>= 1; 1: every step through the elastic path); a record's
     graph_steps counts the steps that ran fused, graph_note says why fusing stopped (an OOM).
     compile_ahead: compile block b+1's fused program on a background thread while block b trains
-    (`compile_ahead.AheadCompiler`; the blocks that ran one are listed in `fused_ahead`).
+    (`compile_ahead.AheadCompiler`; the blocks that ran one are listed in `fused_ahead`), and run its
+    short-last-batch jits once on zeros there: for that moment the device holds block b+1's
+    parameters, optimizer state and one such step beside block b's training.
     """
 
     def __init__(self, units: Sequence[tuple[str, nnx.Module]], classifier: nnx.Module | None, plan: LocalPlan, *,

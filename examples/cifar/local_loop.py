@@ -401,7 +401,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         units, clf, plan, num_classes=data.num_classes, lr=opts.lr, lr_batch=opts.batch, momentum=opts.momentum,
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev,
-        steps_per_call=lo["fuse_steps"])
+        steps_per_call=lo["fuse_steps"], compile_ahead=opts.compile_ahead)
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)
