@@ -57,13 +57,14 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     local = ["--method", "local", "--budget", "e2e:32"]
     for bad in (["--graph-reserve", "lots"], ["--graph-reserve", "64MiB", "--cuda-graph", "off"],
                 ["--graph-reserve", "64MiB", "--backend", "jax"], ["--fuse-steps", "4"],
-                ["--fuse-steps", "0", "--backend", "jax"]):
+                ["--fuse-steps", "0", "--backend", "jax"], ["--plan-headroom", "0"], ["--plan-headroom", "1.2"]):
         with pytest.raises(SystemExit):
             train.parse_args([*local, *bad])
     assert train.parse_args([*local, "--graph-reserve", "64MiB"]).local["graph_reserve"] == 64 * 2 ** 20
     assert train.parse_args(local).local["graph_reserve"] == "auto"
     assert train.parse_args([*local, "--backend", "jax", "--fuse-steps", "4"]).local["fuse_steps"] == 4
     assert "fuse_steps" not in train.parse_args(local).local   # LOCAL_DEFAULTS' 16 on JAX
+    assert train.parse_args([*local, "--plan-headroom", "0.95"]).local["headroom"] == 0.95
     assert train.parse_args([*local, "--graph-reserve", "0"]).local["graph_reserve"] == 0
     from examples.cifar.local_loop import AUTO_GRAPH_RESERVE, graph_reserve
     lo = {"graph_reserve": "auto", "cuda_graph": True}

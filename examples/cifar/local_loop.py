@@ -34,11 +34,11 @@ from .datasets import CifarArrays
 from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
-# --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs, --fuse-steps), kept here so
-# RunOptions stays shared with the other methods unchanged.
+# --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs, --fuse-steps, --plan-headroom),
+# kept here so RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
                                   "block_inputs": "cache", "cuda_graph": True, "graph_reserve": "auto",
-                                  "block_epochs": None, "fuse_steps": 16}
+                                  "block_epochs": None, "fuse_steps": 16, "headroom": 0.85}
 # --graph-reserve auto on a CUDA device with graphs on: with it the H100's block captures fitted issue 18's
 # 520 MiB budget, without it the last block's warm-up ran out of memory (2026-11-23, docs/results.md)
 AUTO_GRAPH_RESERVE = 32 * 2 ** 20
@@ -156,7 +156,7 @@ def _plan(table: list[Any], budget: int, lo: dict[str, Any], opts: RunOptions, r
                           max_blocks=lo["max_blocks"], target_batch=lo["block_batch"], cache_views=lo["cache_views"],
                           max_cache_views=max(*block_epochs(lo, opts, None), 1), host_cache_bytes=host_cache_bytes(),
                           block_inputs=lo["block_inputs"], graph_reserve_bytes=lo["graph_reserve"],
-                          input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=0.85)
+                          input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=lo["headroom"])
     plan = plan_local(table, cfg, num_samples=n, num_classes=num_classes)
     block_epochs(lo, opts, plan)   # the count of --block-epochs checked before any training
     log.write("local_plan", **plan.to_dict())
