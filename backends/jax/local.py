@@ -52,7 +52,7 @@ from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerM
                                  block_runs, check_views, halving_on_oom, head_init)
 
 from .compile_ahead import AheadCompiler
-from .data import ElasticLoader, _gather, elastic_step, free_memory, is_oom
+from .data import ElasticLoader, elastic_step, free_memory, is_oom
 from .models import BatchNorm2d, EfficientNet, ResNet, _canonical_entries, _conv, _linear
 
 __all__ = ["AuxHead", "Classifier", "ExitModel", "LocalTrainer", "BlockRecord", "measure_layers",
@@ -296,14 +296,26 @@ def _update(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads
     return jax.tree_util.tree_map(lambda p, u: p - lr * u, params, updates), opt_state
 
 
+def _on_host(x: Any) -> bool:
+    """A NumPy array, or the abstract of one (a `jax.ShapeDtypeStruct` placed nowhere)."""
+    return isinstance(x, np.ndarray) or (isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None)
+
+
+def _host_leaves(tree: Any) -> tuple[bool, ...]:
+    return tuple(_on_host(x) for x in jax.tree_util.tree_leaves(tree))
+
+
 def _scan_steps(gd: Any, tx: optax.GradientTransformation, transform: Callable[[Any, Any, jax.Array], Any] | None,
-                seed: int, batch: int) -> Callable[..., Any]:
+                seed: int, batch: int, host: tuple[bool, ...]) -> Callable[..., Any]:
     """K full-batch training steps as one jitted ``lax.scan`` (K from its inputs' leading axis).
 
     transform(tstate, raw batch, key) -> (x, y), or None (the raw batch is the input). Returns
-    f(params, opt, rest, acc, tstate, raw, epoch, firsts, lrs, active) -> (params, opt, rest, acc):
+    f(params, opt, rest, acc, tstate, arrays, idx, epoch, firsts, lrs, active) -> (params, opt, rest, acc):
     tstate: the transform's arrays (the frozen prefix's weights), an argument so that they are not
-    baked into the program as constants; raw: the steps' raw batches, leaves (K, batch, ...); epoch:
+    baked into the program as constants; arrays: the source's leaves on the device, each the whole
+    leaf where it lives on the device, or (host[i]: a NumPy leaf) the call's K * batch rows of it;
+    idx: int32 (K, batch), each step's rows of the source (gathered inside the scan: no (K, batch,
+    ...) stack of a device leaf); epoch:
     int32 () the loader's epoch; firsts: int32 (K,) each batch's first sample id (with the seed and
     epoch: the key the loader gives its transform, so the augmentation equals the elastic path's);
     lrs: float32 (K,); active: bool (K,), False steps leave the state alone (a call's spare slots at
@@ -311,24 +323,29 @@ def _scan_steps(gd: Any, tx: optax.GradientTransformation, transform: Callable[[
     ones = jnp.ones((batch,), jnp.float32)
 
     def one(carry: Any, inp: Any) -> tuple[Any, None]:
-        raw_k, first, lr, on, epoch = inp
+        idx_k, k, first, lr, on, epoch = inp
 
         def step(c: Any) -> Any:
-            params, opt, rest, acc, tstate = c
+            params, opt, rest, acc, tstate, arrays = c
+            leaves, tree = jax.tree_util.tree_flatten(arrays)
+            rows = [k * batch + jnp.arange(batch) if h else idx_k for h in host]
+            raw_k = jax.tree_util.tree_unflatten(tree, [jnp.take(a, r, axis=0) for a, r in zip(leaves, rows)])
             key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), epoch), first)
             x, y = raw_k if transform is None else transform(tstate, raw_k, key)
             loss, grads, new_rest = _grad(gd, params, rest, x, y, ones)
             params, opt = _update(tx, params, opt, grads, lr)
             # a skipped step keeps the statistics it found (the elastic path restores them at the next check)
             new_rest = jax.tree_util.tree_map(lambda u, v: jnp.where(opt.last_finite, u, v), new_rest, rest)
-            return params, opt, new_rest, _add_loss(acc, loss, opt.last_finite, jnp.float32(batch)), tstate
+            return params, opt, new_rest, _add_loss(acc, loss, opt.last_finite, jnp.float32(batch)), tstate, arrays
 
         return jax.lax.cond(on, step, lambda c: c, carry), None
 
-    def run(params: Any, opt: Any, rest: Any, acc: jax.Array, tstate: Any, raw: Any, epoch: jax.Array,
-            firsts: jax.Array, lrs: jax.Array, active: jax.Array) -> Any:
+    def run(params: Any, opt: Any, rest: Any, acc: jax.Array, tstate: Any, arrays: Any, idx: jax.Array,
+            epoch: jax.Array, firsts: jax.Array, lrs: jax.Array, active: jax.Array) -> Any:
         epochs = jnp.broadcast_to(epoch, firsts.shape)
-        return jax.lax.scan(one, (params, opt, rest, acc, tstate), (raw, firsts, lrs, active, epochs))[0][:4]
+        carry = (params, opt, rest, acc, tstate, arrays)
+        ks = jnp.arange(firsts.shape[0], dtype=jnp.int32)
+        return jax.lax.scan(one, carry, (idx, ks, firsts, lrs, active, epochs))[0][:4]
 
     return jax.jit(run)
 
@@ -554,9 +571,10 @@ class LocalTrainer:
         if run.source == "data":
             return [(train_x, train_y)], (lambda _s, b, key: (aug(b[0], key), b[1])), None, None
         if run.source == "cache":
-            if abstract:
+            if abstract:   # a host cache's abstract is placed nowhere (`_on_host`)
                 c, h, w = self.plan.layers[blk.start - 1].out_shape
-                cache = [self._abstract(jax.ShapeDtypeStruct((int(train_y.shape[0]), h, w, c), self.cache_dtype))]
+                shape = jax.ShapeDtypeStruct((int(train_y.shape[0]), h, w, c), self.cache_dtype)
+                cache = [self._abstract(shape) if blk.input_cache == "device" else shape]
             assert cache is not None
             return [(c, train_y) for c in cache], None, None, None
         # the frozen prefix every step: on the fixed views ("recompute") or fresh images
@@ -601,16 +619,17 @@ class LocalTrainer:
         params, rest = self._abstract(params), self._abstract(rest)
         opt = self._abstract(jax.eval_shape(self.tx.init, params))
         acc = self._abstract(jax.ShapeDtypeStruct((2,), jnp.float32))
-        raw = jax.tree_util.tree_map(lambda x: self._abstract(
-            jax.ShapeDtypeStruct((k, blk.batch, *x.shape[1:]), x.dtype)), sources[0])
-        steps = (jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((k,), jnp.int32),
-                 jax.ShapeDtypeStruct((k,), jnp.float32), jax.ShapeDtypeStruct((k,), jnp.bool_))
-        fn = _scan_steps(gd, self.tx, transform, run.seed, blk.batch)
+        arrays = jax.tree_util.tree_map(lambda x: self._abstract(jax.ShapeDtypeStruct(
+            (k * blk.batch, *x.shape[1:]) if _on_host(x) else x.shape, x.dtype)), sources[0])
+        steps = (jax.ShapeDtypeStruct((k, blk.batch), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
+                 jax.ShapeDtypeStruct((k,), jnp.int32), jax.ShapeDtypeStruct((k,), jnp.float32),
+                 jax.ShapeDtypeStruct((k,), jnp.bool_))
+        fn = _scan_steps(gd, self.tx, transform, run.seed, blk.batch, _host_leaves(sources[0]))
         short = int(train_y.shape[0]) % blk.batch
         size = min(m for m in run.micro_batches if m >= short) if short else 0
 
         def job() -> tuple[Any, Any, Any]:
-            compiled = fn.lower(params, opt, rest, acc, tstate, raw, *steps).compile()
+            compiled = fn.lower(params, opt, rest, acc, tstate, arrays, *steps).compile()
             if size:   # the epoch's short last batch takes the elastic path: its jits compile here, by a call
                 self._warm_elastic(gd, transform, tstate, params, opt, rest, sources[0], size)
             return gd, pre_gd, compiled
@@ -667,7 +686,7 @@ class LocalTrainer:
 
         fused = None
         if self.steps_per_call > 1:
-            fused = _scan_steps(gd, self.tx, transform, run.seed, blk.batch)
+            fused = _scan_steps(gd, self.tx, transform, run.seed, blk.batch, _host_leaves(sources[0]))
             if ahead is not None and ahead[0] == gd:
                 fused = _Ahead(ahead[2], fused)
         for e in range(run.epochs):
@@ -729,19 +748,17 @@ class LocalTrainer:
         spare = self.steps_per_call - k   # slots of the one compiled K, inactive: the state passes through
         rows = np.concatenate([flat, np.resize(flat, spare * batch)]) if spare else flat
 
-        def gather(x: Any) -> Any:
-            g = (_gather(x, jnp.asarray(rows)) if isinstance(x, jax.Array)
-                 else jax.device_put(np.take(np.asarray(x), rows, axis=0), self.device))
-            return g.reshape(self.steps_per_call, batch, *g.shape[1:])
-
         firsts = np.array([int(i[0]) for i in idx] + [0] * spare, np.int32)
         lrs = np.array([run.lr * self.lr_factor(seen + j * batch, total) for j in range(k)] + [0.0] * spare,
                        np.float32)
         active = np.arange(self.steps_per_call) < k
         failed = ""
         try:
-            raw = jax.tree_util.tree_map(gather, loader.arrays)
-            out = fused(st["params"], st["opt"], st["rest"], st["acc"], tstate, raw, np.int32(loader.epoch),
+            # a host leaf's rows of this call go to the device (as the elastic step's would, K at once)
+            arrays = jax.tree_util.tree_map(lambda x: jax.device_put(np.take(x, rows, axis=0), self.device)
+                                            if _on_host(x) else x, loader.arrays)
+            out = fused(st["params"], st["opt"], st["rest"], st["acc"], tstate, arrays,
+                        rows.astype(np.int32).reshape(self.steps_per_call, batch), np.int32(loader.epoch),
                         firsts, lrs, active)
             jax.block_until_ready(out)   # an OOM surfaces here, before the state is replaced
         except Exception as exc:   # noqa: BLE001 - only an OOM falls back
@@ -753,7 +770,7 @@ class LocalTrainer:
             loader.put_back(flat)
             rec.graph_note = f"fused steps at step {rec.steps}: {failed}; elastic steps"
             warnings.warn(f"block {rec.index}: {rec.graph_note}", RuntimeWarning, stacklevel=2)
-            out = raw = None   # noqa: F841 - drop the failed call's buffers
+            out = arrays = None   # noqa: F841 - drop the failed call's buffers
             free_memory()
             return 0
         st["params"], st["opt"], st["rest"], st["acc"] = out
