@@ -249,6 +249,19 @@ def test_cached_blocks_compile_ahead(plan, cached):
     assert [r.epoch_losses for r in ra] == [pytest.approx(r.epoch_losses, rel=1e-6) for r in rb]
 
 
+def test_fused_steps_per_call_bounded_by_host_rows():
+    """A fused call copies its host rows up front: K shrinks so they stay within HOST_CALL_BYTES;
+    device leaves are gathered inside the scan and do not count."""
+    y = jnp.zeros(8, jnp.int32)
+    cache = np.zeros((8, 32, 32, 64), np.float16)                   # 128 KiB a sample, 8 MiB a batch of 64
+    assert jl.HOST_CALL_BYTES == 16 * 2 ** 20
+    assert jl._fused_steps(16, 64, (cache, y)) == 2
+    assert jl._fused_steps(16, 256, (cache, y)) == 1                 # one batch over the cap: no fusing
+    assert jl._fused_steps(16, 64, (np.zeros((8, 32, 32, 3), np.uint8), y)) == 16   # raw views: 192 KiB a batch
+    assert jl._fused_steps(16, 64, (jnp.asarray(cache), y)) == 16    # on the device
+    assert jl._fused_steps(16, 64, (jax.ShapeDtypeStruct(cache.shape, cache.dtype), y)) == 2   # a host cache's abstract
+
+
 def test_fused_call_out_of_memory_falls_back_to_elastic_steps(plan, cached, monkeypatch):
     """A fused call that runs out of memory loses no sample: its batches go back to the loader, the
     block's steps take the elastic path (same results as never fusing), the record says why."""

@@ -305,6 +305,19 @@ def _host_leaves(tree: Any) -> tuple[bool, ...]:
     return tuple(_on_host(x) for x in jax.tree_util.tree_leaves(tree))
 
 
+# A fused call copies its host rows to the device up front: at most this many bytes (or one batch) at a
+# time, beside the plan's single staged batch (ResNet-18's layer1 output at batch 64 is 8.4 MB a batch)
+HOST_CALL_BYTES = 16 * 2 ** 20
+
+
+def _fused_steps(steps_per_call: int, batch: int, source: Any) -> int:
+    """Steps per fused call for a block reading `source` (its loader's arrays) at `batch`:
+    `steps_per_call`, fewer where the call's host rows would pass HOST_CALL_BYTES; 1: no fusing."""
+    row = sum(int(np.prod(x.shape[1:])) * np.dtype(x.dtype).itemsize
+              for x in jax.tree_util.tree_leaves(source) if _on_host(x))
+    return max(1, min(steps_per_call, HOST_CALL_BYTES // (row * batch))) if row else steps_per_call
+
+
 def _scan_steps(gd: Any, tx: optax.GradientTransformation, transform: Callable[[Any, Any, jax.Array], Any] | None,
                 seed: int, batch: int, host: tuple[bool, ...]) -> Callable[..., Any]:
     """K full-batch training steps as one jitted ``lax.scan`` (K from its inputs' leading axis).
@@ -562,8 +575,9 @@ class LocalTrainer:
                 ahead.close()
         return self.records
 
-    def _inputs(self, blk: Any, run: BlockRun, train_x: Any, train_y: Any, views: Sequence[Any], cache: list[Any] | None,
-                aug: Callable[..., Any], prep: Callable[..., Any], abstract: bool = False) -> tuple[Any, Any, Any, Any]:
+    def _inputs(self, blk: Any, run: BlockRun, train_x: Any, train_y: Any, views: Sequence[Any],
+                cache: list[Any] | None, aug: Callable[..., Any], prep: Callable[..., Any],
+                abstract: bool = False) -> tuple[Any, Any, Any, Any]:
         """A block's (sources, transform, tstate, pre_gd): the arrays its loader reads, transform(tstate,
         raw batch, key) -> (x, y) or None, its arrays (the frozen prefix's eval-mode state), the prefix's
         graph definition (None without a prefix). abstract: shapes only (`jax.ShapeDtypeStruct`, for
@@ -612,9 +626,12 @@ class LocalTrainer:
         """Queue the compilation of block `run.index`'s fused program (`_scan_steps`) on `ahead`'s thread,
         from shapes alone; its result is (body graph def, prefix graph def, executable). The graph
         definitions are read here, on the caller's thread, which owns the modules."""
-        blk, k = self.plan.blocks[run.index], self.steps_per_call
+        blk = self.plan.blocks[run.index]
         sources, transform, tstate, pre_gd = self._inputs(blk, run, train_x, train_y, views, None, aug, prep,
                                                           abstract=True)
+        k = _fused_steps(self.steps_per_call, blk.batch, sources[0])
+        if k == 1:
+            return
         _, gd, params, rest = self._body_split(run.index)
         params, rest = self._abstract(params), self._abstract(rest)
         opt = self._abstract(jax.eval_shape(self.tx.init, params))
@@ -685,7 +702,8 @@ class LocalTrainer:
             clean["skipped"] = rec.skipped_steps = skipped
 
         fused = None
-        if self.steps_per_call > 1:
+        k = _fused_steps(self.steps_per_call, blk.batch, sources[0])
+        if k > 1:
             fused = _scan_steps(gd, self.tx, transform, run.seed, blk.batch, _host_leaves(sources[0]))
             if ahead is not None and ahead[0] == gd:
                 fused = _Ahead(ahead[2], fused)
@@ -695,7 +713,7 @@ class LocalTrainer:
             st["acc"] = self._put(np.zeros(2, np.float32))
             while True:
                 before = rec.steps
-                done = (self._fused_call(fused, st, tstate, loader, run, blk.batch, n, seen, total, rec)
+                done = (self._fused_call(fused, k, st, tstate, loader, run, blk.batch, n, seen, total, rec)
                         if fused is not None and not rec.graph_note else 0)
                 seen += done * blk.batch
                 if not done:
@@ -733,32 +751,33 @@ class LocalTrainer:
         body.eval()
         return rec
 
-    def _fused_call(self, fused: Callable[..., Any], st: dict[str, Any], tstate: Any, loader: ElasticLoader,
-                    run: BlockRun, batch: int, n: int, seen: int, total: int, rec: BlockRecord) -> int:
-        """Up to `steps_per_call` full batches of the epoch through `fused` (`_scan_steps`), updating
+    def _fused_call(self, fused: Callable[..., Any], steps: int, st: dict[str, Any], tstate: Any,
+                    loader: ElasticLoader, run: BlockRun, batch: int, n: int, seen: int, total: int,
+                    rec: BlockRecord) -> int:
+        """Up to `steps` full batches of the epoch through `fused` (`_scan_steps`, compiled for `steps`), updating
         `st` (params, opt, rest, acc) and `rec`. Returns the steps taken: 0 leaves the step to the
         elastic path (no full batch left, or the call ran out of memory: its samples are put back and
         the block's later steps take the elastic path, the reason in rec.graph_note)."""
         left = n if loader.sampler.epoch_done else loader.sampler.remaining
-        k = min(self.steps_per_call, left // batch)
+        k = min(steps, left // batch)
         if k == 0 or loader.logical_batch != batch:
             return 0
         idx = [loader.next_indices() for _ in range(k)]
         flat = np.concatenate(idx)
-        spare = self.steps_per_call - k   # slots of the one compiled K, inactive: the state passes through
+        spare = steps - k   # slots of the one compiled K, inactive: the state passes through
         rows = np.concatenate([flat, np.resize(flat, spare * batch)]) if spare else flat
 
         firsts = np.array([int(i[0]) for i in idx] + [0] * spare, np.int32)
         lrs = np.array([run.lr * self.lr_factor(seen + j * batch, total) for j in range(k)] + [0.0] * spare,
                        np.float32)
-        active = np.arange(self.steps_per_call) < k
+        active = np.arange(steps) < k
         failed = ""
         try:
             # a host leaf's rows of this call go to the device (as the elastic step's would, K at once)
             arrays = jax.tree_util.tree_map(lambda x: jax.device_put(np.take(x, rows, axis=0), self.device)
                                             if _on_host(x) else x, loader.arrays)
             out = fused(st["params"], st["opt"], st["rest"], st["acc"], tstate, arrays,
-                        rows.astype(np.int32).reshape(self.steps_per_call, batch), np.int32(loader.epoch),
+                        rows.astype(np.int32).reshape(steps, batch), np.int32(loader.epoch),
                         firsts, lrs, active)
             jax.block_until_ready(out)   # an OOM surfaces here, before the state is replaced
         except Exception as exc:   # noqa: BLE001 - only an OOM falls back
