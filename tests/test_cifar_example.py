@@ -54,6 +54,9 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     with pytest.raises(SystemExit):   # the compilation cache is JAX's
         train.parse_args(["--backend", "torch", "--compile-cache", str(tmp_path)])
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
+    for other in (["--backend", "jax", "--fuse-steps", "4"], ["--plan-headroom", "0.9"]):   # local's options only
+        with pytest.raises(SystemExit):
+            train.parse_args(other)
     local = ["--method", "local", "--budget", "e2e:32"]
     for bad in (["--graph-reserve", "lots"], ["--graph-reserve", "64MiB", "--cuda-graph", "off"],
                 ["--graph-reserve", "64MiB", "--backend", "jax"], ["--fuse-steps", "4"],

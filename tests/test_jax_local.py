@@ -254,12 +254,15 @@ def test_fused_steps_per_call_bounded_by_host_rows():
     device leaves are gathered inside the scan and do not count."""
     y = jnp.zeros(8, jnp.int32)
     cache = np.zeros((8, 32, 32, 64), np.float16)                   # 128 KiB a sample, 8 MiB a batch of 64
+    n = 50000
     assert jl.HOST_CALL_BYTES == 16 * 2 ** 20
-    assert jl._fused_steps(16, 64, (cache, y)) == 2
-    assert jl._fused_steps(16, 256, (cache, y)) == 1                 # one batch over the cap: no fusing
-    assert jl._fused_steps(16, 64, (np.zeros((8, 32, 32, 3), np.uint8), y)) == 16   # raw views: 192 KiB a batch
-    assert jl._fused_steps(16, 64, (jnp.asarray(cache), y)) == 16    # on the device
-    assert jl._fused_steps(16, 64, (jax.ShapeDtypeStruct(cache.shape, cache.dtype), y)) == 2   # a host cache's abstract
+    assert jl._fused_steps(16, 64, [(cache, y)], n) == 2
+    assert jl._fused_steps(16, 256, [(cache, y)], n) == 1                 # one batch over the cap: no fusing
+    assert jl._fused_steps(16, 64, [(np.zeros((8, 32, 32, 3), np.uint8), y)], n) == 16   # raw views: 192 KiB
+    assert jl._fused_steps(16, 64, [(jnp.asarray(cache), y)], n) == 16    # on the device
+    assert jl._fused_steps(16, 64, [(jax.ShapeDtypeStruct(cache.shape, cache.dtype), y)], n) == 2   # abstract
+    assert jl._fused_steps(16, 64, [(jnp.asarray(cache), y)], 200) == 3   # at most an epoch's full batches
+    assert jl._fused_steps(16, 64, [(cache, y), (jnp.asarray(cache), y)], n) == 1   # views in two places
 
 
 def test_fused_call_out_of_memory_falls_back_to_elastic_steps(plan, cached, monkeypatch):
@@ -291,16 +294,18 @@ def test_evaluating_exits_between_epochs_changes_nothing(plan, cached):
     assert all(r.skipped_steps == 0 for r in ra)
 
 
+def _one_nan_image(xb, key):
+    """Block 0's transform with training image 5 turned into NaNs (the views stay clean)."""
+    x0 = _data()[0][:, 0, 0, 0]
+    assert (x0 != 0).all()
+    xb = xb.at[:, 0, 0, 0].set(jnp.where(xb[:, 0, 0, 0] == x0[5], 0.0, xb[:, 0, 0, 0]))
+    return xb * 0.9 + jnp.where(xb[:, :1, :1, :1] == 0.0, jnp.nan, 0.0)
+
+
 def test_nonfinite_steps_skipped_then_fail_loudly(plan):
     """One NaN training image (block 0 only; the views stay clean): the step holding it is skipped in
     each epoch, statistics restored, training goes on finite. All NaN: raises after `patience`."""
-    def nan_sample(xb, key):
-        return xb * 0.9 + jnp.where(xb[:, :1, :1, :1] == 0.0, jnp.nan, 0.0)
-
-    x0 = _data()[0][:, 0, 0, 0]
-    assert (x0 != 0).all()
-    zero_first = lambda xb: xb.at[:, 0, 0, 0].set(jnp.where(xb[:, 0, 0, 0] == x0[5], 0.0, xb[:, 0, 0, 0]))  # noqa: E731
-    model, tr, recs = _train_jax(plan, inputs="cache", transform=lambda xb, key: nan_sample(zero_first(xb), key),
+    model, tr, recs = _train_jax(plan, inputs="cache", transform=_one_nan_image,
                                  nonfinite=NonFinitePolicy(patience=3, check_every=1))
     assert recs[0].skipped_steps == EPOCHS and all(r.skipped_steps == 0 for r in recs[1:])
     assert all(np.isfinite(v).all() for v in _state(model, tr).values())
@@ -308,6 +313,20 @@ def test_nonfinite_steps_skipped_then_fail_loudly(plan):
     with pytest.raises(NonFiniteTraining, match=r"block 0: the last 2 optimizer steps \(steps 0\.\.1"):
         _train_jax(plan, inputs="cache", transform=lambda xb, key: xb * jnp.nan,
                    nonfinite=NonFinitePolicy(patience=2, check_every=1))
+
+
+@pytest.mark.parametrize("check_every", [3, 4])
+def test_fused_calls_end_at_nonfinite_checks(plan, check_every):
+    """Fused calls stop at the policy's reads, so a skipped step restores the same statistics as
+    step-by-step training would (a read every 3 steps falls inside a call of 16 otherwise)."""
+    policy = NonFinitePolicy(patience=3, check_every=check_every)
+    model_a, a, ra = _train_jax(plan, inputs="cache", transform=_one_nan_image, nonfinite=policy)
+    model_b, b, rb = _train_jax(plan, inputs="cache", transform=_one_nan_image, nonfinite=policy, steps_per_call=1)
+    assert [r.skipped_steps for r in ra] == [r.skipped_steps for r in rb] == [EPOCHS] + [0] * (len(ra) - 1)
+    assert ra[0].graph_steps > 0
+    sa, sb = _state(model_a, a), _state(model_b, b)
+    for k in sa:
+        np.testing.assert_allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 def test_oom_at_batch_one_names_the_block(plan):
@@ -382,9 +401,9 @@ def test_short_last_batch_jits_warmed_ahead(plan, monkeypatch):
     sizes = []
     warm = jl.LocalTrainer._warm_elastic
 
-    def spy(self, gd, transform, tstate, params, opt, rest, source, size):
-        sizes.append(size)
-        return warm(self, gd, transform, tstate, params, opt, rest, source, size)
+    def spy(self, *args):
+        warm(self, *args)   # raises here (a warning there) if warming fails
+        sizes.append(args[-1])
 
     monkeypatch.setattr(jl.LocalTrainer, "_warm_elastic", spy)
     out = []

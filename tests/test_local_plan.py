@@ -193,6 +193,7 @@ def test_select_exit():
 def test_nonfinite_policy():
     pol = NonFinitePolicy(patience=3, check_every=5)
     assert [s for s in range(1, 16) if pol.due(s)] == [5, 10, 15]
+    assert [pol.until_due(s) for s in (0, 3, 4, 5, 9)] == [5, 2, 1, 5, 1]   # steps to the next read
     assert pol.check(0, steps=5, skipped=0, consecutive=0, skipped_before=0) is False
     assert pol.check(0, steps=10, skipped=2, consecutive=0, skipped_before=0) is True    # restore stats
     assert pol.check(0, steps=15, skipped=4, consecutive=2, skipped_before=2) is True

@@ -684,6 +684,11 @@ class NonFinitePolicy:
         """Whether the host reads the counters after `steps` optimizer steps of a block."""
         return _pos_int("steps", steps, 0) % self.check_every == 0
 
+    def until_due(self, steps: int) -> int:
+        """Optimizer steps from `steps` to the next read (1..check_every): a backend that runs several
+        steps per call ends the call there, so its reads fall where a step-by-step loop's would."""
+        return self.check_every - _pos_int("steps", steps, 0) % self.check_every
+
     def check(self, block: int, steps: int, skipped: int, consecutive: int, skipped_before: int) -> bool:
         """Judge one host read after `steps` optimizer steps of block `block`: `skipped` in all,
         the last `consecutive` of them in a row, `skipped_before` at the previous read. Returns

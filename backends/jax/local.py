@@ -25,8 +25,9 @@ out-of-memory error surfaces inside its retry loop), which at these small steps 
 idle while the host prepares the next (H100, issue 18: 7.3 ms per block step at batch 64); a fused call
 waits once. An epoch's short last batch, and every step after a fused call runs out of memory, take
 the elastic path. The torch twin's counterpart is its CUDA graph. Block b+1's fused program is
-compiled from shapes alone on a background thread while block b trains (`compile_ahead`), so only
-block 0's compilation is on the critical path.
+compiled from shapes on a background thread while block b trains, and its short-batch step's jits are
+run once there (`compile_ahead`), so block b+1 starts with its step programs ready (small jits, such
+as a short batch's gather from a device cache, still compile when first called).
 
 Pieces: :func:`sequential_units`, :func:`measure_layers` (the per-unit table from XLA's compiled memory
 analysis), :class:`AuxHead`, :class:`LocalTrainer` (train, evaluate every exit, export a prefix + head
@@ -310,12 +311,17 @@ def _host_leaves(tree: Any) -> tuple[bool, ...]:
 HOST_CALL_BYTES = 16 * 2 ** 20
 
 
-def _fused_steps(steps_per_call: int, batch: int, source: Any) -> int:
-    """Steps per fused call for a block reading `source` (its loader's arrays) at `batch`:
-    `steps_per_call`, fewer where the call's host rows would pass HOST_CALL_BYTES; 1: no fusing."""
+def _fused_steps(steps_per_call: int, batch: int, sources: Sequence[Any], n: int) -> int:
+    """Steps per fused call for a block reading `sources` (its loader's arrays, one per view) at
+    `batch` over n samples: `steps_per_call`, at most an epoch's full batches, fewer where the call's
+    host rows would pass HOST_CALL_BYTES; 1 (no fusing) when the views do not all keep each leaf in
+    the same place (host or device: the compiled program gathers them differently)."""
+    if len({_host_leaves(src) for src in sources}) > 1:
+        return 1
     row = sum(int(np.prod(x.shape[1:])) * np.dtype(x.dtype).itemsize
-              for x in jax.tree_util.tree_leaves(source) if _on_host(x))
-    return max(1, min(steps_per_call, HOST_CALL_BYTES // (row * batch))) if row else steps_per_call
+              for x in jax.tree_util.tree_leaves(sources[0]) if _on_host(x))
+    k = min(steps_per_call, max(n // batch, 1))
+    return max(1, min(k, HOST_CALL_BYTES // (row * batch))) if row else k
 
 
 def _scan_steps(gd: Any, tx: optax.GradientTransformation, transform: Callable[[Any, Any, jax.Array], Any] | None,
@@ -484,8 +490,9 @@ class LocalTrainer:
     graph_steps counts the steps that ran fused, graph_note says why fusing stopped (an OOM).
     compile_ahead: compile block b+1's fused program on a background thread while block b trains
     (`compile_ahead.AheadCompiler`; the blocks that ran one are listed in `fused_ahead`), and run its
-    short-last-batch jits once on zeros there: for that moment the device holds block b+1's
-    parameters, optimizer state and one such step beside block b's training.
+    short-last-batch jits once there on zeros: for that moment the device holds block b+1's
+    parameters, a fresh optimizer state, its frozen prefix's state and one such step beside block b's
+    training, outside the plan's budget (transient; ResNet-18's largest block: ~20 MB of parameters).
     """
 
     def __init__(self, units: Sequence[tuple[str, nnx.Module]], classifier: nnx.Module | None, plan: LocalPlan, *,
@@ -579,9 +586,10 @@ class LocalTrainer:
                 cache: list[Any] | None, aug: Callable[..., Any], prep: Callable[..., Any],
                 abstract: bool = False) -> tuple[Any, Any, Any, Any]:
         """A block's (sources, transform, tstate, pre_gd): the arrays its loader reads, transform(tstate,
-        raw batch, key) -> (x, y) or None, its arrays (the frozen prefix's eval-mode state), the prefix's
-        graph definition (None without a prefix). abstract: shapes only (`jax.ShapeDtypeStruct`, for
-        compiling ahead: the prefix is not trained yet, a cache not built)."""
+        raw batch, key) -> (x, y) or None, its arrays (the frozen prefix's eval-mode state, on the
+        device), the prefix's graph definition (None without a prefix). abstract: for compiling ahead,
+        before the block before it has trained: a cache, not built yet, comes as its planned shape
+        (`jax.ShapeDtypeStruct`), the prefix's state as the modules hold it now."""
         if run.source == "data":
             return [(train_x, train_y)], (lambda _s, b, key: (aug(b[0], key), b[1])), None, None
         if run.source == "cache":
@@ -592,13 +600,7 @@ class LocalTrainer:
             assert cache is not None
             return [(c, train_y) for c in cache], None, None, None
         # the frozen prefix every step: on the fixed views ("recompute") or fresh images
-        chain = _Chain(self.units[:blk.start])
-        if abstract:
-            chain.eval()
-            pre_gd, tstate = nnx.split(chain)
-            tstate = self._abstract(tstate)
-        else:
-            pre_gd, tstate = self._eval_split(chain)
+        pre_gd, tstate = self._eval_split(_Chain(self.units[:blk.start]))
         fresh = run.source == "fresh"
         sources = [(train_x, train_y)] if fresh else [(v, train_y) for v in views]
         inp = (lambda b, key: aug(b[0], key)) if fresh else (lambda b, key: prep(b[0]))
@@ -629,11 +631,12 @@ class LocalTrainer:
         blk = self.plan.blocks[run.index]
         sources, transform, tstate, pre_gd = self._inputs(blk, run, train_x, train_y, views, None, aug, prep,
                                                           abstract=True)
-        k = _fused_steps(self.steps_per_call, blk.batch, sources[0])
+        k = _fused_steps(self.steps_per_call, blk.batch, sources, int(train_y.shape[0]))
         if k == 1:
             return
-        _, gd, params, rest = self._body_split(run.index)
-        params, rest = self._abstract(params), self._abstract(rest)
+        _, gd, params_now, rest_now = self._body_split(run.index)
+        params, rest, tstate_now = self._abstract(params_now), self._abstract(rest_now), tstate
+        tstate = self._abstract(tstate_now)
         opt = self._abstract(jax.eval_shape(self.tx.init, params))
         acc = self._abstract(jax.ShapeDtypeStruct((2,), jnp.float32))
         arrays = jax.tree_util.tree_map(lambda x: self._abstract(jax.ShapeDtypeStruct(
@@ -648,21 +651,28 @@ class LocalTrainer:
         def job() -> tuple[Any, Any, Any]:
             compiled = fn.lower(params, opt, rest, acc, tstate, arrays, *steps).compile()
             if size:   # the epoch's short last batch takes the elastic path: its jits compile here, by a call
-                self._warm_elastic(gd, transform, tstate, params, opt, rest, sources[0], size)
+                try:
+                    self._warm_elastic(gd, transform, tstate_now, params_now, rest_now, sources[0], size)
+                except Exception as exc:   # noqa: BLE001 - the compiled program stays good; say why
+                    warnings.warn(f"block {run.index}: warming its short-batch step ahead failed "
+                                  f"({type(exc).__name__}: {exc}); it compiles when the batch comes",
+                                  RuntimeWarning, stacklevel=2)
             return gd, pre_gd, compiled
 
         ahead.submit(run.index, job, name=f"fused steps, block {run.index}")
 
-    def _warm_elastic(self, gd: Any, transform: Any, tstate: Any, params: Any, opt: Any, rest: Any, source: Any,
+    def _warm_elastic(self, gd: Any, transform: Any, tstate: Any, params: Any, rest: Any, source: Any,
                       size: int) -> None:
-        """Run the elastic path's jitted pieces once on zeros at a micro-batch of `size` samples (arguments
-        abstract, as `_submit_ahead` builds them), so that their compiled programs are in the jits' own
-        caches when the block's short last batch arrives (an ahead-of-time `lower().compile()` is not)."""
-        zeros = lambda a: jax.device_put(np.zeros(a.shape, a.dtype), self.device)  # noqa: E731
-        p, o, r, t = (jax.tree_util.tree_map(zeros, v) for v in (params, opt, rest, tstate))
-        batch = jax.tree_util.tree_map(lambda a: zeros(jax.ShapeDtypeStruct((size, *a.shape[1:]), a.dtype)), source)
-        x, y = batch if transform is None else transform(t, batch, jax.random.PRNGKey(0))
+        """Run the elastic path's jitted pieces once at a micro-batch of `size` samples (zeros; the
+        block's parameters and statistics as the modules hold them now, placed as training places
+        them; results dropped), so that their compiled programs are in the jits' own caches when the
+        block's short last batch arrives (an ahead-of-time `lower().compile()` is not)."""
+        p, r = jax.device_put((params, rest), self.device)
+        batch = jax.tree_util.tree_map(
+            lambda a: jax.device_put(np.zeros((size, *a.shape[1:]), a.dtype), self.device), source)
+        x, y = batch if transform is None else transform(tstate, batch, jax.random.PRNGKey(0))
         _, grads, _ = _grad(gd, p, r, x, y, self._put(np.ones(size, np.float32)))
+        o = jax.device_put(self.tx.init(p), self.device)
         jax.block_until_ready(_update(self.tx, p, o, grads, self._put(np.float32(0.0))))
 
     def _train_block(self, run: BlockRun, sources: list[tuple[Any, Any]], transform: Any, tstate: Any, n: int,
@@ -702,7 +712,7 @@ class LocalTrainer:
             clean["skipped"] = rec.skipped_steps = skipped
 
         fused = None
-        k = _fused_steps(self.steps_per_call, blk.batch, sources[0])
+        k = _fused_steps(self.steps_per_call, blk.batch, sources, n)
         if k > 1:
             fused = _scan_steps(gd, self.tx, transform, run.seed, blk.batch, _host_leaves(sources[0]))
             if ahead is not None and ahead[0] == gd:
@@ -759,7 +769,8 @@ class LocalTrainer:
         elastic path (no full batch left, or the call ran out of memory: its samples are put back and
         the block's later steps take the elastic path, the reason in rec.graph_note)."""
         left = n if loader.sampler.epoch_done else loader.sampler.remaining
-        k = min(steps, left // batch)
+        # a call ends at the next non-finite check, as the elastic path's steps would reach it
+        k = min(steps, left // batch, self.nonfinite.until_due(rec.steps))
         if k == 0 or loader.logical_batch != batch:
             return 0
         idx = [loader.next_indices() for _ in range(k)]
@@ -787,6 +798,7 @@ class LocalTrainer:
             failed = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
         if failed:
             loader.put_back(flat)
+            rec.ooms += 1
             rec.graph_note = f"fused steps at step {rec.steps}: {failed}; elastic steps"
             warnings.warn(f"block {rec.index}: {rec.graph_note}", RuntimeWarning, stacklevel=2)
             out = arrays = None   # noqa: F841 - drop the failed call's buffers

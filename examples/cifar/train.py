@@ -205,6 +205,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
+    for flag, value in (("--fuse-steps", a.fuse_steps), ("--plan-headroom", a.plan_headroom)):
+        if value is not None and a.method != "local":
+            p.error(f"{flag}={value}: only with --method local")
     if a.method == "local":
         from .local_loop import parse_local_budget
         try:
