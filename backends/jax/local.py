@@ -19,7 +19,7 @@ Every step is a ``jax.jit`` over the split state of an NNX graph (``nnx.split`` 
 graph definition is a static argument, so equal structures share compilations), not ``nnx.jit``,
 whose per-call graph walk costs the host more than a small step. Micro-batches come padded to the
 block's micro-batch ladder with a mask (the loss is mask-weighted), so a block compiles one step per
-size it uses. Full-batch steps run `steps_per_call` at a time as one compiled program (a ``lax.scan``
+size it uses. Full-batch steps run up to `steps_per_call` at a time as one compiled program (a ``lax.scan``
 over the steps, `LocalTrainer._fused_call`): the elastic step waits for every step's results (so an
 out-of-memory error surfaces inside its retry loop), which at these small steps leaves the device
 idle while the host prepares the next (H100, issue 18: 7.3 ms per block step at batch 64); a fused call
