@@ -341,30 +341,31 @@ def _scan_steps(gd: Any, tx: optax.GradientTransformation, transform: Callable[[
     an epoch's end: one compiled K)."""
     ones = jnp.ones((batch,), jnp.float32)
 
-    def one(carry: Any, inp: Any) -> tuple[Any, None]:
-        idx_k, k, first, lr, on, epoch = inp
-
-        def step(c: Any) -> Any:
-            params, opt, rest, acc, tstate, arrays = c
-            leaves, tree = jax.tree_util.tree_flatten(arrays)
-            rows = [k * batch + jnp.arange(batch) if h else idx_k for h in host]
-            raw_k = jax.tree_util.tree_unflatten(tree, [jnp.take(a, r, axis=0) for a, r in zip(leaves, rows)])
-            key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), epoch), first)
-            x, y = raw_k if transform is None else transform(tstate, raw_k, key)
-            loss, grads, new_rest = _grad(gd, params, rest, x, y, ones)
-            params, opt = _update(tx, params, opt, grads, lr)
-            # a skipped step keeps the statistics it found (the elastic path restores them at the next check)
-            new_rest = jax.tree_util.tree_map(lambda u, v: jnp.where(opt.last_finite, u, v), new_rest, rest)
-            return params, opt, new_rest, _add_loss(acc, loss, opt.last_finite, jnp.float32(batch)), tstate, arrays
-
-        return jax.lax.cond(on, step, lambda c: c, carry), None
-
     def run(params: Any, opt: Any, rest: Any, acc: jax.Array, tstate: Any, arrays: Any, idx: jax.Array,
             epoch: jax.Array, firsts: jax.Array, lrs: jax.Array, active: jax.Array) -> Any:
-        epochs = jnp.broadcast_to(epoch, firsts.shape)
-        carry = (params, opt, rest, acc, tstate, arrays)
+        # tstate and arrays are closed over, loop invariants: the scan's carry holds only what changes
+        # (a large source in the carry could be copied into the loop's buffers)
+        leaves, tree = jax.tree_util.tree_flatten(arrays)
+
+        def one(carry: Any, inp: Any) -> tuple[Any, None]:
+            idx_k, k, first, lr, on = inp
+
+            def step(c: Any) -> Any:
+                params, opt, rest, acc = c
+                rows = [k * batch + jnp.arange(batch) if h else idx_k for h in host]
+                raw_k = jax.tree_util.tree_unflatten(tree, [jnp.take(a, r, axis=0) for a, r in zip(leaves, rows)])
+                key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), epoch), first)
+                x, y = raw_k if transform is None else transform(tstate, raw_k, key)
+                loss, grads, new_rest = _grad(gd, params, rest, x, y, ones)
+                params, opt = _update(tx, params, opt, grads, lr)
+                # a skipped step keeps the statistics it found (the elastic path restores them at the next check)
+                new_rest = jax.tree_util.tree_map(lambda u, v: jnp.where(opt.last_finite, u, v), new_rest, rest)
+                return params, opt, new_rest, _add_loss(acc, loss, opt.last_finite, jnp.float32(batch))
+
+            return jax.lax.cond(on, step, lambda c: c, carry), None
+
         ks = jnp.arange(firsts.shape[0], dtype=jnp.int32)
-        return jax.lax.scan(one, carry, (idx, ks, firsts, lrs, active, epochs))[0][:4]
+        return jax.lax.scan(one, (params, opt, rest, acc), (idx, ks, firsts, lrs, active))[0]
 
     return jax.jit(run)
 
