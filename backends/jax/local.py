@@ -573,7 +573,8 @@ class LocalTrainer:
                 sources, transform, tstate, pre_gd = self._inputs(blk, run, train_x, train_y, views, cache, aug, prep)
                 if ahead is not None and run.index + 1 < len(runs):   # the next block's program, while this one trains
                     self._submit_ahead(ahead, runs[run.index + 1], train_x, train_y, views, aug, prep)
-                taken = ahead.take(run.index) if ahead is not None else None
+                # waits for a job not started yet: nothing is queued before it (each is taken in turn)
+                taken = ahead.take(run.index, cancel_queued=False) if ahead is not None else None
                 self.records.append(self._train_block(run, sources, transform, tstate, n, on_epoch,
                                                       None if taken is None or taken[1] != pre_gd else taken))
                 if run.cache_after is not None:
