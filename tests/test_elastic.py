@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from triaccel.elastic import (
+    ElasticIndexLoader,
     ElasticSampler,
     OOMAtMinimumBatch,
     run_elastic_step,
@@ -235,3 +236,15 @@ def test_driver_bad_input():
     with pytest.raises(ValueError, match="indices"):
         run_elastic_step([], micro_batch=2, run_micro=Script(), is_oom=lambda e: False,
                          on_oom=shrinker([]))
+
+
+def test_left_for_next_counts_the_epoch_the_next_step_draws_from():
+    loader = ElasticIndexLoader(10, batch_size=4, seed=0)
+    assert loader.left_for_next == 10                     # nothing taken yet
+    a = loader.next_indices()
+    assert loader.left_for_next == 6                      # in flight: not left
+    loader.put_back(a)
+    assert loader.left_for_next == 10                     # put back: left again
+    for _ in range(3):
+        loader.complete(loader.next_indices())
+    assert loader.sampler.epoch_done and loader.left_for_next == 10   # the next epoch, whole

@@ -389,6 +389,12 @@ class ElasticIndexLoader:
         validate_batch_bounds(self.num_samples, batch_min, batch_max)
 
     # -- indices ----------------------------------------------------------------------------
+    @property
+    def left_for_next(self) -> int:
+        """Indices the next steps can still take from their epoch: this epoch's remaining ones, or a
+        whole epoch once this one is complete (`next_indices` starts the next one then)."""
+        return self.sampler.num_samples if self.sampler.epoch_done else self.sampler.remaining
+
     def next_indices(self, n: int | None = None) -> np.ndarray:
         """Take the next step's indices (default: `logical_batch` of them; fewer at an epoch's end).
 

@@ -724,8 +724,7 @@ class LocalTrainer:
             t0 = time.perf_counter()
             st["acc"] = self._put(np.zeros(2, np.float32))
             while True:
-                before = rec.steps
-                done = (self._fused_call(fused, k, st, tstate, loader, run, blk.batch, n, seen, total, rec)
+                done = (self._fused_call(fused, k, st, tstate, loader, run, blk.batch, seen, total, rec)
                         if fused is not None and not rec.graph_note else 0)
                 seen += done * blk.batch
                 if not done:
@@ -748,7 +747,7 @@ class LocalTrainer:
                     rec.ooms += res.ooms
                 if loader.end_of_epoch:
                     break
-                if any(self.nonfinite.due(s) for s in range(before + 1, rec.steps + 1)):
+                if self.nonfinite.due(rec.steps):   # a fused call ends at a due step, never past one
                     check()
             check()   # before on_epoch evaluates the statistics
             total_loss, kept = (float(v) for v in np.asarray(st["acc"]))   # the sync that ends the epoch
@@ -764,13 +763,13 @@ class LocalTrainer:
         return rec
 
     def _fused_call(self, fused: Callable[..., Any], steps: int, st: dict[str, Any], tstate: Any,
-                    loader: ElasticLoader, run: BlockRun, batch: int, n: int, seen: int, total: int,
+                    loader: ElasticLoader, run: BlockRun, batch: int, seen: int, total: int,
                     rec: BlockRecord) -> int:
         """Up to `steps` full batches of the epoch through `fused` (`_scan_steps`, compiled for `steps`), updating
         `st` (params, opt, rest, acc) and `rec`. Returns the steps taken: 0 leaves the step to the
         elastic path (no full batch left, or the call ran out of memory: its samples are put back and
         the block's later steps take the elastic path, the reason in rec.graph_note)."""
-        left = n if loader.sampler.epoch_done else loader.sampler.remaining
+        left = loader.left_for_next
         # a call ends at the next non-finite check, as the elastic path's steps would reach it
         k = min(steps, left // batch, self.nonfinite.until_due(rec.steps))
         if k == 0 or loader.logical_batch != batch:

@@ -494,7 +494,7 @@ class LocalTrainer:
             kept.zero_()
             while True:
                 set_lr()
-                samples = self._graph_step(graphed, loader, blk.batch, n, rec) if graphed is not None else 0
+                samples = self._graph_step(graphed, loader, blk.batch, rec) if graphed is not None else 0
                 if samples == 0:
                     oom: str | None = None
                     try:
@@ -529,7 +529,7 @@ class LocalTrainer:
         opt.state.clear()
         return rec
 
-    def _graph_step(self, graphed: GraphedStep, loader: _FnLoader, batch: int, n: int, rec: BlockRecord) -> int:
+    def _graph_step(self, graphed: GraphedStep, loader: _FnLoader, batch: int, rec: BlockRecord) -> int:
         """One step through `graphed`: a full batch replays (or warms up, or captures) the graph, an
         epoch's short last batch once it is captured runs the same step eagerly into the graph's
         gradient buffers (`GraphedStep.run_eager`: no second set of gradients beside the pool). Returns
@@ -537,7 +537,7 @@ class LocalTrainer:
         capture; a warm-up step that ran out of memory; a short batch that ran out of memory beside the
         graph, which is then released and captured again next epoch; from a failed capture, an OOM
         beside a replay or the WARMUP_OOMS-th warm-up OOM on, the whole block)."""
-        left = n if loader.sampler.epoch_done else loader.sampler.remaining
+        left = loader.left_for_next
         if rec.graph_note or loader.logical_batch != batch or (left < batch and not graphed.captured):
             return 0
         full = left >= batch
