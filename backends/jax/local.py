@@ -21,9 +21,9 @@ whose per-call graph walk costs the host more than a small step. Micro-batches c
 block's micro-batch ladder with a mask (the loss is mask-weighted), so a block compiles one step per
 size it uses. Full-batch steps run up to `steps_per_call` at a time as one compiled program (a ``lax.scan``
 over the steps, `LocalTrainer._fused_call`): the elastic step waits for every step's results (so an
-out-of-memory error surfaces inside its retry loop), which at these small steps leaves the device
-idle while the host prepares the next (H100, issue 18: 7.3 ms per block step at batch 64); a fused call
-waits once. An epoch's short last batch, and every step after a fused call runs out of memory, take
+out-of-memory error surfaces inside its retry loop) before the host queues the next, so at these
+small steps the host's work adds to every step (H100, issue 18: 7.3 ms per block step at batch 64); a
+fused call waits once. An epoch's short last batch, and every step after a fused call runs out of memory, take
 the elastic path. The torch twin's counterpart is its CUDA graph. Block b+1's fused program is
 compiled from shapes on a background thread while block b trains, and its short-batch step's jits are
 run once there (`compile_ahead`), so block b+1 starts with its step programs ready (small jits, such
