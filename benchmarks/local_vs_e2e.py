@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def write_report(runs: list[dict[str, Any]], batch: int, a: argparse.Namespace) -> dict[str, Any]:
     """The rows of `runs` with this call's metadata, written to --out (or the default path)."""
     rows = rows_of(runs)
-    device = next((r.get("device_name") for r in runs if r.get("device_name")), "cpu")
+    device = next((r.get("device_name") for r in runs if r.get("device_name")), "unknown (no run finished)")
     meta = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "e2e_batch": batch}
     out = {"meta": meta, "rows": rows, "runs": runs}
