@@ -219,34 +219,12 @@ def test_fused_steps_equal_elastic_steps(plan, cached, steps_per_call):
     model_a, a, ra = _train_jax(plan, inputs="recompute", transform=aug)   # later blocks: the prefix in the scan
     model_b, b, rb = _train_jax(plan, inputs="recompute", transform=aug, steps_per_call=steps_per_call)
     assert all(r.graph_steps == r.steps - EPOCHS * (N % r.batch > 0) for r in ra)
-    # blocks after the first ran the program compiled on the background thread while the one before trained
-    assert a.fused_ahead == list(range(1, len(plan.blocks)))
-    assert b.fused_ahead == ([] if steps_per_call == 1 else list(range(1, len(plan.blocks))))
     assert all(r.graph_steps == (0 if steps_per_call == 1 else r.steps - EPOCHS * (N % r.batch > 0)) for r in rb)
     sa, sb = _state(model_a, a), _state(model_b, b)
     for k in sa:
         np.testing.assert_allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6, err_msg=k)
     for x, y in zip(ra, rb):
         assert x.steps == y.steps and x.epoch_losses == pytest.approx(y.epoch_losses, rel=1e-5)
-
-
-def test_cached_blocks_compile_ahead(plan, cached):
-    """Blocks reading a cache (host or device: the plan has both) run programs compiled from the
-    cache's shapes before it existed; results as compiled on the spot (compile_ahead=False)."""
-    model_a, a, ra = cached
-    assert {blk.input_cache for blk in plan.blocks[1:]} == {"host", "device"}
-    assert a.fused_ahead == list(range(1, len(plan.blocks)))
-    model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
-    units, clf = jl.sequential_units(model)
-    b = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.05, lr_batch=16, cache_dtype=jnp.float32, seed=0,
-                        lr_factor=lambda seen, total: 1.0 - seen / total, compile_ahead=False)
-    x, y = _data()
-    rb = b.train(jnp.asarray(x), y, lambda xb, key: xb * 0.9, _views(x), lambda v: v, epochs=EPOCHS)
-    assert b.fused_ahead == []
-    sa, sb = _state(model_a, a), _state(model, b)
-    for k in sa:
-        np.testing.assert_allclose(sa[k], sb[k], rtol=1e-6, atol=1e-7, err_msg=k)
-    assert [r.epoch_losses for r in ra] == [pytest.approx(r.epoch_losses, rel=1e-6) for r in rb]
 
 
 def test_fused_steps_per_call_bounded_by_host_rows():
@@ -345,8 +323,6 @@ def test_trainer_refuses_bad_input(plan):
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match=r"steps_per_call=.*allowed integers >= 1"):
             jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.1, steps_per_call=bad)
-    with pytest.raises(ValueError, match=r"compile_ahead=1: allowed True or False"):
-        jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.1, compile_ahead=1)
     tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.1)
     x, y = _data()
     with pytest.raises(ValueError, match="epochs"):
@@ -386,37 +362,8 @@ def test_demo_local_loop_jax(tmp_path, block_inputs):
     summary = run_local_demo(tmp_path, "jax", block_inputs)
     nb = len(summary["plan"]["blocks"])
     assert summary["graph_steps"] > 0 and summary["fuse_steps"] == 16   # the demo fuses full-batch steps
-    assert summary["fused_compiled_ahead"] == list(range(1, nb))
     assert nb >= 2 and len(summary["exit_accs"]) == nb == len(summary["blocks"])
     assert summary["exported_params"] == summary["exit_params"][summary["chosen_exit"]]
     check_block_inputs(summary, block_inputs)
 
 
-def test_short_last_batch_jits_warmed_ahead(plan, monkeypatch):
-    """With a short last batch (36 samples: 4 left over at batches 8 and 16), the ahead job also runs
-    the elastic path's jits once at that micro-batch (zeros), off the critical path; training is
-    unchanged by it (same weights as without compiling ahead)."""
-    rng = np.random.default_rng(3)
-    x, y = rng.standard_normal((36, S, S, 3)).astype(np.float32), rng.integers(0, K, 36)
-    sizes = []
-    warm = jl.LocalTrainer._warm_elastic
-
-    def spy(self, *args):
-        warm(self, *args)   # raises here (a warning there) if warming fails
-        sizes.append(args[-1])
-
-    monkeypatch.setattr(jl.LocalTrainer, "_warm_elastic", spy)
-    out = []
-    for ahead in (True, False):
-        model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
-        units, clf = jl.sequential_units(model)
-        tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.05, lr_batch=16, inputs="recompute",
-                             cache_dtype=jnp.float32, seed=0, compile_ahead=ahead)
-        recs = tr.train(jnp.asarray(x), y, lambda xb, key: xb * 0.9, _views(x), lambda v: v, epochs=1)
-        out.append((_state(model, tr), recs, tr.fused_ahead))
-    assert sizes == [4] * (len(plan.blocks) - 1)   # micro-batch ladders 1, 2, 4, 8(, 16): 4 left -> 4
-    (sa, ra, fa), (sb, rb, fb) = out
-    assert fa == list(range(1, len(plan.blocks))) and fb == []
-    assert all(r.graph_steps == r.steps - 1 for r in ra)   # the short batch took the elastic path
-    for k in sa:
-        np.testing.assert_allclose(sa[k], sb[k], rtol=1e-6, atol=1e-7, err_msg=k)

@@ -49,9 +49,7 @@ class AheadCompiler:
 
     `submit(key, fn)` queues ``fn()`` (returning an executable) unless the key is queued or done;
     `take(key)` returns its result (waiting while it compiles; None when it was never queued or was
-    still waiting in the queue, which is then cancelled so that the caller compiles it itself;
-    ``take(key, cancel_queued=False)`` waits for a queued one too, for a caller whose queue holds
-    nothing ahead of it, where the job only waits for the thread to be scheduled).
+    still waiting in the queue, which is then cancelled so that the caller compiles it itself).
     A compilation that failed in the background is forgotten (None): the caller's own compilation
     then raises the error where it belongs. ``compiled_ahead`` counts those taken from the thread.
     """
@@ -80,11 +78,11 @@ class AheadCompiler:
         with self._lock:
             return key in self._jobs
 
-    def take(self, key: Hashable, cancel_queued: bool = True) -> Any:
+    def take(self, key: Hashable) -> Any:
         with self._lock:
             job = self._jobs.pop(key, None)
             name = self._names.pop(key, "")
-        if job is None or (cancel_queued and job.cancel()):
+        if job is None or job.cancel():
             return None
         t0 = time.perf_counter()
         running = not job.done()

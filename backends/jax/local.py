@@ -24,10 +24,10 @@ over the steps, `LocalTrainer._fused_call`): the elastic step waits for every st
 out-of-memory error surfaces inside its retry loop) before the host queues the next, so at these
 small steps the host's work adds to every step (H100, issue 18: 7.3 ms per block step at batch 64); a
 fused call waits once. An epoch's short last batch, and every step after a fused call runs out of memory, take
-the elastic path. The torch twin's counterpart is its CUDA graph. Block b+1's fused program is
-compiled from shapes on a background thread while block b trains, and its short-batch step's jits are
-run once there (`compile_ahead`), so block b+1 starts with its step programs ready (small jits, such
-as a short batch's gather from a device cache, still compile when first called).
+the elastic path. The torch twin's counterpart is its CUDA graph. A block's programs compile when it
+first runs them: compiling block b+1's on a background thread while block b trained or compiled made
+both compilations 3-11x slower on an H100 (jax 0.11, issue 18, 2026-11-24: block 0's first epoch 101 s
+against 16 s), with no block epoch long enough to hide them.
 
 Pieces: :func:`sequential_units`, :func:`measure_layers` (the per-unit table from XLA's compiled memory
 analysis), :class:`AuxHead`, :class:`LocalTrainer` (train, evaluate every exit, export a prefix + head
@@ -52,7 +52,6 @@ from triaccel.layout import check_canonical
 from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
                                  block_runs, check_views, halving_on_oom, head_init)
 
-from .compile_ahead import AheadCompiler
 from .data import ElasticLoader, elastic_step, free_memory, is_oom
 from .models import BatchNorm2d, EfficientNet, ResNet, _canonical_entries, _conv, _linear
 
@@ -370,27 +369,6 @@ def _scan_steps(gd: Any, tx: optax.GradientTransformation, transform: Callable[[
     return jax.jit(run)
 
 
-class _Ahead:
-    """A block's fused program compiled ahead (`LocalTrainer._submit_ahead`), its jit the fallback:
-    a call whose arguments differ from the shapes or placements it was compiled for is refused
-    before anything runs (TypeError / ValueError), and the jit compiles it then, as without compiling
-    ahead. hits: calls the ahead-compiled program ran."""
-
-    def __init__(self, compiled: Any, fn: Callable[..., Any]) -> None:
-        self.compiled, self.fn, self.hits = compiled, fn, 0
-
-    def __call__(self, *args: Any) -> Any:
-        if self.compiled is not None:
-            try:
-                out = self.compiled(*args)
-            except (TypeError, ValueError):
-                self.compiled = None
-            else:
-                self.hits += 1
-                return out
-        return self.fn(*args)
-
-
 def _write_rows(buf: jax.Array, y: jax.Array, i: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_slice_in_dim(buf, y.astype(buf.dtype), i, 0)
 
@@ -489,11 +467,6 @@ class LocalTrainer:
     when training stops (`triaccel.local_plan.NonFinitePolicy`; default: its defaults). steps_per_call:
     full-batch steps per compiled call (>= 1; 1: every step through the elastic path); a record's
     graph_steps counts the steps that ran fused, graph_note says why fusing stopped (an OOM).
-    compile_ahead: compile block b+1's fused program on a background thread while block b trains
-    (`compile_ahead.AheadCompiler`; the blocks that ran one are listed in `fused_ahead`), and run its
-    short-last-batch jits once there on zeros: for that moment the device holds block b+1's
-    parameters, a fresh optimizer state, its frozen prefix's state and one such step beside block b's
-    training, outside the plan's budget (transient; ResNet-18's largest block: ~20 MB of parameters).
     """
 
     def __init__(self, units: Sequence[tuple[str, nnx.Module]], classifier: nnx.Module | None, plan: LocalPlan, *,
@@ -501,8 +474,7 @@ class LocalTrainer:
                  weight_decay: float = 5e-4, lr_factor: Callable[[int, int], float] | None = None,
                  compute_dtype: Any = None, inputs: str = "cache", cache_dtype: Any = jnp.bfloat16,
                  head_pool: int = 4, seed: int = 0, device: Any = None,
-                 nonfinite: NonFinitePolicy | None = None, steps_per_call: int = 16,
-                 compile_ahead: bool = True) -> None:
+                 nonfinite: NonFinitePolicy | None = None, steps_per_call: int = 16) -> None:
         if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
             raise ValueError(f"steps_per_call={steps_per_call!r}: allowed integers >= 1")
         if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
@@ -519,10 +491,7 @@ class LocalTrainer:
         self.inputs, self.cache_dtype, self.seed = inputs, jnp.dtype(cache_dtype), int(seed)
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
         self.device = device if device is not None else jax.devices()[0]
-        if not isinstance(compile_ahead, bool):
-            raise ValueError(f"compile_ahead={compile_ahead!r}: allowed True or False")
-        self.steps_per_call, self.compile_ahead = steps_per_call, compile_ahead
-        self.fused_ahead: list[int] = []
+        self.steps_per_call = steps_per_call
         if compute_dtype is not None:
             set_compute_dtype(self.units, compute_dtype)
         self.heads: list[nnx.Module] = []
@@ -566,41 +535,23 @@ class LocalTrainer:
         train_y = self._put(jnp.asarray(train_y, jnp.int32))
         aug, prep = jax.jit(train_transform), jax.jit(view_transform)
         cache: list[Any] | None = None
-        self.records, self.fused_ahead = [], []
-        ahead = AheadCompiler() if self.compile_ahead and self.steps_per_call > 1 else None
-        try:
-            for blk, run in zip(self.plan.blocks, runs):
-                sources, transform, tstate, pre_gd = self._inputs(blk, run, train_x, train_y, views, cache, aug, prep)
-                if ahead is not None and run.index + 1 < len(runs):   # the next block's program, while this one trains
-                    self._submit_ahead(ahead, runs[run.index + 1], train_x, train_y, views, aug, prep)
-                # waits for a job not started yet: nothing is queued before it (each is taken in turn)
-                taken = ahead.take(run.index, cancel_queued=False) if ahead is not None else None
-                self.records.append(self._train_block(run, sources, transform, tstate, n, on_epoch,
-                                                      None if taken is None or taken[1] != pre_gd else taken))
-                if run.cache_after is not None:
-                    cache = self._build_cache(run.index, run.cache_after, cache, views, prep)
-        finally:
-            if ahead is not None:
-                ahead.close()
+        self.records = []
+        for blk, run in zip(self.plan.blocks, runs):
+            sources, transform, tstate = self._inputs(blk, run, train_x, train_y, views, cache, aug, prep)
+            self.records.append(self._train_block(run, sources, transform, tstate, n, on_epoch))
+            if run.cache_after is not None:
+                cache = self._build_cache(run.index, run.cache_after, cache, views, prep)
         return self.records
 
     def _inputs(self, blk: Any, run: BlockRun, train_x: Any, train_y: Any, views: Sequence[Any],
-                cache: list[Any] | None, aug: Callable[..., Any], prep: Callable[..., Any],
-                abstract: bool = False) -> tuple[Any, Any, Any, Any]:
-        """A block's (sources, transform, tstate, pre_gd): the arrays its loader reads, transform(tstate,
-        raw batch, key) -> (x, y) or None, its arrays (the frozen prefix's eval-mode state, on the
-        device), the prefix's graph definition (None without a prefix). abstract: for compiling ahead,
-        before the block before it has trained: a cache, not built yet, comes as its planned shape
-        (`jax.ShapeDtypeStruct`), the prefix's state as the modules hold it now."""
+                cache: list[Any] | None, aug: Callable[..., Any], prep: Callable[..., Any]) -> tuple[Any, Any, Any]:
+        """A block's (sources, transform, tstate): the arrays its loader reads, transform(tstate, raw
+        batch, key) -> (x, y) or None, its arrays (the frozen prefix's eval-mode state, on the device)."""
         if run.source == "data":
-            return [(train_x, train_y)], (lambda _s, b, key: (aug(b[0], key), b[1])), None, None
+            return [(train_x, train_y)], (lambda _s, b, key: (aug(b[0], key), b[1])), None
         if run.source == "cache":
-            if abstract:   # a host cache's abstract is placed nowhere (`_on_host`)
-                c, h, w = self.plan.layers[blk.start - 1].out_shape
-                shape = jax.ShapeDtypeStruct((int(train_y.shape[0]), h, w, c), self.cache_dtype)
-                cache = [self._abstract(shape) if blk.input_cache == "device" else shape]
             assert cache is not None
-            return [(c, train_y) for c in cache], None, None, None
+            return [(c, train_y) for c in cache], None, None
         # the frozen prefix every step: on the fixed views ("recompute") or fresh images
         pre_gd, tstate = self._eval_split(_Chain(self.units[:blk.start]))
         fresh = run.source == "fresh"
@@ -608,13 +559,7 @@ class LocalTrainer:
         inp = (lambda b, key: aug(b[0], key)) if fresh else (lambda b, key: prep(b[0]))
         transform = lambda s, b, key, g=pre_gd, inp=inp: (  # noqa: E731
             _forward(g, s, inp(b, key)).astype(self.cache_dtype), b[1])
-        return sources, transform, tstate, pre_gd
-
-    def _abstract(self, tree: Any) -> Any:
-        """Shapes and dtypes of `tree`'s arrays, placed on the trainer's device (as the real ones are)."""
-        where = jax.sharding.SingleDeviceSharding(self.device)
-        return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(
-            np.shape(x), x.dtype, sharding=where, weak_type=bool(getattr(x, "weak_type", False))), tree)
+        return sources, transform, tstate
 
     def _body_split(self, b: int) -> tuple[nnx.Module, Any, Any, Any]:
         """Block b's training module (units + head) and its train-mode split: (module, graph def, params,
@@ -625,62 +570,8 @@ class LocalTrainer:
         body.train()
         return (body, *nnx.split(body, nnx.Param, ...))
 
-    def _submit_ahead(self, ahead: AheadCompiler, run: BlockRun, train_x: Any, train_y: Any, views: Sequence[Any],
-                      aug: Callable[..., Any], prep: Callable[..., Any]) -> None:
-        """Queue the compilation of block `run.index`'s fused program (`_scan_steps`) on `ahead`'s thread,
-        from shapes alone; its result is (body graph def, prefix graph def, executable). The graph
-        definitions are read here, on the caller's thread, which owns the modules."""
-        blk = self.plan.blocks[run.index]
-        sources, transform, tstate, pre_gd = self._inputs(blk, run, train_x, train_y, views, None, aug, prep,
-                                                          abstract=True)
-        k = _fused_steps(self.steps_per_call, blk.batch, sources, int(train_y.shape[0]))
-        if k == 1:
-            return
-        _, gd, params_now, rest_now = self._body_split(run.index)
-        params, rest, tstate_now = self._abstract(params_now), self._abstract(rest_now), tstate
-        tstate = self._abstract(tstate_now)
-        opt = self._abstract(jax.eval_shape(self.tx.init, params))
-        acc = self._abstract(jax.ShapeDtypeStruct((2,), jnp.float32))
-        arrays = jax.tree_util.tree_map(lambda x: self._abstract(jax.ShapeDtypeStruct(
-            (k * blk.batch, *x.shape[1:]) if _on_host(x) else x.shape, x.dtype)), sources[0])
-        steps = (jax.ShapeDtypeStruct((k, blk.batch), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
-                 jax.ShapeDtypeStruct((k,), jnp.int32), jax.ShapeDtypeStruct((k,), jnp.float32),
-                 jax.ShapeDtypeStruct((k,), jnp.bool_))
-        fn = _scan_steps(gd, self.tx, transform, run.seed, blk.batch, _host_leaves(sources[0]))
-        short = int(train_y.shape[0]) % blk.batch
-        size = min(m for m in run.micro_batches if m >= short) if short else 0
-
-        def job() -> tuple[Any, Any, Any]:
-            compiled = fn.lower(params, opt, rest, acc, tstate, arrays, *steps).compile()
-            if size:   # the epoch's short last batch takes the elastic path: its jits compile here, by a call
-                try:
-                    self._warm_elastic(gd, transform, tstate_now, params_now, rest_now, sources[0], size)
-                except Exception as exc:   # noqa: BLE001 - the compiled program stays good; say why
-                    warnings.warn(f"block {run.index}: warming its short-batch step ahead failed "
-                                  f"({type(exc).__name__}: {exc}); it compiles when the batch comes",
-                                  RuntimeWarning, stacklevel=2)
-            return gd, pre_gd, compiled
-
-        ahead.submit(run.index, job, name=f"fused steps, block {run.index}")
-
-    def _warm_elastic(self, gd: Any, transform: Any, tstate: Any, params: Any, rest: Any, source: Any,
-                      size: int) -> None:
-        """Run the elastic path's jitted pieces once at a micro-batch of `size` samples (zeros; the
-        block's parameters and statistics as the modules hold them now, placed as training places
-        them; results dropped), so that their compiled programs are in the jits' own caches when the
-        block's short last batch arrives (an ahead-of-time `lower().compile()` is not)."""
-        p, r = jax.device_put((params, rest), self.device)
-        batch = jax.tree_util.tree_map(
-            lambda a: jax.device_put(np.zeros((size, *a.shape[1:]), a.dtype), self.device), source)
-        x, y = batch if transform is None else transform(tstate, batch, jax.random.PRNGKey(0))
-        _, grads, _ = _grad(gd, p, r, x, y, self._put(np.ones(size, np.float32)))
-        o = jax.device_put(self.tx.init(p), self.device)
-        jax.block_until_ready(_update(self.tx, p, o, grads, self._put(np.float32(0.0))))
-
     def _train_block(self, run: BlockRun, sources: list[tuple[Any, Any]], transform: Any, tstate: Any, n: int,
-                     on_epoch: Any, ahead: tuple[Any, Any, Any] | None = None) -> BlockRecord:
-        """ahead: (body graph def, prefix graph def, executable) compiled for this block by `_submit_ahead`,
-        used when the body's graph definition is the one trained here."""
+                     on_epoch: Any) -> BlockRecord:
         b, blk = run.index, self.plan.blocks[run.index]
         body, gd, params, rest = self._body_split(b)
         # committed to the device from the start: the step's outputs are, and a change of placement
@@ -717,8 +608,6 @@ class LocalTrainer:
         k = _fused_steps(self.steps_per_call, blk.batch, sources, n)
         if k > 1:
             fused = _scan_steps(gd, self.tx, transform, run.seed, blk.batch, _host_leaves(sources[0]))
-            if ahead is not None and ahead[0] == gd:
-                fused = _Ahead(ahead[2], fused)
         for e in range(run.epochs):
             loader.arrays = sources[BlockRun.view(e, len(sources))]
             t0 = time.perf_counter()
@@ -757,8 +646,6 @@ class LocalTrainer:
             if on_epoch is not None:
                 on_epoch(b, e, rec.epoch_losses[-1], rec.epoch_seconds[-1])
         rec.peak_bytes = _peak_bytes(self.device)
-        if isinstance(fused, _Ahead) and fused.hits:
-            self.fused_ahead.append(b)
         body.eval()
         return rec
 

@@ -401,7 +401,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         units, clf, plan, num_classes=data.num_classes, lr=opts.lr, lr_batch=opts.batch, momentum=opts.momentum,
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev,
-        steps_per_call=lo["fuse_steps"], compile_ahead=opts.compile_ahead)
+        steps_per_call=lo["fuse_steps"])
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     accs = trainer.evaluate_exits(xte, yte, prep)
@@ -413,5 +413,5 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         "e2e_compiled_peak_bytes": {str(k): v for k, v in e2e_peaks.items()},
         "e2e_largest_batch_compiled": max(e2e_fit) if e2e_fit else None, "device": str(dev),
         "device_name": getattr(dev, "device_kind", str(dev)), "bytes_limit": stats.get("bytes_limit"),
-        "fuse_steps": lo["fuse_steps"], "fused_compiled_ahead": trainer.fused_ahead,
+        "fuse_steps": lo["fuse_steps"],
     }

@@ -156,7 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--compile-ahead", choices=["on", "off"], default="on",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
                         "down/up, noise half batch, next precision policy) on a background thread (default on); "
-                        "local: the next block's fused steps while a block trains")
+                        "not used by --method local (its blocks compile in place: measured faster)")
     p.add_argument("--compile", choices=["off", "default", "reduce-overhead"], default="off",
                    help="torch: torch.compile the model (every method; reduce-overhead = CUDA graphs). One "
                         "compilation per precision policy, the batch dim dynamic (triaccel.backends.torch.compile)")
