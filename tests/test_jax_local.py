@@ -359,7 +359,11 @@ def test_demo_local_loop_jax(tmp_path, block_inputs):
     """examples.cifar local_loop's JAX path on a tiny synthetic CIFAR: plan, training, exits, summary."""
     from local_demo import check_block_inputs, run_local_demo
 
-    summary = run_local_demo(tmp_path, "jax", block_inputs)
+    # the persistent compilation cache as the end-to-end loop's: a folder, or off
+    cache = str(tmp_path / "xla-cache") if block_inputs == "cache" else "off"
+    summary = run_local_demo(tmp_path, "jax", block_inputs, options={"compile_cache": cache})
+    assert summary["compile_cache"] == (None if cache == "off" else cache)
+    assert cache == "off" or (tmp_path / "xla-cache").is_dir()
     nb = len(summary["plan"]["blocks"])
     assert summary["graph_steps"] > 0 and summary["fuse_steps"] == 16   # the demo fuses full-batch steps
     assert nb >= 2 and len(summary["exit_accs"]) == nb == len(summary["blocks"])

@@ -345,10 +345,13 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
 
     from triaccel.backends.jax import augment as jaug
     from triaccel.backends.jax import local as jlocal
+    from triaccel.backends.jax.compile_ahead import enable_compilation_cache
     from triaccel.backends.jax.models import create_model as jax_model
 
     lo = {**LOCAL_DEFAULTS, **getattr(opts, "local", {})}
     lo["graph_reserve"] = graph_reserve(lo, "jax")   # XLA compiles the steps: no CUDA graphs to reserve for
+    # as the end-to-end JAX loop (SplitStep): a run compared with one sees the same persistent cache
+    cache_dir = enable_compilation_cache(False if opts.compile_cache == "off" else (opts.compile_cache or True))
     budget, e2e_batch = parse_local_budget(opts.budget)
     dev = jax.devices()[0]
     model = jax_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed)
@@ -413,5 +416,5 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         "e2e_compiled_peak_bytes": {str(k): v for k, v in e2e_peaks.items()},
         "e2e_largest_batch_compiled": max(e2e_fit) if e2e_fit else None, "device": str(dev),
         "device_name": getattr(dev, "device_kind", str(dev)), "bytes_limit": stats.get("bytes_limit"),
-        "fuse_steps": lo["fuse_steps"],
+        "fuse_steps": lo["fuse_steps"], "compile_cache": cache_dir,
     }
