@@ -32,6 +32,7 @@ done
 elif [ "$1" = jax ]; then
 # 2026-11-24, 10 epochs per block: fused and compiled ahead 147.0 s (0.74x e2e's 199.4 s), -2.44 points; fused and
 # compiled in place (now the only way) 95.9 s, -2.91 points. 20 epochs per block as torch's compare: ~140 s expected
+rm -rf /tmp/tcache   # both runs from an empty persistent compilation cache (a warm machine keeps it)
 timeout 570 python3 benchmarks/local_vs_e2e.py --backend jax --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} \
   --local-epochs 20 --variants local-fresh e2e --run-timeout 300 --runs $OUT/runs --out $OUT/lve-jax.json > $OUT/lve-jax.log 2>&1
 tail -6 $OUT/lve-jax.log
