@@ -5,7 +5,7 @@
 #   SEEDS="1 2" bash benchmarks/device/local_graphs.sh compare   (~9 min for two seeds; R defaults to 32MiB)
 #   bash benchmarks/device/local_graphs.sh jax   (the JAX twin: block steps fused 16 per compiled scan,
 #     its counterpart of CUDA graphs; local first (20 epochs per block, as torch's compare), e2e second;
-#     each block compiles ~11-16 s on the H100, much of it XLA's autotuning: prefixing
+#     each block compiles ~11-16 s on the H100, how much of it XLA's autotuning is not measured: prefixing
 #     XLA_FLAGS=--xla_gpu_autotune_level=0 applies to both runs, to measure what autotuning costs and returns)
 #   bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, e2e 3 epochs, 6 per block: its eager e2e step
 #     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call)
