@@ -7,7 +7,8 @@ import local_vs_e2e as lv
 
 
 def _e2e(seed, acc, secs):
-    return {"variant": "e2e", "seed": seed, "final_acc": acc, "epoch_seconds": secs, "device_name": "GPU X"}
+    return {"variant": "e2e", "seed": seed, "final_acc": acc, "epoch_seconds": secs, "device_name": "GPU X",
+            "wall_s": sum(secs) + 5.0}
 
 
 def _local(variant, seed, accs, train_s, chosen=0):
@@ -25,6 +26,9 @@ def test_rows_ratios_within_a_seed_and_means():
     r0 = by[("local", 0)]
     assert r0["best_acc"] == 0.86 and r0["points_vs_e2e"] == pytest.approx(-1.0)
     assert r0["ratio_vs_e2e"] == pytest.approx(0.5) and r0["best_exit_param_reduction"] == 2.0
+    assert r0["wall_s"] is None and r0["wall_ratio_vs_e2e"] is None   # a summary without its process wall
+    timed = lv.rows_of([_e2e(0, 0.87, [10.0, 10.0]), {**_local("local", 0, [0.85], 10.0), "wall_s": 12.5}])
+    assert timed[1]["wall_ratio_vs_e2e"] == pytest.approx(12.5 / 25.0) and timed[0]["wall_ratio_vs_e2e"] == 1.0
     assert by[("local", 1)]["ratio_vs_e2e"] == pytest.approx(0.75)
     assert by[("e2e", 0)]["ratio_vs_e2e"] == 1.0 and by[("e2e", 0)]["train_s"] == 20.0
     mean = by[("local", "mean")]

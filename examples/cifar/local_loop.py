@@ -13,10 +13,11 @@ its parameters.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -169,9 +170,20 @@ def _plan(table: list[Any], budget: int, lo: dict[str, Any], opts: RunOptions, r
     return plan
 
 
+@contextlib.contextmanager
+def _clock(spent: dict[str, float], key: str) -> Iterator[None]:
+    """Adds the seconds of the `with` body to spent[key]."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
+
+
 def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[float], lo: dict[str, Any],
-                       model_params: int, log: RunLog) -> dict[str, Any]:
-    """Choose and export the exit, log the blocks and exits; the summary fields both backends share."""
+                       model_params: int, log: RunLog, spent: dict[str, float]) -> dict[str, Any]:
+    """Choose and export the exit, log the blocks and exits; the summary fields both backends share.
+    spent: seconds outside training, "probe" (end-to-end memory probes) and "eval" (exit evaluations)."""
     chosen = select_exit(accs, lo["exit_tolerance"])
     exported = trainer.export(chosen)
     params = trainer.exit_params()
@@ -188,7 +200,8 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
     reserved = [r.peak_reserved_bytes for r in records if r.peak_reserved_bytes is not None]
     print(f"exits: {', '.join(f'{100 * a:.2f}%' for a in accs)}; chosen exit {chosen} "
           f"({exported.param_count} params, {model_params / exported.param_count:.1f}x fewer than the model); "
-          f"training {train_seconds:.1f}s", flush=True)
+          f"training {train_seconds:.1f}s; outside it: memory probes {spent.get('probe', 0.0):.1f}s, "
+          f"exit evaluations {spent.get('eval', 0.0):.1f}s", flush=True)
     return {
         "final_acc": accs[-1], "accs": list(accs), "exit_accs": accs, "exit_params": params,
         "chosen_exit": chosen, "exit_tolerance": lo["exit_tolerance"], "exported_params": exported.param_count,
@@ -199,15 +212,19 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
         "peak_reserved_bytes": max(reserved) if reserved else None,
         "graph_steps": sum(r.graph_steps for r in records),
         "e2e_largest_batch_modelled": plan.e2e_batch, "steps": sum(r.steps for r in records),
+        "probe_seconds": spent.get("probe", 0.0), "eval_seconds": spent.get("eval", 0.0),
     }
 
 
-def _epoch_reporter(trainer: Any, plan: Any, log: RunLog, xte: Any, yte: Any, prep: Any) -> Any:
-    """The trainers' on_epoch callback (either backend): evaluate the block's exit, log and print it."""
+def _epoch_reporter(trainer: Any, plan: Any, log: RunLog, xte: Any, yte: Any, prep: Any,
+                    spent: dict[str, float]) -> Any:
+    """The trainers' on_epoch callback (either backend): evaluate the block's exit (its seconds added
+    to spent["eval"]), log and print it."""
     epoch_no = [0]
 
     def on_epoch(b: int, e: int, loss: float, seconds: float) -> None:
-        acc = trainer.evaluate_exits(xte, yte, prep, upto=b + 1)[-1]
+        with _clock(spent, "eval"):
+            acc = trainer.evaluate_exits(xte, yte, prep, upto=b + 1)[-1]
         epoch_no[0] += 1
         log.write("epoch", epoch=epoch_no[0], block=b, block_epoch=e + 1, train_loss=loss, test_acc=acc,
                   seconds=seconds, batch_size=plan.blocks[b].batch)
@@ -245,9 +262,11 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
 
     buckets = bucket_ladder(8, 8, max(opts.batch_max, 8))
     e2e_probe: dict[int, int | None] = {}
+    spent: dict[str, float] = {"probe": 0.0, "eval": 0.0}
     if budget is None:   # e2e:B: probe uncapped up to 2B, then the budget between the two peaks
         # from batch 2: BatchNorm cannot train on one sample where the map is 1x1 (EfficientNet's last stages)
-        e2e_probe = _e2e_probe(model, train_transform, xtr, ytr, bucket_ladder(e2e_batch, 2, 2 * e2e_batch), opts)
+        with _clock(spent, "probe"):
+            e2e_probe = _e2e_probe(model, train_transform, xtr, ytr, bucket_ladder(e2e_batch, 2, 2 * e2e_batch), opts)
         if e2e_probe.get(2 * e2e_batch) is None or e2e_probe.get(e2e_batch) is None:
             raise RuntimeError(f"--budget {opts.budget}: end-to-end did not run at batch {2 * e2e_batch} on this "
                                f"device ({e2e_probe}); pass bytes")
@@ -256,7 +275,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
               f"{e2e_batch} and {2 * e2e_batch}", flush=True)
     if device.type == "cuda":
         enforce_memory_budget(budget, device)
-        e2e_probe = _e2e_probe(model, train_transform, xtr, ytr, buckets, opts)   # under the cap now
+        with _clock(spent, "probe"):
+            e2e_probe = _e2e_probe(model, train_transform, xtr, ytr, buckets, opts)   # under the cap now
     e2e_fit = [b for b, peak in e2e_probe.items() if peak is not None]
 
     units, clf = sequential_units(model)
@@ -288,10 +308,12 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         autocast_dtype=torch.bfloat16, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed,
         cuda_graph=lo["cuda_graph"])
-    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
+    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
-    accs = trainer.evaluate_exits(xte, yte, prep)
-    summary = _exits_and_summary(trainer, plan, records, accs, lo, sum(p.numel() for p in model.parameters()), log)
+    with _clock(spent, "eval"):
+        accs = trainer.evaluate_exits(xte, yte, prep)
+    summary = _exits_and_summary(trainer, plan, records, accs, lo, sum(p.numel() for p in model.parameters()), log,
+                                 spent)
     return {
         **summary, "memory_budget_bytes": budget, "plan_seconds": plan_s, "unmodelled_fixed_bytes": overhead,
         "e2e_probe_peak_bytes": {str(k): v for k, v in e2e_probe.items()},
@@ -373,14 +395,17 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
 
     buckets = bucket_ladder(8, 8, max(opts.batch_max, 8))
     e2e_peaks: dict[int, int] = {}
+    spent: dict[str, float] = {"probe": 0.0, "eval": 0.0}
     if budget is None:   # e2e:B: halfway between the end-to-end step's modelled peaks at B and 2B
-        e2e_peaks = _jax_e2e_peaks(model, (e2e_batch, 2 * e2e_batch), opts.image_size, resident)
+        with _clock(spent, "probe"):
+            e2e_peaks = _jax_e2e_peaks(model, (e2e_batch, 2 * e2e_batch), opts.image_size, resident)
         budget = (e2e_peaks[e2e_batch] + e2e_peaks[2 * e2e_batch]) // 2
         print(f"budget {budget} bytes ({budget / 2**20:.1f} MiB): halfway between end-to-end's modelled peaks at "
               f"batch {e2e_batch} and {2 * e2e_batch} (XLA memory analysis; the XLA pool is not capped)", flush=True)
     if dev.platform == "gpu" and all(p <= budget for p in e2e_peaks.values()):
-        e2e_peaks.update(_jax_e2e_peaks(model, [b for b in buckets if b not in e2e_peaks], opts.image_size, resident,
-                                        stop_above=budget))
+        with _clock(spent, "probe"):
+            e2e_peaks.update(_jax_e2e_peaks(model, [b for b in buckets if b not in e2e_peaks], opts.image_size,
+                                            resident, stop_above=budget))
     e2e_fit = [b for b, peak in sorted(e2e_peaks.items()) if peak <= budget]
 
     t0 = time.perf_counter()
@@ -405,11 +430,12 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev,
         steps_per_call=lo["fuse_steps"])
-    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep)
+    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
-    accs = trainer.evaluate_exits(xte, yte, prep)
+    with _clock(spent, "eval"):
+        accs = trainer.evaluate_exits(xte, yte, prep)
     model_params = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
-    summary = _exits_and_summary(trainer, plan, records, accs, lo, model_params, log)
+    summary = _exits_and_summary(trainer, plan, records, accs, lo, model_params, log, spent)
     stats = dev.memory_stats() or {}
     return {
         **summary, "memory_budget_bytes": budget, "plan_seconds": plan_s,
