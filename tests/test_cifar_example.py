@@ -54,7 +54,8 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     with pytest.raises(SystemExit):   # the compilation cache is JAX's
         train.parse_args(["--backend", "torch", "--compile-cache", str(tmp_path)])
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
-    for other in (["--backend", "jax", "--fuse-steps", "4"], ["--plan-headroom", "0.9"]):   # local's options only
+    for other in (["--backend", "jax", "--fuse-steps", "4"], ["--plan-headroom", "0.9"],
+                  ["--exit-eval", "end"]):   # local's options only
         with pytest.raises(SystemExit):
             train.parse_args(other)
     local = ["--method", "local", "--budget", "e2e:32"]
@@ -68,6 +69,8 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     assert train.parse_args([*local, "--backend", "jax", "--fuse-steps", "4"]).local["fuse_steps"] == 4
     assert "fuse_steps" not in train.parse_args(local).local   # LOCAL_DEFAULTS' 16 on JAX
     assert train.parse_args([*local, "--plan-headroom", "0.95"]).local["headroom"] == 0.95
+    assert train.parse_args([*local, "--exit-eval", "end"]).local["exit_eval"] == "end"
+    assert "exit_eval" not in train.parse_args(local).local   # LOCAL_DEFAULTS' "epoch"
     assert train.parse_args([*local, "--graph-reserve", "0"]).local["graph_reserve"] == 0
     from examples.cifar.local_loop import AUTO_GRAPH_RESERVE, graph_reserve
     lo = {"graph_reserve": "auto", "cuda_graph": True}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import warnings
 
 import pytest
@@ -250,10 +251,16 @@ def test_demo_local_loop(tmp_path, block_inputs):
     with pytest.raises(ValueError, match="e2e"):
         parse_local_budget("e2e:0")
     assert parse_local_budget("e2e:32") == (None, 32) and parse_local_budget("1KiB") == (1024, None)
-    if block_inputs == "fresh":   # --block-epochs: each block its own count
+    if block_inputs == "fresh":   # --block-epochs: each block its own count; --exit-eval end
         per = tuple(range(1, nb + 1))
-        again = run_local_demo(tmp_path / "per-block", "torch", block_inputs, block_epochs=per)
+        again = run_local_demo(tmp_path / "per-block", "torch", block_inputs, block_epochs=per, exit_eval="end")
         assert tuple(len(b["epoch_seconds"]) for b in again["blocks"]) == per
+        epochs = [json.loads(line) for line in open(tmp_path / "per-block" / "log.jsonl")]
+        epochs = [r for r in epochs if r["type"] == "epoch"]
+        assert len(epochs) == sum(per) and all(r["test_acc"] is None for r in epochs)   # no per-epoch evaluation
+        assert len(again["exit_accs"]) == nb and again["eval_seconds"] > 0     # every exit, once, at the end
+        assert {"local_blocks.png", "local_exits.png"} <= {p.name for p in plot_run(tmp_path / "per-block" / "log.jsonl",
+                                                                                    tmp_path / "per-block")}
 
 
 def test_unmodelled_fixed_bytes_from_end_to_end_peaks():

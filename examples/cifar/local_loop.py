@@ -35,11 +35,13 @@ from .datasets import CifarArrays
 from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
-# --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs, --fuse-steps, --plan-headroom),
+# --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs, --fuse-steps, --plan-headroom,
+# --exit-eval),
 # kept here so RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
                                   "block_inputs": "cache", "cuda_graph": True, "graph_reserve": "auto",
-                                  "block_epochs": None, "fuse_steps": 16, "headroom": 0.85}
+                                  "block_epochs": None, "fuse_steps": 16, "headroom": 0.85,
+                                  "exit_eval": "epoch"}
 # --graph-reserve auto on a CUDA device with graphs on: with it the H100's block captures fitted issue 18's
 # 520 MiB budget, without it the last block's warm-up ran out of memory (2026-11-23, docs/results.md)
 AUTO_GRAPH_RESERVE = 32 * 2 ** 20
@@ -217,19 +219,23 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
 
 
 def _epoch_reporter(trainer: Any, plan: Any, log: RunLog, xte: Any, yte: Any, prep: Any,
-                    spent: dict[str, float]) -> Any:
-    """The trainers' on_epoch callback (either backend): evaluate the block's exit (its seconds added
-    to spent["eval"]), log and print it."""
+                    spent: dict[str, float], every_epoch: bool) -> Any:
+    """The trainers' on_epoch callback (either backend): log and print the epoch, with its block's exit
+    evaluated when `every_epoch` (its seconds added to spent["eval"]; else test_acc None: the run's end
+    evaluates every exit)."""
     epoch_no = [0]
 
     def on_epoch(b: int, e: int, loss: float, seconds: float) -> None:
-        with _clock(spent, "eval"):
-            acc = trainer.evaluate_exits(xte, yte, prep, upto=b + 1)[-1]
+        acc = None
+        if every_epoch:
+            with _clock(spent, "eval"):
+                acc = trainer.evaluate_exits(xte, yte, prep, upto=b + 1)[-1]
         epoch_no[0] += 1
         log.write("epoch", epoch=epoch_no[0], block=b, block_epoch=e + 1, train_loss=loss, test_acc=acc,
                   seconds=seconds, batch_size=plan.blocks[b].batch)
-        print(f"block {b} epoch {e + 1}: loss {loss:.4f}  exit {b} test acc {100 * acc:.2f}%  {seconds:.1f}s  "
-              f"batch {plan.blocks[b].batch}", flush=True)
+        shown = "" if acc is None else f"  exit {b} test acc {100 * acc:.2f}%"
+        print(f"block {b} epoch {e + 1}: loss {loss:.4f}{shown}  {seconds:.1f}s  batch {plan.blocks[b].batch}",
+              flush=True)
 
     return on_epoch
 
@@ -308,7 +314,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         autocast_dtype=torch.bfloat16, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed,
         cuda_graph=lo["cuda_graph"])
-    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent)
+    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, lo["exit_eval"] == "epoch")
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     with _clock(spent, "eval"):
         accs = trainer.evaluate_exits(xte, yte, prep)
@@ -430,7 +436,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev,
         steps_per_call=lo["fuse_steps"])
-    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent)
+    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, lo["exit_eval"] == "epoch")
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     with _clock(spent, "eval"):
         accs = trainer.evaluate_exits(xte, yte, prep)

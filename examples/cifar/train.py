@@ -95,6 +95,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--block-epochs", type=_epochs_list, default=None,
                    help="local: epochs of each block, comma-separated, one per planned block (default: --epochs "
                         "for every block)")
+    p.add_argument("--exit-eval", choices=["epoch", "end"], default=None,
+                   help="local: evaluate a block's exit on the test set after each of its epochs (epoch, default) "
+                        "or only every exit once at the end (end: less time outside training)")
     p.add_argument("--plan-headroom", type=float, default=None, metavar="F",
                    help="local: the fraction of the budget a block's modelled peak may reach, (0, 1] (default "
                         "0.85: ResNet-18's measured block peaks exceeded the model by 52-104 MiB on the H100; "
@@ -205,7 +208,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
-    for flag, value in (("--fuse-steps", a.fuse_steps), ("--plan-headroom", a.plan_headroom)):
+    for flag, value in (("--fuse-steps", a.fuse_steps), ("--plan-headroom", a.plan_headroom),
+                        ("--exit-eval", a.exit_eval)):
         if value is not None and a.method != "local":
             p.error(f"{flag}={value}: only with --method local")
     if a.method == "local":
@@ -233,6 +237,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                       "cache_views": a.cache_views, "block_batch": a.block_batch,
                       "block_inputs": a.block_inputs, "cuda_graph": a.cuda_graph == "on", "graph_reserve": reserve,
                       "block_epochs": a.block_epochs,
+                      **({} if a.exit_eval is None else {"exit_eval": a.exit_eval}),
                       **({} if a.fuse_steps is None else {"fuse_steps": a.fuse_steps}),
                       **({} if a.plan_headroom is None else {"headroom": a.plan_headroom})}
     if a.method != "local":   # local's budget may read e2e:B; its knobs are checked by its plan
