@@ -12,6 +12,8 @@
 #   LR=0.0083 bash benchmarks/device/local_graphs.sh effnet-e2e   (end-to-end alone, 9 epochs at batch 32 and
 #     lr LR: its best recipe at this budget; 2026-11-24: 44.20% at the demo's 0.0333, 59.99% after 8 of 9
 #     epochs at 0.0167 when cut at 575 s on a slower H100)
+# Local runs evaluate their exits once at the end (EVAL=epoch: after every block epoch, as before
+# 2026-11-24): the ratio of process walls counts what a run spends outside training (docs/results.md).
 source benchmarks/device/prep.sh; cd /tmp/pkg
 if [ "${1:-probe}" = probe ]; then
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_torch_local.py -k cuda_graph > $OUT/gpu-tests.log 2>&1
@@ -36,7 +38,7 @@ elif [ "$1" = jax ]; then
 # compiled in place (now the only way) 95.9 s, -2.91 points. 20 epochs per block as torch's compare: ~140 s expected
 rm -rf /tmp/tcache   # both runs from an empty persistent compilation cache (a warm machine keeps it)
 timeout 570 python3 benchmarks/local_vs_e2e.py --backend jax --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} \
-  --local-epochs 20 --variants local-fresh e2e --run-timeout 300 --runs $OUT/runs --out $OUT/lve-jax.json > $OUT/lve-jax.log 2>&1
+  --local-epochs 20 --variants local-fresh e2e --local-args "--exit-eval ${EVAL:-end}" --run-timeout 300 --runs $OUT/runs --out $OUT/lve-jax.json > $OUT/lve-jax.log 2>&1
 tail -6 $OUT/lve-jax.log
 elif [ "$1" = effnet ]; then
 # 2026-11-23 at the default headroom 0.85: blocks at batch 16 / 16 / 32 / 128, block 0's graph out of memory,
@@ -45,7 +47,7 @@ elif [ "$1" = effnet ]; then
 # batch is the measured 32.
 R=${R:-32MiB}
 timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 3 --local-epochs 6 --seeds 0 \
-  --variants local-fresh e2e --local-args "--graph-reserve $R${H:+ --plan-headroom $H}" --run-timeout 400 --runs $OUT/runs --out $OUT/lve-eff.json \
+  --variants local-fresh e2e --local-args "--graph-reserve $R${H:+ --plan-headroom $H} --exit-eval ${EVAL:-end}" --run-timeout 400 --runs $OUT/runs --out $OUT/lve-eff.json \
   > $OUT/lve-eff.log 2>&1
 tail -6 $OUT/lve-eff.log
 elif [ "$1" = effnet-e2e ]; then
@@ -58,7 +60,7 @@ R=${R:-32MiB}
 # local first: a call cut short keeps the cheaper run; e2e-graph (end-to-end under torch.compile's CUDA
 # graphs, the stronger plain alternative, ~107 s) with EXTRA=e2e-graph when the call has room
 timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} --variants local-fresh e2e $EXTRA --local-epochs 20 \
-  --local-args "--graph-reserve $R" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
+  --local-args "--graph-reserve $R --exit-eval ${EVAL:-end}" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
 tail -6 $OUT/lve.log
 fi
 # the device tool returns few files: the runs' logs travel as one archive
