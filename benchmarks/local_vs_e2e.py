@@ -13,8 +13,10 @@ step is host-bound too, so this is the stronger plain alternative; its ratio col
 ``--epochs``: end-to-end's epochs, and each block's unless ``--local-epochs`` gives the local runs their
 own (column "ep": a run's epochs, per block for local runs). Columns: best exit's accuracy and its
 difference to e2e in points (target >= -1), the chosen exit's accuracy and its parameter reduction, training seconds (epochs + cache building; e2e: its epochs) and
-their ratio to e2e's in the same seed (target <= 0.43), peak allocation against the budget and the
-allocator's peak reservation (a CUDA graph's pool is reserved for the block's training).
+their ratio to e2e's in the same seed (target <= 0.43), the run's process wall ("wall s": start-up, data,
+planning and its memory probes, evaluations included) and its ratio to e2e's ("wall/e2e"), peak allocation
+against the budget and the allocator's peak reservation (a CUDA graph's pool is reserved for the block's
+training).
 Writes benchmarks/results/local/local-vs-e2e-<model>-<device>.json (every summary and the table).
 """
 
@@ -129,7 +131,7 @@ def _fmt(v: Any, spec: str) -> str:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'variant':<13}{'seed':>5}{'ep':>4}{'best %':>8}{'pts':>7}{'chosen %':>10}{'x fewer':>9}{'train s':>9}"
-          f"{'/ e2e':>7}{'/ graph':>8}{'wall s':>8}{'/ e2e':>7}{'peak MiB':>10}{'res. MiB':>10}")
+          f"{'/ e2e':>7}{'/ graph':>8}{'wall s':>8}{'wall/e2e':>9}{'peak MiB':>10}{'res. MiB':>10}")
     for r in rows:
         if r.get("failed"):
             print(f"{r['variant']:<13}{r['seed']:>5}  failed")
@@ -139,7 +141,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{_fmt(r['points_vs_e2e'], '+.2f'):>7}{_fmt(pct(r['chosen_acc']), '.2f'):>10}"
               f"{_fmt(r['param_reduction'], '.1f'):>9}{_fmt(r['train_s'], '.1f'):>9}{_fmt(r['ratio_vs_e2e'], '.2f'):>7}"
               f"{_fmt(r['ratio_vs_e2e_graph'], '.2f'):>8}{_fmt(r['wall_s'], '.1f'):>8}"
-              f"{_fmt(r['wall_ratio_vs_e2e'], '.2f'):>7}"
+              f"{_fmt(r['wall_ratio_vs_e2e'], '.2f'):>9}"
               f"{_fmt(None if r['peak_bytes'] is None else r['peak_bytes'] / 2**20, '.0f'):>10}"
               f"{_fmt(None if r['reserved_bytes'] is None else r['reserved_bytes'] / 2**20, '.0f'):>10}")
     print(f"targets: best exit >= e2e {TARGET_POINTS:+.0f} point, training <= {TARGET_RATIO}x e2e's (same seed, "

@@ -36,6 +36,6 @@ def check_block_inputs(summary: dict[str, Any], block_inputs: str) -> None:
     """The plan in the summary reads its blocks' inputs as asked: no views and "fresh" blocks, or caches."""
     fresh = block_inputs == "fresh"
     # seconds outside training are accounted: exit evaluations ran (each epoch and at the end)
-    assert summary["eval_seconds"] > 0 and summary["probe_seconds"] >= 0
+    assert summary["exit_eval_seconds"] > 0 and summary["probe_seconds"] >= 0
     assert summary["plan"]["cache_views"] == (0 if fresh else 1)
     assert all((b["input_cache"] == "fresh") == fresh for b in summary["plan"]["blocks"][1:])

@@ -71,6 +71,10 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     assert train.parse_args([*local, "--plan-headroom", "0.95"]).local["headroom"] == 0.95
     assert train.parse_args([*local, "--exit-eval", "end"]).local["exit_eval"] == "end"
     assert "exit_eval" not in train.parse_args(local).local   # LOCAL_DEFAULTS' "epoch"
+    from examples.cifar.local_loop import exit_eval_every_epoch
+    assert exit_eval_every_epoch({"exit_eval": "epoch"}) and not exit_eval_every_epoch({"exit_eval": "end"})
+    with pytest.raises(ValueError, match="exit_eval='epochs': allowed 'epoch', 'end'"):
+        exit_eval_every_epoch({"exit_eval": "epochs"})
     assert train.parse_args([*local, "--graph-reserve", "0"]).local["graph_reserve"] == 0
     from examples.cifar.local_loop import AUTO_GRAPH_RESERVE, graph_reserve
     lo = {"graph_reserve": "auto", "cuda_graph": True}

@@ -151,7 +151,7 @@ def _state(model, tr) -> dict[str, np.ndarray]:
 def test_cached_equals_recomputed_fp32(plan, cached):
     model_a, a, ra = cached
     model_b, b, rb = _train_jax(plan, inputs="recompute")
-    assert len(plan.blocks) >= 3 and any(blk.input_cache == "device" for blk in plan.blocks[1:])
+    assert len(plan.blocks) >= 3 and {blk.input_cache for blk in plan.blocks[1:]} == {"host", "device"}
     sa, sb = _state(model_a, a), _state(model_b, b)
     assert sa.keys() == sb.keys()
     for k in sa:
@@ -238,7 +238,6 @@ def test_fused_steps_per_call_bounded_by_host_rows():
     assert jl._fused_steps(16, 256, [(cache, y)], n) == 1                 # one batch over the cap: no fusing
     assert jl._fused_steps(16, 64, [(np.zeros((8, 32, 32, 3), np.uint8), y)], n) == 16   # raw views: 192 KiB
     assert jl._fused_steps(16, 64, [(jnp.asarray(cache), y)], n) == 16    # on the device
-    assert jl._fused_steps(16, 64, [(jax.ShapeDtypeStruct(cache.shape, cache.dtype), y)], n) == 2   # abstract
     assert jl._fused_steps(16, 64, [(jnp.asarray(cache), y)], 200) == 3   # at most an epoch's full batches
     assert jl._fused_steps(16, 64, [(cache, y), (jnp.asarray(cache), y)], n) == 1   # views in two places
 
@@ -359,11 +358,22 @@ def test_demo_local_loop_jax(tmp_path, block_inputs):
     """examples.cifar local_loop's JAX path on a tiny synthetic CIFAR: plan, training, exits, summary."""
     from local_demo import check_block_inputs, run_local_demo
 
-    # the persistent compilation cache as the end-to-end loop's: a folder, or off
+    # the persistent compilation cache as the end-to-end loop's: a folder (the block programs written
+    # there), or off
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
     cache = str(tmp_path / "xla-cache") if block_inputs == "cache" else "off"
-    summary = run_local_demo(tmp_path, "jax", block_inputs, options={"compile_cache": cache})
-    assert summary["compile_cache"] == (None if cache == "off" else cache)
-    assert cache == "off" or (tmp_path / "xla-cache").is_dir()
+    old_min = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    try:
+        summary = run_local_demo(tmp_path, "jax", block_inputs, options={"compile_cache": cache})
+        assert summary["compile_cache"] == (None if cache == "off" else cache)
+        assert cache == "off" or any((tmp_path / "xla-cache").iterdir())
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", old_min)
+        jax.config.update("jax_enable_compilation_cache", True)
+        cc.set_cache_dir(None)
+        cc.reset_cache()
     nb = len(summary["plan"]["blocks"])
     assert summary["graph_steps"] > 0 and summary["fuse_steps"] == 16   # the demo fuses full-batch steps
     assert nb >= 2 and len(summary["exit_accs"]) == nb == len(summary["blocks"])

@@ -255,10 +255,10 @@ def test_demo_local_loop(tmp_path, block_inputs):
         per = tuple(range(1, nb + 1))
         again = run_local_demo(tmp_path / "per-block", "torch", block_inputs, block_epochs=per, exit_eval="end")
         assert tuple(len(b["epoch_seconds"]) for b in again["blocks"]) == per
-        epochs = [json.loads(line) for line in open(tmp_path / "per-block" / "log.jsonl")]
+        epochs = [json.loads(line) for line in (tmp_path / "per-block" / "log.jsonl").read_text().splitlines()]
         epochs = [r for r in epochs if r["type"] == "epoch"]
         assert len(epochs) == sum(per) and all(r["test_acc"] is None for r in epochs)   # no per-epoch evaluation
-        assert len(again["exit_accs"]) == nb and again["eval_seconds"] > 0     # every exit, once, at the end
+        assert len(again["exit_accs"]) == nb and again["exit_eval_seconds"] > 0     # every exit, once, at the end
         assert {"local_blocks.png", "local_exits.png"} <= {p.name for p in plot_run(tmp_path / "per-block" / "log.jsonl",
                                                                                     tmp_path / "per-block")}
 

@@ -297,8 +297,8 @@ def _update(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads
 
 
 def _on_host(x: Any) -> bool:
-    """A NumPy array, or the abstract of one (a `jax.ShapeDtypeStruct` placed nowhere)."""
-    return isinstance(x, np.ndarray) or (isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None)
+    """A NumPy array (a host cache or view), not a device array."""
+    return isinstance(x, np.ndarray)
 
 
 def _host_leaves(tree: Any) -> tuple[bool, ...]:

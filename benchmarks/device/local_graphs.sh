@@ -3,14 +3,14 @@
 # (compare, ~5 min per seed: 20 epochs per block, e2e 10 epochs; 2026-11-23 seed 0: 0.39x, -0.72 points)?
 #   bash benchmarks/device/local_graphs.sh probe        (device tool, carry [".device"])
 #   SEEDS="1 2" bash benchmarks/device/local_graphs.sh compare   (~9 min for two seeds; R defaults to 32MiB)
-#   bash benchmarks/device/local_graphs.sh jax   (the JAX twin: block steps fused 16 per compiled scan,
+#   bash benchmarks/device/local_graphs.sh jax   (one seed per call; the JAX twin: block steps fused 16 per compiled scan,
 #     its counterpart of CUDA graphs; local first (20 epochs per block, as torch's compare), e2e second;
 #     each block compiles ~11-16 s on the H100, how much of it XLA's autotuning is not measured: prefixing
 #     XLA_FLAGS=--xla_gpu_autotune_level=0 applies to both runs, to measure what autotuning costs and returns)
 #   bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, e2e 3 epochs, 6 per block: its eager e2e step
 #     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call)
-#   LR=0.0083 bash benchmarks/device/local_graphs.sh effnet-e2e   (end-to-end alone, 9 epochs at batch 32 and
-#     lr LR: its best recipe at this budget; 2026-11-24: 44.20% at the demo's 0.0333, 59.99% after 8 of 9
+#   LR=0.0083 bash benchmarks/device/local_graphs.sh effnet-e2e   (end-to-end alone, 8 epochs at batch 32 and
+#     lr LR, to look for its best recipe at this budget (9 epochs took up to ~570 s on a slow H100); 2026-11-24: 44.20% at the demo's 0.0333, 59.99% after 8 of 9
 #     epochs at 0.0167 when cut at 575 s on a slower H100)
 # Local runs evaluate their exits once at the end (EVAL=epoch: after every block epoch, as before
 # 2026-11-24): the ratio of process walls counts what a run spends outside training (docs/results.md).
@@ -36,7 +36,8 @@ done
 elif [ "$1" = jax ]; then
 # 2026-11-24, 10 epochs per block: fused and compiled ahead 147.0 s (0.74x e2e's 199.4 s), -2.44 points; fused and
 # compiled in place (now the only way) 95.9 s, -2.91 points. 20 epochs per block as torch's compare: ~140 s expected
-rm -rf /tmp/tcache   # both runs from an empty persistent compilation cache (a warm machine keeps it)
+rm -rf /tmp/tcache/jax   # local from an empty persistent compilation cache (a warm machine keeps it; e2e's
+                         # programs are not local's); the decoded data stays cached
 timeout 570 python3 benchmarks/local_vs_e2e.py --backend jax --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} \
   --local-epochs 20 --variants local-fresh e2e --local-args "--exit-eval ${EVAL:-end}" --run-timeout 300 --runs $OUT/runs --out $OUT/lve-jax.json > $OUT/lve-jax.log 2>&1
 tail -6 $OUT/lve-jax.log
@@ -51,8 +52,9 @@ timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --m
   > $OUT/lve-eff.log 2>&1
 tail -6 $OUT/lve-eff.log
 elif [ "$1" = effnet-e2e ]; then
-timeout 590 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 9 --seeds ${SEEDS:-0} \
-  --variants e2e --run-timeout 580 --runs $OUT/runs --out $OUT/lve-eff-e2e-lr$LR.json -- --lr ${LR:?LR=<lr at batch 32>} \
+: "${LR:?LR=<lr at batch 32>}"
+timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 8 --seeds ${SEEDS:-0} \
+  --variants e2e --run-timeout 550 --runs $OUT/runs --out $OUT/lve-eff-e2e-lr$LR.json -- --lr $LR \
   > $OUT/lve-eff-e2e-lr$LR.log 2>&1
 tail -4 $OUT/lve-eff-e2e-lr$LR.log; grep -h "^epoch" $OUT/runs/*/output.log
 else

@@ -9,7 +9,7 @@ source benchmarks/device/prep.sh; cd /tmp/pkg
 PER=${PER:-1024}
 for run in "torch triaccel" "torch amp" "jax triaccel"; do
   set -- $run
-  timeout 190 python3 benchmarks/scaling.py --backend $1 --method $2 --gpus 1,2 --epochs 6 --levers precision \
+  timeout 180 python3 benchmarks/scaling.py --backend $1 --method $2 --gpus 1,2 --epochs 6 --levers precision \
     --batch $PER --batch-max $PER --data /tmp/data/cifar10-jpeg --timeout 90 \
     --out $OUT/scaling-$1-$2-$PER.json -- --lr 0.8 > $OUT/scaling-$1-$2-$PER.log 2>&1
   echo "== $1 $2, $PER per GPU"; tail -4 $OUT/scaling-$1-$2-$PER.log

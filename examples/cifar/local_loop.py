@@ -6,8 +6,8 @@ blocks, head widths, per-block batches and cache placement under the budget (`tr
 the same plan from the same table in both) -> on a GPU, the largest batch at which plain end-to-end
 AMP training of the same model fits under the budget (torch: run under the capped allocator; JAX:
 XLA's compiled memory analysis of the whole training step) -> train block by block
-(`triaccel.backends.{torch,jax}.local`), evaluating each block's exit after each of its epochs ->
-evaluate every exit, choose the smallest within `--exit-tolerance` of the best, export it and count
+(`triaccel.backends.{torch,jax}.local`), evaluating each block's exit after each of its epochs
+(`--exit-eval epoch`, the default; `end`: none until the end) -> evaluate every exit, choose the smallest within `--exit-tolerance` of the best, export it and count
 its parameters.
 """
 
@@ -45,6 +45,13 @@ LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cach
 # --graph-reserve auto on a CUDA device with graphs on: with it the H100's block captures fitted issue 18's
 # 520 MiB budget, without it the last block's warm-up ran out of memory (2026-11-23, docs/results.md)
 AUTO_GRAPH_RESERVE = 32 * 2 ** 20
+
+
+def exit_eval_every_epoch(lo: dict[str, Any]) -> bool:
+    """lo["exit_eval"]: "epoch" (True: each block's exit after each of its epochs) or "end" (False)."""
+    if lo["exit_eval"] not in ("epoch", "end"):
+        raise ValueError(f"exit_eval={lo['exit_eval']!r}: allowed 'epoch', 'end'")
+    return lo["exit_eval"] == "epoch"
 
 
 def graph_reserve(lo: dict[str, Any], device_type: str) -> int:
@@ -214,7 +221,7 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
         "peak_reserved_bytes": max(reserved) if reserved else None,
         "graph_steps": sum(r.graph_steps for r in records),
         "e2e_largest_batch_modelled": plan.e2e_batch, "steps": sum(r.steps for r in records),
-        "probe_seconds": spent.get("probe", 0.0), "eval_seconds": spent.get("eval", 0.0),
+        "probe_seconds": spent.get("probe", 0.0), "exit_eval_seconds": spent.get("eval", 0.0),
     }
 
 
@@ -247,6 +254,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     budget, e2e_batch = parse_local_budget(opts.budget)
     device = pick_device(opts)
     lo["graph_reserve"] = graph_reserve(lo, device.type)
+    every_epoch = exit_eval_every_epoch(lo)
     torch.manual_seed(opts.seed)
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
     nhwc = opts.channels_last(device.type)
@@ -314,7 +322,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         autocast_dtype=torch.bfloat16, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed,
         cuda_graph=lo["cuda_graph"])
-    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, lo["exit_eval"] == "epoch")
+    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, every_epoch)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     with _clock(spent, "eval"):
         accs = trainer.evaluate_exits(xte, yte, prep)
@@ -378,6 +386,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
 
     lo = {**LOCAL_DEFAULTS, **getattr(opts, "local", {})}
     lo["graph_reserve"] = graph_reserve(lo, "jax")   # XLA compiles the steps: no CUDA graphs to reserve for
+    every_epoch = exit_eval_every_epoch(lo)
     # as the end-to-end JAX loop (SplitStep): a run compared with one sees the same persistent cache
     cache_dir = enable_compilation_cache(False if opts.compile_cache == "off" else (opts.compile_cache or True))
     budget, e2e_batch = parse_local_budget(opts.budget)
@@ -436,7 +445,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev,
         steps_per_call=lo["fuse_steps"])
-    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, lo["exit_eval"] == "epoch")
+    on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, every_epoch)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     with _clock(spent, "eval"):
         accs = trainer.evaluate_exits(xte, yte, prep)

@@ -1,8 +1,8 @@
 """PNG plots of a training run from its JSONL log (framework-free; matplotlib).
 
 The log holds one JSON object per line with a "type": "layers" (names: the controller's layer
-order), "step" (step, epoch, loss, batch_size, mem_used bytes), "epoch" (epoch, train_loss, test_acc,
-seconds), and "decision" (a controller telemetry record: step, precisions, lr_scales, lambda_max,
+order), "step" (step, epoch, loss, batch_size, mem_used bytes), "epoch" (epoch, train_loss, test_acc
+(None: not evaluated that epoch), seconds), and "decision" (a controller telemetry record: step, precisions, lr_scales, lambda_max,
 batch_size, mem_used, mem_limit).
 """
 
@@ -103,7 +103,7 @@ def plot_run(log_path: str | Path, out_dir: str | Path) -> list[Path]:
         axes[0].set_xlabel("step")
         axes[0].set_ylabel("train loss")
         axes[0].set_yscale("log")
-        ep = log["epoch"]
+        ep = [r for r in log["epoch"] if r.get("test_acc") is not None]
         if ep:
             axes[1].plot([r["epoch"] for r in ep], [100 * r["test_acc"] for r in ep], marker="o")
         axes[1].set_xlabel("epoch")
