@@ -123,3 +123,25 @@ def test_demo_memory_formats_are_the_models_rule():
     from triaccel.backends.torch.models import MEMORY_FORMATS
 
     assert train.MEMORY_FORMATS == MEMORY_FORMATS
+
+
+def test_largest_fitting_binary_search():
+    """The JAX local demo's end-to-end report: few compiled peaks, the same answer as trying every batch."""
+    from examples.cifar.local_loop import largest_fitting
+
+    batches = (8, 16, 32, 64, 128, 256, 512)
+    for budget in (50, 100, 160, 330, 5000, 10_000):
+        calls = []
+
+        def peak(b):
+            calls.append(b)
+            return 10 * b + 5
+
+        got = largest_fitting(batches, peak, budget)
+        fit = [b for b, p in got.items() if p <= budget]
+        assert max(fit, default=None) == max((b for b in batches if 10 * b + 5 <= budget), default=None)
+        assert len(calls) <= 3 and len(set(calls)) == len(calls)
+    # known peaks that bracket the answer (end-to-end's at 32 and 64 under e2e:32): nothing computed
+    calls = []
+    got = largest_fitting(batches, lambda b: calls.append(b) or 10 * b, 500, {32: 320, 64: 640})
+    assert calls == [] and got == {32: 320, 64: 640}

@@ -17,7 +17,7 @@ import contextlib
 import copy
 import os
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -336,12 +336,34 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     }
 
 
-def _jax_e2e_peaks(model: Any, batches: Sequence[int], image_size: int, fixed_bytes: int,
-                   stop_above: int | None = None) -> dict[int, int]:
+def largest_fitting(batches: Sequence[int], peak_of: Callable[[int], int], budget: int,
+                    known: dict[int, int] | None = None) -> dict[int, int]:
+    """The peaks a binary search computes (`peak_of(batch)`, bytes; they grow with the batch) to find the
+    largest of the ascending `batches` whose peak fits `budget`, merged with the `known` ones (reused,
+    and they narrow the search): at most ~log2(len(batches)) + 1 calls, none when the known peaks
+    already bracket the answer. The answer: the largest key whose peak is <= budget (none: no batch fits)."""
+    peaks = dict(known or {})
+    lo, hi = 0, len(batches) - 1
+    for i, b in enumerate(batches):   # known peaks bound the range
+        if b in peaks:
+            if peaks[b] <= budget:
+                lo = max(lo, i + 1)
+            else:
+                hi = min(hi, i - 1)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        peaks[batches[mid]] = peak_of(batches[mid])
+        if peaks[batches[mid]] <= budget:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return peaks
+
+
+def _jax_e2e_peaks(model: Any, batches: Sequence[int], image_size: int, fixed_bytes: int) -> dict[int, int]:
     """Modelled device peak of one end-to-end training step (fwd + bwd + SGD-momentum update, the
-    model's compute dtypes) at each batch, ascending: fixed_bytes + arguments + XLA's compiled
-    temporaries + outputs not aliased to donated arguments. Compiled, never run; stops after the first
-    batch whose peak exceeds `stop_above` (peaks grow with the batch; each compilation costs time)."""
+    model's compute dtypes) at each batch: fixed_bytes + arguments + XLA's compiled temporaries +
+    outputs not aliased to donated arguments. Compiled, never run (each compilation costs seconds)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -368,8 +390,6 @@ def _jax_e2e_peaks(model: Any, batches: Sequence[int], image_size: int, fixed_by
         ma = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, rest, opt, x, y).compile().memory_analysis()
         out[bs] = int(fixed_bytes + ma.argument_size_in_bytes + ma.temp_size_in_bytes
                       + max(ma.output_size_in_bytes - ma.alias_size_in_bytes, 0))
-        if stop_above is not None and out[bs] > stop_above:
-            break
     return out
 
 
@@ -417,10 +437,10 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         budget = (e2e_peaks[e2e_batch] + e2e_peaks[2 * e2e_batch]) // 2
         print(f"budget {budget} bytes ({budget / 2**20:.1f} MiB): halfway between end-to-end's modelled peaks at "
               f"batch {e2e_batch} and {2 * e2e_batch} (XLA memory analysis; the XLA pool is not capped)", flush=True)
-    if dev.platform == "gpu" and all(p <= budget for p in e2e_peaks.values()):
+    if dev.platform == "gpu":   # end-to-end's largest batch under the budget, for the report
         with _clock(spent, "probe"):
-            e2e_peaks.update(_jax_e2e_peaks(model, [b for b in buckets if b not in e2e_peaks], opts.image_size,
-                                            resident, stop_above=budget))
+            e2e_peaks = largest_fitting(buckets, lambda b: _jax_e2e_peaks(model, [b], opts.image_size, resident)[b],
+                                        budget, e2e_peaks)
     e2e_fit = [b for b, peak in sorted(e2e_peaks.items()) if peak <= budget]
 
     t0 = time.perf_counter()
