@@ -12,8 +12,8 @@ step is host-bound too, so this is the stronger plain alternative; its ratio col
 ``local-eager`` / ``local-fresh-eager``: the same with ``--cuda-graph off`` (every block step eager).
 ``--epochs``: end-to-end's epochs, and each block's unless ``--local-epochs`` gives the local runs their
 own (column "ep": a run's epochs, per block for local runs). Columns: best exit's accuracy and its
-difference to e2e in points (target >= -1), the chosen exit's accuracy and its parameter reduction, training seconds (epochs + cache building; e2e: its epochs) and
-their ratio to e2e's in the same seed (target <= 0.43), the run's process wall ("wall s": start-up, data,
+difference to e2e in points (target >= -1), the chosen exit's accuracy and its parameter reduction,
+training seconds (epochs + cache building; e2e: its epochs) and their ratio to e2e's in the same seed (target <= 0.43), the run's process wall ("wall s": start-up, data,
 planning and its memory probes, evaluations included) and its ratio to e2e's ("wall/e2e"), peak allocation
 against the budget and the allocator's peak reservation (a CUDA graph's pool is reserved for the block's
 training).

@@ -7,8 +7,8 @@ the same plan from the same table in both) -> on a GPU, the largest batch at whi
 AMP training of the same model fits under the budget (torch: run under the capped allocator; JAX:
 XLA's compiled memory analysis of the whole training step) -> train block by block
 (`triaccel.backends.{torch,jax}.local`), evaluating each block's exit after each of its epochs
-(`--exit-eval epoch`, the default; `end`: none until the end) -> evaluate every exit, choose the smallest within `--exit-tolerance` of the best, export it and count
-its parameters.
+(`--exit-eval epoch`, the default; `end`: none until the end) -> evaluate every exit, choose the
+smallest within `--exit-tolerance` of the best, export it and count its parameters.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
 # --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs, --fuse-steps, --plan-headroom,
-# --exit-eval),
-# kept here so RunOptions stays shared with the other methods unchanged.
+# --exit-eval), kept here so RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
                                   "block_inputs": "cache", "cuda_graph": True, "graph_reserve": "auto",
                                   "block_epochs": None, "fuse_steps": 16, "headroom": 0.85,
@@ -186,13 +185,20 @@ def _clock(spent: dict[str, float], key: str) -> Iterator[None]:
     try:
         yield
     finally:
-        spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
+        spent[key] += time.perf_counter() - t0
 
 
-def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[float], lo: dict[str, Any],
-                       model_params: int, log: RunLog, spent: dict[str, float]) -> dict[str, Any]:
-    """Choose and export the exit, log the blocks and exits; the summary fields both backends share.
-    spent: seconds outside training, "probe" (end-to-end memory probes) and "eval" (exit evaluations)."""
+def _spent() -> dict[str, float]:
+    """Seconds outside training, by `_clock`: "probe" (end-to-end memory probes), "eval" (exit evaluations)."""
+    return {"probe": 0.0, "eval": 0.0}
+
+
+def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], xte: Any, yte: Any, prep: Any,
+                       lo: dict[str, Any], model_params: int, log: RunLog, spent: dict[str, float]) -> dict[str, Any]:
+    """Evaluate every exit on (xte, yte) (timed into spent["eval"], `_spent`), choose and export the
+    exit, log the blocks and exits; the summary fields both backends share."""
+    with _clock(spent, "eval"):
+        accs = trainer.evaluate_exits(xte, yte, prep)
     chosen = select_exit(accs, lo["exit_tolerance"])
     exported = trainer.export(chosen)
     params = trainer.exit_params()
@@ -209,8 +215,8 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
     reserved = [r.peak_reserved_bytes for r in records if r.peak_reserved_bytes is not None]
     print(f"exits: {', '.join(f'{100 * a:.2f}%' for a in accs)}; chosen exit {chosen} "
           f"({exported.param_count} params, {model_params / exported.param_count:.1f}x fewer than the model); "
-          f"training {train_seconds:.1f}s; outside it: memory probes {spent.get('probe', 0.0):.1f}s, "
-          f"exit evaluations {spent.get('eval', 0.0):.1f}s", flush=True)
+          f"training {train_seconds:.1f}s; outside it: memory probes {spent['probe']:.1f}s, "
+          f"exit evaluations {spent['eval']:.1f}s", flush=True)
     return {
         "final_acc": accs[-1], "accs": list(accs), "exit_accs": accs, "exit_params": params,
         "chosen_exit": chosen, "exit_tolerance": lo["exit_tolerance"], "exported_params": exported.param_count,
@@ -221,7 +227,7 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], accs: list[f
         "peak_reserved_bytes": max(reserved) if reserved else None,
         "graph_steps": sum(r.graph_steps for r in records),
         "e2e_largest_batch_modelled": plan.e2e_batch, "steps": sum(r.steps for r in records),
-        "probe_seconds": spent.get("probe", 0.0), "exit_eval_seconds": spent.get("eval", 0.0),
+        "probe_seconds": spent["probe"], "exit_eval_seconds": spent["eval"],
     }
 
 
@@ -276,7 +282,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
 
     buckets = bucket_ladder(8, 8, max(opts.batch_max, 8))
     e2e_probe: dict[int, int | None] = {}
-    spent: dict[str, float] = {"probe": 0.0, "eval": 0.0}
+    spent = _spent()
     if budget is None:   # e2e:B: probe uncapped up to 2B, then the budget between the two peaks
         # from batch 2: BatchNorm cannot train on one sample where the map is 1x1 (EfficientNet's last stages)
         with _clock(spent, "probe"):
@@ -324,10 +330,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         cuda_graph=lo["cuda_graph"])
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, every_epoch)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
-    with _clock(spent, "eval"):
-        accs = trainer.evaluate_exits(xte, yte, prep)
-    summary = _exits_and_summary(trainer, plan, records, accs, lo, sum(p.numel() for p in model.parameters()), log,
-                                 spent)
+    summary = _exits_and_summary(trainer, plan, records, xte, yte, prep, lo, sum(p.numel() for p in model.parameters()),
+                                 log, spent)
     return {
         **summary, "memory_budget_bytes": budget, "plan_seconds": plan_s, "unmodelled_fixed_bytes": overhead,
         "e2e_probe_peak_bytes": {str(k): v for k, v in e2e_probe.items()},
@@ -430,7 +434,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
 
     buckets = bucket_ladder(8, 8, max(opts.batch_max, 8))
     e2e_peaks: dict[int, int] = {}
-    spent: dict[str, float] = {"probe": 0.0, "eval": 0.0}
+    spent = _spent()
     if budget is None:   # e2e:B: halfway between the end-to-end step's modelled peaks at B and 2B
         with _clock(spent, "probe"):
             e2e_peaks = _jax_e2e_peaks(model, (e2e_batch, 2 * e2e_batch), opts.image_size, resident)
@@ -467,10 +471,8 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         steps_per_call=lo["fuse_steps"])
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, every_epoch)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
-    with _clock(spent, "eval"):
-        accs = trainer.evaluate_exits(xte, yte, prep)
     model_params = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
-    summary = _exits_and_summary(trainer, plan, records, accs, lo, model_params, log, spent)
+    summary = _exits_and_summary(trainer, plan, records, xte, yte, prep, lo, model_params, log, spent)
     stats = dev.memory_stats() or {}
     return {
         **summary, "memory_budget_bytes": budget, "plan_seconds": plan_s,

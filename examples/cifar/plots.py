@@ -2,8 +2,8 @@
 
 The log holds one JSON object per line with a "type": "layers" (names: the controller's layer
 order), "step" (step, epoch, loss, batch_size, mem_used bytes), "epoch" (epoch, train_loss, test_acc
-(None: not evaluated that epoch), seconds), and "decision" (a controller telemetry record: step, precisions, lr_scales, lambda_max,
-batch_size, mem_used, mem_limit).
+(None: not evaluated that epoch), seconds), and "decision" (a controller telemetry record: step,
+precisions, lr_scales, lambda_max, batch_size, mem_used, mem_limit).
 """
 
 from __future__ import annotations
