@@ -387,11 +387,16 @@ class _FlakyGraph:
             self.captured, self.captures = True, self.captures + 1
 
 
-@pytest.mark.parametrize("oom_at, note", [((0, 1, 2), ""), ((3,), "capture"), ((0, 1, 2, 3), "step"),
-                                           ((6,), "step")])
-def test_graph_fallbacks_lose_no_sample(monkeypatch, oom_at, note):
+@pytest.mark.parametrize("oom_at, note, retries", [
+    ((0, 1, 2), "", 0),                 # warm-up OOMs: the eager step, then the capture
+    ((3,), "", 1),                      # a failed capture: warm up and capture again
+    ((0, 1, 2, 3), "", 1),              # the WARMUP_OOMS+1-th warm-up OOM: the same
+    ((6,), "", 1),                      # an OOM beside the captured graph: the same
+    (tuple(range(3, 10_000)), "step", 1)])   # the retry fails too: eager steps for the block
+def test_graph_fallbacks_lose_no_sample(monkeypatch, oom_at, note, retries):
     """Warm-up OOMs fall back to the eager step (up to WARMUP_OOMS), a failed capture or an OOM beside a
-    captured graph releases it for the block: every step still trains its whole batch once."""
+    captured graph releases it and, GRAPH_RETRIES times, warms up and captures again, then trains the
+    block eagerly: every step still trains its whole batch once."""
     import triaccel.backends.torch.local as tl
 
     monkeypatch.setattr(tl, "GraphedStep", _FlakyGraph)
@@ -412,9 +417,12 @@ def test_graph_fallbacks_lose_no_sample(monkeypatch, oom_at, note):
     assert [r.steps for r in recs] == [r.steps for r in ref]
     assert all(r.ooms == 0 for r in recs)            # the fallbacks never reached the elastic OOM path
     assert (note in first.graph_note) and (bool(first.graph_note) == bool(note))
-    assert _FlakyGraph.instances[0].released == bool(note)
+    assert first.graph_retries == retries and _FlakyGraph.instances[0].released == bool(retries)
+    assert _FlakyGraph.instances[0].captured == (not note)
     if note:
-        assert f"{note} at step" in first.graph_note
+        assert f"{note} at step" in first.graph_note and first.graph_steps == 0
+    else:
+        assert first.graph_steps > 0
     # every block but the first trained through the stand-in without failures
     assert all(not r.graph_note and r.graph_steps == r.steps - 3 - 2 and r.graph_pool_bytes == 123 for r in recs[1:])
     for a, b in zip(recs, ref):

@@ -592,7 +592,9 @@ class BlockRecord:
     capture (None: no capture); graph_note: why a block that could have been
     captured was not (empty otherwise); graph_recaptures: epochs whose short last batch ran out of
     memory beside the graph's pool, so the graph was released for it and captured again from the
-    next epoch's full batches; peak_reserved_bytes: the allocator's peak reservation (a
+    next epoch's full batches; graph_retries: failed captures or OOMs beside the graph after which
+    the block warmed up and captured again (the last failure, if it gave up, in graph_note);
+    peak_reserved_bytes: the allocator's peak reservation (a
     graph's private pool is reserved for its life but counts as allocated only while captured
     tensors are alive)."""
 
@@ -610,6 +612,7 @@ class BlockRecord:
     graph_pool_bytes: int | None = None
     graph_note: str = ""
     graph_recaptures: int = 0
+    graph_retries: int = 0
     peak_reserved_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:

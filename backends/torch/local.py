@@ -218,6 +218,7 @@ def live_tensors(device: torch.device | str, top: int = 6) -> str:
 
 
 WARMUP_OOMS = 3   # warm-up steps of a CUDA graph that may run out of memory before a block gives up on it
+GRAPH_RETRIES = 1   # failed captures / OOMs beside a graph after which a block warms up and captures again
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -536,7 +537,8 @@ class LocalTrainer:
         its samples, or 0 to leave the step to the eager elastic path (a short batch before the
         capture; a warm-up step that ran out of memory; a short batch that ran out of memory beside the
         graph, which is then released and captured again next epoch; from a failed capture, an OOM
-        beside a replay or the WARMUP_OOMS-th warm-up OOM on, the whole block)."""
+        beside a replay or the WARMUP_OOMS-th warm-up OOM on, the whole block once GRAPH_RETRIES
+        fresh warm-ups and captures have failed too)."""
         left = loader.left_for_next
         if rec.graph_note or loader.logical_batch != batch or (left < batch and not graphed.captured):
             return 0
@@ -574,13 +576,22 @@ class LocalTrainer:
         if failed:
             # The graph's private pool stays reserved beside every eager allocation, so under a tight
             # cap a capture that does not fit, or an OOM beside a captured graph, means the next
-            # steps would OOM too: release the graph, train eagerly.
+            # steps would likely OOM too: release the graph. The same plan's capture failed on one
+            # run of three on the H100 (issue 18's 520 MiB cap, a block at 511 of 545 MB with its
+            # pool) and fitted on the others, so the block warms up and captures once more from
+            # freed memory before it trains eagerly for good.
             cuda, dev = torch.cuda, self.device
             mem = (f"allocated {cuda.memory_allocated(dev)}, reserved {cuda.memory_reserved(dev)} bytes"
                    if dev.type == "cuda" else "")
             graphed.release()
-            rec.graph_note = f"{stage} at step {rec.steps}: {failed} ({mem}); graph released, eager steps"
-            warnings.warn(f"block {rec.index}: CUDA graph {rec.graph_note}", RuntimeWarning, stacklevel=2)
+            note = f"{stage} at step {rec.steps}: {failed} ({mem}); graph released"
+            if rec.graph_retries < GRAPH_RETRIES:
+                rec.graph_retries += 1
+                graphed.warmup_ooms = 0
+                note += ", warm-up and capture again"
+            else:
+                rec.graph_note = note = note + ", eager steps"
+            warnings.warn(f"block {rec.index}: CUDA graph {note}", RuntimeWarning, stacklevel=2)
             free_memory()
             return 0
         loader.complete(idx)
