@@ -354,6 +354,30 @@ def test_cuda_graph_skips_a_nonfinite_replay():
             assert torch.isfinite(t.float()).all(), name
 
 
+def test_graph_warmup_steps_start_without_gradients():
+    """A warm-up step runs at the eager step's peak: the gradients a step zeroes in place
+    (`zero_grad(set_to_none=False)`, which the capture needs) are dropped before each warm-up, not held
+    through its forward (one gradient set above the eager peak ran every warm-up out of memory under
+    issue 18's cap). The step itself still sees zeroed gradients: the same update as in place."""
+    from triaccel.backends.torch.cuda_graph import GraphedStep
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    seen = []
+
+    def step(x):
+        seen.append(w.grad is None)
+        opt.zero_grad(set_to_none=False)
+        (w * x).sum().backward()
+        opt.step()
+
+    g = GraphedStep(step, [w], warmup=3)
+    for _ in range(3):
+        g(torch.full((3,), 2.0))
+    assert seen == [True, True, True] and w.grad is not None and g.calls == 3 and not g.captured
+    assert torch.allclose(w.detach(), torch.full((3,), 1.0 - 3 * 0.1 * 2.0))
+
+
 class _FlakyGraph:
     """Stands in for GraphedStep on the CPU: runs the step eagerly, "captures" at the 4th call, and
     raises torch's OOM at block 0's calls listed in `oom_at` (0-based, counting every call)."""

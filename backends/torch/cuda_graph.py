@@ -72,6 +72,10 @@ class GraphedStep:
             # On the caller's stream, not torch's recipe's side stream: the caching allocator keeps a
             # stream's freed blocks for that stream, so a side stream's warm-up needs a second working set
             # beside the caller's (on the H100 it ran out of memory at step 0 under issue 18's 520 MiB cap).
+            # Gradients dropped first, as an eager step's zero_grad does: a step that zeroes them in place
+            # would otherwise hold last step's through its forward, one gradient set above the eager
+            # peak (32 MiB for ResNet-18's layer4 on the H100, where every warm-up then ran out of memory).
+            self._drop_grads()
             self.fn(*inputs)
         else:
             self._capture(inputs)
@@ -92,8 +96,7 @@ class GraphedStep:
     def _capture(self, inputs: Sequence[torch.Tensor]) -> None:
         # the static buffers keep the inputs' layouts (a channels_last batch stays channels_last)
         self.static = [torch.empty_like(x, memory_format=torch.preserve_format).copy_(x) for x in inputs]
-        for p in self.params:
-            p.grad = None
+        self._drop_grads()
         dev = self.static[0].device if self.static else None
         # The private pool can only take memory the caching allocator has given back: the warm-up's
         # cached blocks, the gradients just dropped among them, would otherwise stay reserved beside it
@@ -107,3 +110,7 @@ class GraphedStep:
             self.fn(*self.static)
         self.graph = g
         self.pool_bytes = torch.cuda.memory_reserved(dev) - before
+
+    def _drop_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
