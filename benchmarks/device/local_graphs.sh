@@ -11,7 +11,7 @@
 #     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call)
 #   LR=0.0083 bash benchmarks/device/local_graphs.sh effnet-e2e   (end-to-end alone, 8 epochs at batch 32 and
 #     lr LR, to look for its best recipe at this budget (9 epochs took up to ~570 s on a slow H100); 2026-11-24: 44.20% at the demo's 0.0333, 59.99% after 8 of 9
-#     epochs at 0.0167 when cut at 575 s on a slower H100)
+#     epochs at 0.0167 when cut at 575 s on a slower H100; 8 epochs: 68.14% at 0.0083, 65.74% at 0.0042)
 # Local runs evaluate their exits once at the end (EVAL=epoch: after every block epoch, as before
 # 2026-11-24): the ratio of process walls counts what a run spends outside training (docs/results.md).
 source benchmarks/device/prep.sh; cd /tmp/pkg
@@ -35,7 +35,8 @@ print('reserve $r', round(d['train_seconds'], 1), [round(a, 4) for a in d['exit_
 done
 elif [ "$1" = jax ]; then
 # 2026-11-24, 10 epochs per block: fused and compiled ahead 147.0 s (0.74x e2e's 199.4 s), -2.44 points; fused and
-# compiled in place (now the only way) 95.9 s, -2.91 points. 20 epochs per block as torch's compare: ~140 s expected
+# compiled in place (now the only way) 95.9 s, -2.91 points. 20 epochs per block: 142.4 s (0.72x), -1.63 points
+# (XLA_FLAGS=--xla_gpu_autotune_level=0: block 0's first epoch 157.8 s against 14.8 s, do not)
 rm -rf /tmp/tcache/jax   # local from an empty persistent compilation cache (a warm machine keeps it; e2e's
                          # programs are not local's); the decoded data stays cached
 timeout 570 python3 benchmarks/local_vs_e2e.py --backend jax --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} \
