@@ -7,6 +7,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 import numpy as np
 import pytest
 import torch
@@ -118,13 +119,14 @@ def _views(x: np.ndarray) -> list[np.ndarray]:
     return [x[:, :, ::-1].copy(), x + 0.1]          # two fixed "augmentations" (NHWC: flip W)
 
 
-def _train_jax(plan, inputs: str, evaluate: bool = False, transform=None, nonfinite=None, steps_per_call=16):
+def _train_jax(plan, inputs: str, evaluate: bool = False, transform=None, nonfinite=None, steps_per_call=16,
+               compute_dtype=None):
     """evaluate: every exit so far after every epoch (as the demo does); transform: block 0's."""
     model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
     units, clf = jl.sequential_units(model)
     tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.05, lr_batch=16, inputs=inputs,
                          cache_dtype=jnp.float32, seed=0, lr_factor=lambda seen, total: 1.0 - seen / total,
-                         nonfinite=nonfinite, steps_per_call=steps_per_call)
+                         nonfinite=nonfinite, steps_per_call=steps_per_call, compute_dtype=compute_dtype)
     x, y = _data()
 
     def on_epoch(b, e, loss, seconds):
@@ -290,6 +292,32 @@ def test_nonfinite_steps_skipped_then_fail_loudly(plan):
     with pytest.raises(NonFiniteTraining, match=r"block 0: the last 2 optimizer steps \(steps 0\.\.1"):
         _train_jax(plan, inputs="cache", transform=lambda xb, key: xb * jnp.nan,
                    nonfinite=NonFinitePolicy(patience=2, check_every=1))
+
+
+@pytest.mark.parametrize("steps_per_call", [16, 1])
+def test_nonfinite_steps_promote_the_block_to_fp32(plan, steps_per_call):
+    """The precision lever per block, as in the torch twin: under bf16 compute, the first read that
+    finds block 0's skipped step promotes block 0's convs and linears (head included) to FP32 and its
+    steps (fused or not) compile again at it; later blocks stay bf16; training goes on finite."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, tr, recs = _train_jax(plan, inputs="cache", transform=_one_nan_image, compute_dtype=jnp.bfloat16,
+                                     nonfinite=NonFinitePolicy(patience=3, check_every=4),
+                                     steps_per_call=steps_per_call)
+    promoted = [str(w.message) for w in caught if "compute precision" in str(w.message)]
+    assert recs[0].skipped_steps == EPOCHS and recs[0].precision == "fp32" and recs[0].promoted_at is not None
+    assert promoted == [f"block 0: non-finite gradients skipped by step {recs[0].promoted_at}: compute precision "
+                        "bf16 -> fp32 for the rest of the block"]
+    blk0 = plan.blocks[0]
+    dtypes = {m.dtype for u in [*tr.units[blk0.start:blk0.stop], tr.heads[0]] for _, m in nnx.iter_modules(u)
+              if isinstance(m, (nnx.Conv, nnx.Linear))}
+    assert dtypes == {jnp.dtype(jnp.float32)}
+    assert all(r.precision == "bf16" and r.promoted_at is None for r in recs[1:])
+    assert all(np.isfinite(r.epoch_losses).all() for r in recs)
+    if steps_per_call > 1:
+        assert recs[0].graph_steps > 0
 
 
 @pytest.mark.parametrize("check_every", [3, 4])

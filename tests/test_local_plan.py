@@ -201,9 +201,24 @@ def test_nonfinite_policy():
         pol.check(2, steps=20, skipped=7, consecutive=3, skipped_before=4)
     with pytest.raises(ValueError, match="consecutive"):
         pol.check(0, steps=5, skipped=1, consecutive=2, skipped_before=0)
-    for kw in ({"patience": 0}, {"check_every": 0}):
+    for kw in ({"patience": 0}, {"check_every": 0}, {"promote": 1}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             NonFinitePolicy(**kw)
+
+
+def test_nonfinite_policy_promotes_to_fp32():
+    """The per-block precision lever: new skips at a read promote to FP32 (any start precision, any
+    spelling Precision.parse reads); no new skips, or promote=False, keep the current precision."""
+    from triaccel.precision import Precision
+
+    pol = NonFinitePolicy()
+    assert pol.promote is True
+    assert [pol.precision_after(True, p) for p in ("fp16", "bf16", "float32", Precision.BF16)] == [Precision.FP32] * 4
+    assert [pol.precision_after(False, p) for p in ("fp16", "bf16", "fp32")] == [Precision.FP16, Precision.BF16,
+                                                                                 Precision.FP32]
+    assert NonFinitePolicy(promote=False).precision_after(True, "bf16") == Precision.BF16
+    with pytest.raises(ValueError, match="current"):
+        pol.precision_after(True, "fp8")
 
 
 def test_oom_message_names_block_and_plan():

@@ -98,14 +98,14 @@ def test_measured_table_keeps_nothing_alive(autocast_dtype):
 
 
 def _train(inputs: str, evaluate: bool = False, poison=None, nonfinite=None, epochs=2, device="cpu",
-           cuda_graph=True, n=N, block_inputs="cache", noise=0.01):
+           cuda_graph=True, n=N, block_inputs="cache", noise=0.01, autocast_dtype=None):
     """Train the tiny model; evaluate: every exit so far after every epoch (as the demo does);
     poison(call, batch) -> batch: block 0's input at its call-th fetch."""
     model = _model()
     units, clf = sequential_units(model)
     _, plan = _plan(units, block_inputs=block_inputs)
     model.to(device)
-    tr = LocalTrainer(units, clf, plan, num_classes=K, device=device, lr=0.05, lr_batch=16, autocast_dtype=None,
+    tr = LocalTrainer(units, clf, plan, num_classes=K, device=device, lr=0.05, lr_batch=16, autocast_dtype=autocast_dtype,
                       inputs=inputs, cache_dtype=torch.float32, seed=0, nonfinite=nonfinite,
                       lr_factor=lambda seen, total: 1.0 - seen / total, cuda_graph=cuda_graph)
     x, y = (t[:n].to(device) for t in _data())
@@ -195,6 +195,31 @@ def test_nonfinite_step_skipped_and_statistics_restored():
     for m in [*tr.units, *tr.heads]:
         for name, t in m.state_dict().items():
             assert torch.isfinite(t.float()).all(), name
+    assert all(torch.isfinite(torch.tensor(r.epoch_losses)).all() for r in recs)
+
+
+@pytest.mark.parametrize("promote", [True, False])
+def test_nonfinite_steps_promote_the_block_to_fp32(promote):
+    """The precision lever per block: under bf16 autocast, the read that finds block 0's skipped step
+    promotes block 0 (its steps, its frozen forward and its exit) to FP32; later blocks stay bf16.
+    With promote=False every block keeps bf16."""
+    def poison(call, xb):
+        return torch.full_like(xb, float("nan")) if call == 3 else xb
+
+    policy = NonFinitePolicy(patience=2, check_every=2, promote=promote)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tr, _, recs = _train(inputs="cache", poison=poison, nonfinite=policy, epochs=1, autocast_dtype=torch.bfloat16)
+    promoted = [str(w.message) for w in caught if "compute precision" in str(w.message)]
+    assert recs[0].skipped_steps == 1
+    if promote:
+        assert recs[0].precision == "fp32" and recs[0].promoted_at == 4 and tr.block_dtypes[0] is None
+        assert promoted == ["block 0: non-finite gradients skipped by step 4: compute precision bf16 -> fp32 "
+                            "for the rest of the block"]
+    else:
+        assert recs[0].precision == "bf16" and recs[0].promoted_at is None and not promoted
+    assert all(r.precision == "bf16" and r.promoted_at is None for r in recs[1:])
+    assert tr.block_dtypes[1:] == [torch.bfloat16] * (len(recs) - 1)
     assert all(torch.isfinite(torch.tensor(r.epoch_losses)).all() for r in recs)
 
 

@@ -43,6 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .config import parse_bytes
+from .precision import Precision
 
 __all__ = ["BLOCK_INPUTS", "check_views", "LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan",
            "head_cost", "plan_local", "select_exit", "head_init", "micro_batches", "BlockRun", "block_runs",
@@ -596,7 +597,8 @@ class BlockRecord:
     the block warmed up and captured again (the last failure, if it gave up, in graph_note);
     peak_reserved_bytes: the allocator's peak reservation (a
     graph's private pool is reserved for its life but counts as allocated only while captured
-    tensors are alive)."""
+    tensors are alive). precision: the block's compute precision at its end ("fp16" | "bf16" |
+    "fp32"); promoted_at: the step whose read promoted it (`NonFinitePolicy.promote`), None if none."""
 
     index: int
     batch: int
@@ -614,6 +616,8 @@ class BlockRecord:
     graph_recaptures: int = 0
     graph_retries: int = 0
     peak_reserved_bytes: int | None = None
+    precision: str = ""
+    promoted_at: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -671,17 +675,32 @@ class NonFinitePolicy:
     statistics, which a skipped step's forward pass moved) from the last check that found none,
     and `consecutive` >= `patience` raises `NonFiniteTraining` naming the block and the steps.
     A skipped step's samples count as seen (the schedule moves on) but not in the epoch's loss.
+    The precision lever, per block: with `promote`, the first read that finds new skips promotes
+    the block to FP32 compute for the rest of its training and as a frozen prefix after it
+    (`precision_after`; a reduced-precision forward or backward that overflowed gets FP32's range, the
+    way the end-to-end control law promotes a layer); the trainers record it in
+    `BlockRecord.precision` and `promoted_at`.
 
     patience: consecutive skipped steps that end training, >= 1. check_every: optimizer steps between
-    host reads, >= 1.
+    host reads, >= 1. promote: whether new skips promote the block to FP32.
     """
 
     patience: int = 10
     check_every: int = 20
+    promote: bool = True
 
     def __post_init__(self) -> None:
         _pos_int("patience", self.patience)
         _pos_int("check_every", self.check_every)
+        if not isinstance(self.promote, bool):
+            raise ValueError(f"promote={self.promote!r}: allowed True or False")
+
+    def precision_after(self, fresh_skips: bool, current: Any) -> Precision:
+        """A block's compute precision after a host read: FP32 when the read found new skips
+        (`fresh_skips`, what `check` returns) and `promote` is on, else `current` (a Precision, or
+        anything `Precision.parse` reads: "bf16", a framework dtype)."""
+        cur = Precision.parse(current, "current")
+        return Precision.FP32 if (self.promote and fresh_skips) else cur
 
     def due(self, steps: int) -> bool:
         """Whether the host reads the counters after `steps` optimizer steps of a block."""

@@ -49,6 +49,7 @@ from flax import nnx
 
 from triaccel import Controller, OOMAtMinimumBatch
 from triaccel.layout import check_canonical
+from triaccel.precision import Precision
 from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
                                  block_runs, check_views, halving_on_oom, head_init)
 
@@ -513,6 +514,12 @@ class LocalTrainer:
         gd, state = nnx.split(module)
         return gd, jax.device_put(state, self.device)
 
+    @staticmethod
+    def _precision(module: nnx.Module) -> Precision:
+        """The compute precision of `module`'s convs and linears (None, the promoted type: FP32)."""
+        dtypes = {m.dtype for _, m in nnx.iter_modules(module) if isinstance(m, (nnx.Conv, nnx.Linear))}
+        return max((Precision.FP32 if d is None else Precision.parse(d) for d in dtypes), default=Precision.FP32)
+
     def _put(self, x: Any) -> jax.Array:
         return jax.device_put(x, self.device)
 
@@ -591,18 +598,30 @@ class LocalTrainer:
             st["rest"] = new_rest
             return loss, grads
 
-        rec = BlockRecord(index=b, batch=blk.batch)
+        rec = BlockRecord(index=b, batch=blk.batch, precision=self._precision(body).short)
         clean = {"rest": st["rest"], "skipped": 0}   # the statistics of the last check without new skips
 
         def check() -> None:
+            nonlocal gd, fused
             state = st["opt"]
             skipped, consecutive = (int(v) for v in jax.device_get((state.total_notfinite, state.notfinite_count)))
             if skipped > clean["skipped"]:
                 st["rest"] = clean["rest"]
             else:
                 clean["rest"] = st["rest"]
-            self.nonfinite.check(b, rec.steps, skipped, consecutive, clean["skipped"])
+            fresh = self.nonfinite.check(b, rec.steps, skipped, consecutive, clean["skipped"])
             clean["skipped"] = rec.skipped_steps = skipped
+            new = self.nonfinite.precision_after(fresh, rec.precision)
+            if new != Precision.parse(rec.precision):
+                # the dtype is static in the graph definition: the steps compile again at the new one
+                set_compute_dtype([body], jnp.dtype(new.dtype_name))
+                body.train()
+                gd = nnx.graphdef(body)
+                if fused is not None:
+                    fused = _scan_steps(gd, self.tx, transform, run.seed, blk.batch, _host_leaves(sources[0]))
+                warnings.warn(f"block {b}: non-finite gradients skipped by step {rec.steps}: compute precision "
+                              f"{rec.precision} -> {new.short} for the rest of the block", RuntimeWarning, stacklevel=2)
+                rec.precision, rec.promoted_at = new.short, rec.steps
 
         fused = None
         k = _fused_steps(self.steps_per_call, blk.batch, sources, n)

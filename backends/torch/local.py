@@ -36,6 +36,7 @@ from torch import nn
 
 from triaccel import Controller, OOMAtMinimumBatch
 from triaccel.elastic import ElasticIndexLoader
+from triaccel.precision import Precision
 from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
                                  block_runs, check_views, halving_on_oom, head_init)
 
@@ -328,6 +329,8 @@ class LocalTrainer:
         self.lr, self.lr_batch, self.momentum, self.nesterov, self.wd = lr, lr_batch, momentum, nesterov, weight_decay
         self.lr_factor = lr_factor or (lambda seen, total: 1.0)
         self.autocast_dtype, self.inputs, self.cache_dtype = autocast_dtype, inputs, cache_dtype
+        # per block: the compute dtype its steps, its frozen forward and its exit run at (promotions)
+        self.block_dtypes: list[torch.dtype | None] = [autocast_dtype] * len(plan.blocks)
         self.memory_format, self.seed = memory_format, seed
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
         self.cuda_graph = bool(cuda_graph) and self.device.type == "cuda"
@@ -354,8 +357,21 @@ class LocalTrainer:
     def _fmt(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=self.memory_format) if x.dim() == 4 else x
 
-    def _cast(self, cache: bool = True) -> Any:
-        return _autocast(self.device, self.autocast_dtype, cache)
+    def _cast(self, cache: bool = True, block: int | None = None) -> Any:
+        """Autocast at block `block`'s compute dtype (the trainer's before it is trained or promoted)."""
+        return _autocast(self.device, self.autocast_dtype if block is None else self.block_dtypes[block], cache)
+
+    def _precision(self, b: int) -> Precision:
+        dtype = self.block_dtypes[b]
+        return Precision.FP32 if dtype is None else Precision.parse(dtype)
+
+    def _promote(self, b: int, new: Precision, rec: BlockRecord) -> None:
+        """Block b computes at `new` from now on (`NonFinitePolicy.precision_after`'s decision)."""
+        old = rec.precision
+        self.block_dtypes[b] = None if new == Precision.FP32 else getattr(torch, new.dtype_name)
+        rec.precision, rec.promoted_at = new.short, rec.steps
+        warnings.warn(f"block {b}: non-finite gradients skipped by step {rec.steps}: compute precision "
+                      f"{old} -> {new.short} for the rest of the block", RuntimeWarning, stacklevel=3)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -363,10 +379,13 @@ class LocalTrainer:
 
     @torch.no_grad()
     def _prefix(self, stop: int, x: torch.Tensor) -> torch.Tensor:
-        """Frozen units [0, stop) on x (eval mode)."""
-        with self._cast():
-            for m in self.units[:stop]:
-                x = m(x)
+        """Frozen units [0, stop) on x (eval mode), each block's at its compute dtype."""
+        for blk in self.plan.blocks:
+            if blk.start >= stop:
+                break
+            with self._cast(block=blk.index):
+                for m in self.units[blk.start:min(blk.stop, stop)]:
+                    x = m(x)
         return x
 
     # -- training ---------------------------------------------------------------------------------
@@ -467,20 +486,33 @@ class LocalTrainer:
 
         def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             x, y = batch
-            with self._cast():
-                return F.cross_entropy(head(body(pre(x))), y)
+            xb = pre(x)   # the frozen prefix at its blocks' dtypes
+            with self._cast(block=b):
+                return F.cross_entropy(head(body(xb)), y)
 
         def graph_step(x: torch.Tensor, y: torch.Tensor) -> None:
             # the eager step's work, device-side only: a capture records it (see GraphedStep)
             opt.zero_grad(set_to_none=False)   # in place: eager calls after the capture reuse its buffers
-            with self._cast(cache=False):
-                loss = F.cross_entropy(head(body(pre(x))), y)
+            xb = pre(x)
+            with self._cast(cache=False, block=b):
+                loss = F.cross_entropy(head(body(xb)), y)
             loss.backward()
             guard.step(None)
             tally(loss.detach(), y.shape[0])
 
         graphed = GraphedStep(graph_step, params) if self.cuda_graph else None
-        rec = BlockRecord(index=b, batch=blk.batch)
+        rec = BlockRecord(index=b, batch=blk.batch, precision=self._precision(b).short)
+
+        def read() -> None:
+            # the non-finite policy's host read; new skips may promote the block (its precision lever)
+            before = rec.skipped_steps
+            rec.skipped_steps = guard.check(rec.steps)
+            new = self.nonfinite.precision_after(rec.skipped_steps > before, rec.precision)
+            if new != Precision.parse(rec.precision):
+                self._promote(b, new, rec)
+                if graphed is not None:
+                    graphed.release()   # captured at the old dtype: warm up and capture at the new one
+                    free_memory()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         for e in range(epochs):
@@ -512,8 +544,8 @@ class LocalTrainer:
                 if loader.end_of_epoch:
                     break
                 if self.nonfinite.due(rec.steps):
-                    rec.skipped_steps = guard.check(rec.steps)
-            rec.skipped_steps = guard.check(rec.steps)   # before on_epoch evaluates the statistics
+                    read()
+            read()   # before on_epoch evaluates the statistics
             self._sync()
             rec.epoch_seconds.append(time.perf_counter() - t0)
             rec.epoch_losses.append(float(loss_sum / kept))
@@ -644,7 +676,7 @@ class LocalTrainer:
                         x = self._fmt(view_transform(raw[i:i + bs].to(self.device)))
                     else:
                         x = self._fmt(cache[v][i:i + bs].to(self.device, non_blocking=True))
-                    with self._cast():
+                    with self._cast(block=b):
                         y = body(x)
                     buf[i:i + bs].copy_(y)
 
@@ -673,9 +705,9 @@ class LocalTrainer:
             for i in range(0, int(x.shape[0]), bs):
                 h = self._fmt(transform(x[i:i + bs].to(self.device)))
                 yb = y[i:i + bs].to(self.device)
-                with self._cast():
-                    for b in range(nb):
-                        blk = self.plan.blocks[b]
+                for b in range(nb):
+                    blk = self.plan.blocks[b]
+                    with self._cast(block=b):
                         for m in self.units[blk.start:blk.stop]:
                             h = m(h)
                         correct[b] += int((self.heads[b](h).argmax(1) == yb).sum())
