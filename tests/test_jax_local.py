@@ -409,3 +409,35 @@ def test_demo_local_loop_jax(tmp_path, block_inputs):
     check_block_inputs(summary, block_inputs)
 
 
+
+
+def test_curvature_lever_matches_the_torch_twin(plan):
+    """The curvature lever per block, as the torch twin: a measurement at each block's epoch end, the
+    LR scaled by the core's law (block 0's first scale 1/2); from the same canonical weights, inputs
+    and schedule both backends measure the same curvature (fp32 on the CPU)."""
+    from triaccel.local_plan import BlockCurvature
+
+    curv = BlockCurvature(every=1, samples=16)
+    model = create_model("resnet18", num_classes=K, width=WIDTH, seed=0)
+    units, clf = jl.sequential_units(model)
+    tr = jl.LocalTrainer(units, clf, plan, num_classes=K, lr=0.05, lr_batch=16, inputs="cache",
+                         cache_dtype=jnp.float32, seed=0, lr_factor=lambda seen, total: 1.0 - seen / total,
+                         curvature=curv)
+    x, y = _data()
+    recs = tr.train(jnp.asarray(x), y, lambda xb, key: xb * 0.9, _views(x), lambda v: v, epochs=EPOCHS)
+    assert [len(r.lr_scales) for r in recs] == [EPOCHS] * len(recs)
+    assert recs[0].lr_scales[0] == pytest.approx(0.5) and all(0 < s <= 1 for r in recs for s in r.lr_scales)
+    tcurv = BlockCurvature(every=1, samples=16)
+    model_t = torch_model("resnet18", num_classes=K, width=WIDTH, seed=0)
+    units_t, clf_t = tl.sequential_units(model_t)
+    tr_t = tl.LocalTrainer(units_t, clf_t, plan, num_classes=K, device="cpu", lr=0.05, lr_batch=16, autocast_dtype=None,
+                           inputs="cache", cache_dtype=torch.float32, seed=0,
+                           lr_factor=lambda seen, total: 1.0 - seen / total, curvature=tcurv)
+    rec_t = tr_t.train(_nchw(x), torch.from_numpy(y), lambda xb: xb * 0.9, [_nchw(v) for v in _views(x)],
+                       lambda v: v, epochs=EPOCHS)
+    assert curv.lam_max.keys() == tcurv.lam_max.keys()
+    for b in curv.lam_max:
+        assert curv.lam_max[b] == pytest.approx(tcurv.lam_max[b], rel=1e-2), b
+    for rj, rt in zip(recs, rec_t):
+        assert rj.lr_scales == pytest.approx(rt.lr_scales, rel=1e-2)
+        assert rj.epoch_losses == pytest.approx(rt.epoch_losses, rel=1e-3)

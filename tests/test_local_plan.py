@@ -257,3 +257,25 @@ def test_cache_views_auto_takes_the_most_views_that_fit_the_host():
             LocalPlanConfig(memory_budget=48 * MIB, cache_views=bad)
     with pytest.raises(ValueError, match="max_cache_views"):
         LocalPlanConfig(memory_budget=48 * MIB, max_cache_views=0)
+
+
+def test_block_curvature_law():
+    """The curvature lever per block: due every `every` epochs, the same rows each measurement, LR
+    scale 1 / (1 + alpha * lambda_max) over the block's layers, alpha calibrated at the run's first
+    positive measurement (scale 1/2 there) and kept for later blocks; bad input names its parameter."""
+    from triaccel.local_plan import BlockCurvature
+
+    c = BlockCurvature(every=2, samples=4)
+    assert [e for e in range(6) if c.due(e)] == [1, 3, 5]
+    assert c.rows(10, 7).tolist() == c.rows(10, 7).tolist() and len(c.rows(3, 7)) == 3
+    assert c.observe(0, [[0.0], [0.0]]) == 1.0 and c.alpha is None        # nothing to calibrate on yet
+    assert c.observe(0, [[1.0], [4.0]]) == pytest.approx(0.5) and c.alpha == 0.25
+    assert c.observe(1, [2.0, 0.5]) == pytest.approx(1 / 1.5)
+    assert c.lam_max == {0: [0.0, 4.0], 1: [2.0]}
+    assert BlockCurvature(alpha=1.0).observe(3, [1.0]) == pytest.approx(0.5)
+    for kw, name in (({"every": 0}, "every"), ({"samples": 1}, "samples"), ({"alpha": 0.0}, "alpha"),
+                     ({"alpha": float("inf")}, "alpha")):
+        with pytest.raises(ValueError, match=name):
+            BlockCurvature(**kw)
+    with pytest.raises(ValueError, match="eigvals"):
+        c.observe(0, [float("nan")])

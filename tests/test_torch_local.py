@@ -98,7 +98,7 @@ def test_measured_table_keeps_nothing_alive(autocast_dtype):
 
 
 def _train(inputs: str, evaluate: bool = False, poison=None, nonfinite=None, epochs=2, device="cpu",
-           cuda_graph=True, n=N, block_inputs="cache", noise=0.01, autocast_dtype=None):
+           cuda_graph=True, n=N, block_inputs="cache", noise=0.01, autocast_dtype=None, curvature=None):
     """Train the tiny model; evaluate: every exit so far after every epoch (as the demo does);
     poison(call, batch) -> batch: block 0's input at its call-th fetch."""
     model = _model()
@@ -107,7 +107,7 @@ def _train(inputs: str, evaluate: bool = False, poison=None, nonfinite=None, epo
     model.to(device)
     tr = LocalTrainer(units, clf, plan, num_classes=K, device=device, lr=0.05, lr_batch=16, autocast_dtype=autocast_dtype,
                       inputs=inputs, cache_dtype=torch.float32, seed=0, nonfinite=nonfinite,
-                      lr_factor=lambda seen, total: 1.0 - seen / total, cuda_graph=cuda_graph)
+                      lr_factor=lambda seen, total: 1.0 - seen / total, cuda_graph=cuda_graph, curvature=curvature)
     x, y = (t[:n].to(device) for t in _data())
     views = [torch.flip(x, dims=[3]), x + 0.1]        # two fixed "augmentations"
     gen = torch.Generator().manual_seed(1)
@@ -276,12 +276,16 @@ def test_demo_local_loop(tmp_path, block_inputs):
     with pytest.raises(ValueError, match="e2e"):
         parse_local_budget("e2e:0")
     assert parse_local_budget("e2e:32") == (None, 32) and parse_local_budget("1KiB") == (1024, None)
-    if block_inputs == "fresh":   # --block-epochs: each block its own count; --exit-eval end
+    if block_inputs == "fresh":   # --block-epochs: each block its own count; --exit-eval end; --block-curvature
         per = tuple(range(1, nb + 1))
-        again = run_local_demo(tmp_path / "per-block", "torch", block_inputs, block_epochs=per, exit_eval="end")
+        again = run_local_demo(tmp_path / "per-block", "torch", block_inputs, block_epochs=per, exit_eval="end",
+                               block_curvature=1)
         assert tuple(len(b["epoch_seconds"]) for b in again["blocks"]) == per
-        epochs = [json.loads(line) for line in (tmp_path / "per-block" / "log.jsonl").read_text().splitlines()]
-        epochs = [r for r in epochs if r["type"] == "epoch"]
+        records = [json.loads(line) for line in (tmp_path / "per-block" / "log.jsonl").read_text().splitlines()]
+        blocks = [r for r in records if r["type"] == "block"]
+        assert [len(r["lr_scales"]) for r in blocks] == list(per) and blocks[0]["lr_scales"][0] == pytest.approx(0.5)
+        assert all(r["precision"] == "bf16" and r["promoted_at"] is None for r in blocks)
+        epochs = [r for r in records if r["type"] == "epoch"]
         assert len(epochs) == sum(per) and all(r["test_acc"] is None for r in epochs)   # no per-epoch evaluation
         assert len(again["exit_accs"]) == nb and again["exit_eval_seconds"] > 0     # every exit, once, at the end
         assert {"local_blocks.png", "local_exits.png"} <= {p.name for p in plot_run(tmp_path / "per-block" / "log.jsonl",
@@ -506,3 +510,22 @@ def test_short_batch_oom_beside_the_graph_recaptures(monkeypatch):
     assert all(r.graph_recaptures == 0 for r in recs[1:])
     for a, b in zip(recs, ref):
         assert a.epoch_losses == pytest.approx(b.epoch_losses, rel=1e-5)
+
+
+def test_curvature_lever_scales_each_block_lr():
+    """The curvature lever per block: a measurement at each block's epoch ends, the block's LR scaled
+    by the core's 1 / (1 + alpha * lambda_max), alpha calibrated at the run's first measurement
+    (block 0's first scale is 1/2); the measurement changes no weight, statistic or gradient."""
+    from triaccel.local_plan import BlockCurvature
+
+    curv = BlockCurvature(every=1, samples=16)
+    tr, _, recs = _train(inputs="cache", epochs=2)
+    tc, _, rc = _train(inputs="cache", epochs=2, curvature=curv)
+    assert [len(r.lr_scales) for r in rc] == [2] * len(rc)
+    assert rc[0].lr_scales[0] == pytest.approx(0.5)
+    assert all(0 < s <= 1 for r in rc for s in r.lr_scales)
+    assert [len(v) for v in curv.lam_max.values()] == [2] * len(rc) and curv.alpha == 1 / curv.lam_max[0][0]
+    # the first epoch of block 0 trains at scale 1: the same loss as without the lever; later ones differ
+    assert rc[0].epoch_losses[0] == pytest.approx(recs[0].epoch_losses[0], rel=1e-6)
+    assert rc[0].epoch_losses[1] != pytest.approx(recs[0].epoch_losses[1], rel=1e-6)
+    assert all(r.lr_scales == [] for r in recs)

@@ -43,12 +43,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from .config import parse_bytes
+from .curvature import lr_scales_from_eigs
 from .precision import Precision
 
 __all__ = ["BLOCK_INPUTS", "check_views", "LayerMemory", "LocalPlanConfig", "HeadCost", "BlockPlan", "LocalPlan",
            "head_cost", "plan_local", "select_exit", "head_init", "micro_batches", "BlockRun", "block_runs",
            "BlockRecord", "halving_on_oom", "NonFinitePolicy", "NonFiniteTraining", "BlockOutOfMemory",
-           "parse_reserve"]
+           "parse_reserve", "BlockCurvature"]
 
 
 def parse_reserve(value: int | str, name: str = "graph_reserve_bytes") -> int:
@@ -598,7 +599,8 @@ class BlockRecord:
     peak_reserved_bytes: the allocator's peak reservation (a
     graph's private pool is reserved for its life but counts as allocated only while captured
     tensors are alive). precision: the block's compute precision at its end ("fp16" | "bf16" |
-    "fp32"); promoted_at: the step whose read promoted it (`NonFinitePolicy.promote`), None if none."""
+    "fp32"); promoted_at: the step whose read promoted it (`NonFinitePolicy.promote`), None if none.
+    lr_scales: the curvature lever's LR scale after each measurement (`BlockCurvature`; empty without)."""
 
     index: int
     batch: int
@@ -618,6 +620,7 @@ class BlockRecord:
     peak_reserved_bytes: int | None = None
     precision: str = ""
     promoted_at: int | None = None
+    lr_scales: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -645,6 +648,50 @@ def halving_on_oom(fn: Any, batch: int, *, is_oom: Any, free_memory: Any) -> int
 
 
 # -- Non-finite steps: skipped on the device, checked on the host now and then ---------------------
+
+class BlockCurvature:
+    """The curvature lever per block, one object per training run (both backends, same numbers).
+
+    At the end of every `every`-th epoch of a block the backend measures the top eigenvalue of the
+    empirical Fisher of each of the block's layers (its units and head, eval mode, FP32) on `samples`
+    training samples (the same rows each time: the first `samples` of a permutation seeded with the
+    block's loader seed) and passes them to `observe`; the block's LR is multiplied by
+    1 / (1 + alpha * lambda_max) (`triaccel.curvature.lr_scales_from_eigs`, lambda_max the largest of
+    its layers') from then on. alpha None: calibrated at the run's first measurement to 1 /
+    lambda_max (scale 1/2 there), as the end-to-end law calibrates on its sharpest layer; a block
+    starts at scale 1.
+
+    every: epochs between measurements, >= 1. samples: rows per measurement, >= 2. alpha: > 0, or None.
+    """
+
+    def __init__(self, every: int = 1, samples: int = 64, alpha: float | None = None) -> None:
+        self.every = _pos_int("every", every)
+        self.samples = _pos_int("samples", samples, 2)
+        if alpha is not None and not (isinstance(alpha, numbers.Real) and math.isfinite(alpha) and alpha > 0):
+            raise ValueError(f"alpha={alpha!r}: allowed (0, inf) or None (calibrated)")
+        self.alpha = None if alpha is None else float(alpha)
+        self.lam_max: dict[int, list[float]] = {}   # block -> lambda_max per measurement
+
+    def due(self, epoch: int) -> bool:
+        """Whether a block measures at the end of its epoch `epoch` (0-based)."""
+        return (_pos_int("epoch", epoch, 0) + 1) % self.every == 0
+
+    def rows(self, num_samples: int, seed: int) -> np.ndarray:
+        """The training rows (int64, (min(samples, num_samples),)) every measurement of a block reads."""
+        n = _pos_int("num_samples", num_samples)
+        return np.random.default_rng(seed).permutation(n)[:min(self.samples, n)].astype(np.int64)
+
+    def observe(self, block: int, eigvals: Any) -> float:
+        """Block `block`'s per-layer top eigenvalues ((L,) or (L, k), finite) -> its LR scale in (0, 1]."""
+        lam = np.asarray(eigvals, dtype=np.float64)
+        if lam.size == 0 or not np.isfinite(lam).all():
+            raise ValueError(f"eigvals: need finite values, got {lam.tolist()}")
+        lam_max = float(lam.max())
+        if self.alpha is None and lam_max > 0:
+            self.alpha = 1.0 / lam_max
+        self.lam_max.setdefault(_pos_int("block", block, 0), []).append(lam_max)
+        return 1.0 if self.alpha is None else float(lr_scales_from_eigs(np.array([lam_max]), self.alpha)[0])
+
 
 class NonFiniteTraining(RuntimeError):
     """A block kept producing non-finite gradients: it diverged (see `NonFinitePolicy`)."""

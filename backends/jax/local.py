@@ -49,11 +49,13 @@ from flax import nnx
 
 from triaccel import Controller, OOMAtMinimumBatch
 from triaccel.layout import check_canonical
+from triaccel.local_plan import (BlockCurvature, BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan,
+                                 NonFinitePolicy, block_runs, check_views, halving_on_oom, head_init)
 from triaccel.precision import Precision
-from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
-                                 block_runs, check_views, halving_on_oom, head_init)
 
+from .curvature import FisherTopK, nnx_loss
 from .data import ElasticLoader, elastic_step, free_memory, is_oom
+from .layers import layer_map_from_model
 from .models import BatchNorm2d, EfficientNet, ResNet, _canonical_entries, _conv, _linear
 
 __all__ = ["AuxHead", "Classifier", "ExitModel", "LocalTrainer", "BlockRecord", "measure_layers",
@@ -243,6 +245,11 @@ def set_compute_dtype(modules: Sequence[nnx.Module], dtype: Any) -> None:
 
 
 # -- jitted pure functions (graph definitions static: equal structures share compilations) ----------
+
+def _mean_ce(model: nnx.Module, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
+    x, y = batch
+    return optax.softmax_cross_entropy_with_integer_labels(model(x).astype(jnp.float32), y).mean()
+
 
 def _masked_ce(logits: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
     ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y)
@@ -468,6 +475,8 @@ class LocalTrainer:
     when training stops (`triaccel.local_plan.NonFinitePolicy`; default: its defaults). steps_per_call:
     full-batch steps per compiled call (>= 1; 1: every step through the elastic path); a record's
     graph_steps counts the steps that ran fused, graph_note says why fusing stopped (an OOM).
+    curvature: the curvature lever per block (`triaccel.local_plan.BlockCurvature`; None: off), as
+    the torch twin.
     """
 
     def __init__(self, units: Sequence[tuple[str, nnx.Module]], classifier: nnx.Module | None, plan: LocalPlan, *,
@@ -475,7 +484,8 @@ class LocalTrainer:
                  weight_decay: float = 5e-4, lr_factor: Callable[[int, int], float] | None = None,
                  compute_dtype: Any = None, inputs: str = "cache", cache_dtype: Any = jnp.bfloat16,
                  head_pool: int = 4, seed: int = 0, device: Any = None,
-                 nonfinite: NonFinitePolicy | None = None, steps_per_call: int = 16) -> None:
+                 nonfinite: NonFinitePolicy | None = None, steps_per_call: int = 16,
+                 curvature: BlockCurvature | None = None) -> None:
         if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
             raise ValueError(f"steps_per_call={steps_per_call!r}: allowed integers >= 1")
         if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
@@ -491,6 +501,7 @@ class LocalTrainer:
         self.lr_factor = lr_factor or (lambda seen, total: 1.0)
         self.inputs, self.cache_dtype, self.seed = inputs, jnp.dtype(cache_dtype), int(seed)
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
+        self.curvature = curvature
         self.device = device if device is not None else jax.devices()[0]
         self.steps_per_call = steps_per_call
         if compute_dtype is not None:
@@ -623,6 +634,7 @@ class LocalTrainer:
                               f"{rec.precision} -> {new.short} for the rest of the block", RuntimeWarning, stacklevel=2)
                 rec.precision, rec.promoted_at = new.short, rec.steps
 
+        curv: dict[str, Any] = {}   # the block's curvature estimator (one compile per block)
         fused = None
         k = _fused_steps(self.steps_per_call, blk.batch, sources, n)
         if k > 1:
@@ -630,13 +642,14 @@ class LocalTrainer:
         for e in range(run.epochs):
             loader.arrays = sources[BlockRun.view(e, len(sources))]
             t0 = time.perf_counter()
+            st.setdefault("scale", 1.0)   # the curvature lever's LR multiplier (BlockCurvature)
             st["acc"] = self._put(np.zeros(2, np.float32))
             while True:
                 done = (self._fused_call(fused, k, st, tstate, loader, run, blk.batch, seen, total, rec)
                         if fused is not None and not rec.graph_note else 0)
                 seen += done * blk.batch
                 if not done:
-                    lr = self._put(np.float32(run.lr * self.lr_factor(seen, total)))
+                    lr = self._put(np.float32(run.lr * self.lr_factor(seen, total) * st["scale"]))
 
                     def update(grads: Any, _decision: Any, lr: jax.Array = lr) -> None:
                         st["params"], st["opt"] = _update(self.tx, st["params"], st["opt"], grads, lr)
@@ -662,11 +675,31 @@ class LocalTrainer:
             rec.epoch_losses.append(total_loss / kept if kept > 0 else float("nan"))
             rec.epoch_seconds.append(time.perf_counter() - t0)
             nnx.update(body, st["params"], st["rest"])   # the shared modules hold the trained weights
+            if self.curvature is not None and self.curvature.due(e):
+                st["scale"] = self._block_curvature(b, body, sources[BlockRun.view(e, len(sources))], transform,
+                                                    tstate, n, run.seed, curv)
+                rec.lr_scales.append(st["scale"])
             if on_epoch is not None:
                 on_epoch(b, e, rec.epoch_losses[-1], rec.epoch_seconds[-1])
         rec.peak_bytes = _peak_bytes(self.device)
         body.eval()
         return rec
+
+    def _block_curvature(self, b: int, body: nnx.Module, arrays: tuple[Any, Any], transform: Any, tstate: Any,
+                         n: int, seed: int, curv: dict[str, Any]) -> float:
+        """The curvature lever's measurement, as the torch twin: per-layer top empirical-Fisher
+        eigenvalue of block b (units + head; `nnx_loss`'s eval-mode FP32 clone) on
+        `BlockCurvature.rows` of `arrays` (through `transform`); returns the block's new LR scale."""
+        assert self.curvature is not None
+        rows = self.curvature.rows(n, seed)
+        batch = tuple(jnp.asarray(a[rows]) for a in arrays)
+        if transform is not None:
+            batch = transform(tstate, batch, jax.random.PRNGKey(seed))
+        pure = nnx_loss(body, _mean_ce)
+        if "est" not in curv:
+            curv["est"] = FisherTopK(pure.fn, layer_map_from_model(body), 1)
+        batch = (batch[0].astype(jnp.float32), batch[1])
+        return self.curvature.observe(b, curv["est"](pure.params, batch, pure.aux))
 
     def _fused_call(self, fused: Callable[..., Any], steps: int, st: dict[str, Any], tstate: Any,
                     loader: ElasticLoader, run: BlockRun, batch: int, seen: int, total: int,
@@ -686,7 +719,8 @@ class LocalTrainer:
         rows = np.concatenate([flat, np.resize(flat, spare * batch)]) if spare else flat
 
         firsts = np.array([int(i[0]) for i in idx] + [0] * spare, np.int32)
-        lrs = np.array([run.lr * self.lr_factor(seen + j * batch, total) for j in range(k)] + [0.0] * spare,
+        lrs = np.array([run.lr * self.lr_factor(seen + j * batch, total) * st["scale"] for j in range(k)]
+                       + [0.0] * spare,
                        np.float32)
         active = np.arange(steps) < k
         failed = ""

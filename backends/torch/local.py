@@ -36,12 +36,14 @@ from torch import nn
 
 from triaccel import Controller, OOMAtMinimumBatch
 from triaccel.elastic import ElasticIndexLoader
+from triaccel.local_plan import (BlockCurvature, BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan,
+                                 NonFinitePolicy, block_runs, check_views, halving_on_oom, head_init)
 from triaccel.precision import Precision
-from triaccel.local_plan import (BlockOutOfMemory, BlockRecord, BlockRun, LayerMemory, LocalPlan, NonFinitePolicy,
-                                 block_runs, check_views, halving_on_oom, head_init)
 
 from .cuda_graph import GraphedStep
+from .curvature import CurvatureEstimator
 from .data import elastic_step, free_memory, gather_to, indices_to, is_oom
+from .layers import discover_layers
 
 __all__ = ["AuxHead", "Classifier", "ExitModel", "LocalTrainer", "BlockRecord", "live_tensors", "measure_layers",
            "sequential_units"]
@@ -306,7 +308,8 @@ class LocalTrainer:
     capture each block's full-batch step (a frozen prefix included) once and replay it
     (`cuda_graph.GraphedStep`; an epoch's short last batch runs the same step eagerly, OOMs fall back
     to the eager elastic step, see `_graph_step`): the eager step at these batches is bound by the
-    host's launches. Ignored on other devices.
+    host's launches. Ignored on other devices. curvature: the curvature lever per block
+    (`triaccel.local_plan.BlockCurvature`; None: off): each block's LR follows its measured curvature.
     """
 
     def __init__(self, units: Sequence[tuple[str, nn.Module]], classifier: nn.Module, plan: LocalPlan, *,
@@ -316,7 +319,7 @@ class LocalTrainer:
                  autocast_dtype: torch.dtype | None = torch.bfloat16, inputs: str = "cache",
                  cache_dtype: torch.dtype = torch.bfloat16, memory_format: torch.memory_format = torch.contiguous_format,
                  head_pool: int = 4, seed: int = 0, nonfinite: NonFinitePolicy | None = None,
-                 cuda_graph: bool = True) -> None:
+                 cuda_graph: bool = True, curvature: BlockCurvature | None = None) -> None:
         if len(units) != len(plan.layers) or [n for n, _ in units] != [l.name for l in plan.layers]:
             raise ValueError(f"units: names {[n for n, _ in units]} do not match the plan's layers "
                              f"{[l.name for l in plan.layers]}")
@@ -333,6 +336,7 @@ class LocalTrainer:
         self.block_dtypes: list[torch.dtype | None] = [autocast_dtype] * len(plan.blocks)
         self.memory_format, self.seed = memory_format, seed
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
+        self.curvature = curvature
         self.cuda_graph = bool(cuda_graph) and self.device.type == "cuda"
         self.heads: list[nn.Module] = []
         for blk in plan.blocks:
@@ -471,8 +475,10 @@ class LocalTrainer:
         loss_sum = torch.zeros((), device=self.device)   # per epoch, over steps not skipped
         kept = torch.zeros((), device=self.device)
 
+        scale = [1.0]   # the curvature lever's LR multiplier (BlockCurvature)
+
         def set_lr() -> None:
-            lr = run.lr * self.lr_factor(seen, total)
+            lr = run.lr * self.lr_factor(seen, total) * scale[0]
             for g in opt.param_groups:
                 if isinstance(g["lr"], torch.Tensor):
                     g["lr"].fill_(lr)
@@ -546,6 +552,9 @@ class LocalTrainer:
                 if self.nonfinite.due(rec.steps):
                     read()
             read()   # before on_epoch evaluates the statistics
+            if self.curvature is not None and self.curvature.due(e):
+                scale[0] = self._block_curvature(b, body, head, fetch, pre, n, run.seed, epoch_of)
+                rec.lr_scales.append(scale[0])
             self._sync()
             rec.epoch_seconds.append(time.perf_counter() - t0)
             rec.epoch_losses.append(float(loss_sum / kept))
@@ -561,6 +570,18 @@ class LocalTrainer:
         opt.zero_grad(set_to_none=True)
         opt.state.clear()
         return rec
+
+    def _block_curvature(self, b: int, body: nn.Module, head: nn.Module, fetch: Callable[..., Any],
+                         pre: Callable[[torch.Tensor], torch.Tensor], n: int, seed: int, epoch_of: list[int]) -> float:
+        """The curvature lever's measurement: per-layer top empirical-Fisher eigenvalue of block b
+        (units + head, eval mode, FP32) on `BlockCurvature.rows`; returns the block's new LR scale."""
+        assert self.curvature is not None
+        with torch.no_grad():
+            x, y = fetch(self.curvature.rows(n, seed), epoch_of)
+            xb = pre(x).float()
+        model = nn.Sequential(body, head)
+        est = CurvatureEstimator(model, discover_layers(model), F.cross_entropy, "fisher", top_k=1)
+        return self.curvature.observe(b, est((xb, y)))
 
     def _graph_step(self, graphed: GraphedStep, loader: _FnLoader, batch: int, rec: BlockRecord) -> int:
         """One step through `graphed`: a full batch replays (or warms up, or captures) the graph, an

@@ -28,7 +28,7 @@ from triaccel.backends.torch.data import enforce_memory_budget, free_memory, is_
 from triaccel.backends.torch.local import LocalTrainer, measure_layers, sequential_units
 from triaccel.backends.torch.models import create_model
 from triaccel.config import parse_bytes
-from triaccel.local_plan import LocalPlanConfig, plan_local, select_exit
+from triaccel.local_plan import BlockCurvature, LocalPlanConfig, plan_local, select_exit
 
 from .common import RunLog, RunOptions, bucket_ladder, lr_factor, median_last
 from .datasets import CifarArrays
@@ -36,14 +36,22 @@ from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
 # --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs, --fuse-steps, --plan-headroom,
-# --exit-eval), kept here so RunOptions stays shared with the other methods unchanged.
+# --exit-eval, --block-curvature), kept here so RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
                                   "block_inputs": "cache", "cuda_graph": True, "graph_reserve": "auto",
                                   "block_epochs": None, "fuse_steps": 16, "headroom": 0.85,
-                                  "exit_eval": "epoch"}
+                                  "exit_eval": "epoch", "block_curvature": 0}
 # --graph-reserve auto on a CUDA device with graphs on: with it the H100's block captures fitted issue 18's
 # 520 MiB budget, without it the last block's warm-up ran out of memory (2026-11-23, docs/results.md)
 AUTO_GRAPH_RESERVE = 32 * 2 ** 20
+
+
+def block_curvature(lo: dict[str, Any]) -> BlockCurvature | None:
+    """lo["block_curvature"]: epochs between a block's curvature measurements (0: the lever off)."""
+    every = lo["block_curvature"]
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"block_curvature={every!r}: allowed integers >= 0 (0: off)")
+    return BlockCurvature(every=every) if every else None
 
 
 def exit_eval_every_epoch(lo: dict[str, Any]) -> bool:
@@ -207,7 +215,7 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], xte: Any, yt
                   cache_seconds=rec.cache_seconds, steps=rec.steps, skipped_steps=rec.skipped_steps, ooms=rec.ooms,
                   graph_steps=rec.graph_steps, graph_pool_bytes=rec.graph_pool_bytes, graph_note=rec.graph_note,
                   graph_recaptures=rec.graph_recaptures, graph_retries=rec.graph_retries,
-                  precision=rec.precision, promoted_at=rec.promoted_at,
+                  precision=rec.precision, promoted_at=rec.promoted_at, lr_scales=rec.lr_scales,
                   peak_reserved_bytes=rec.peak_reserved_bytes)
     log.write("exits", accs=accs, params=params, chosen=chosen, tolerance=lo["exit_tolerance"])
     epoch_seconds = [s for r in records for s in r.epoch_seconds]
@@ -328,7 +336,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         momentum=opts.momentum, weight_decay=opts.weight_decay,
         lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         autocast_dtype=torch.bfloat16, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed,
-        cuda_graph=lo["cuda_graph"])
+        cuda_graph=lo["cuda_graph"], curvature=block_curvature(lo))
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, every_epoch)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     summary = _exits_and_summary(trainer, plan, records, xte, yte, prep, lo, sum(p.numel() for p in model.parameters()),
@@ -469,7 +477,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         units, clf, plan, num_classes=data.num_classes, lr=opts.lr, lr_batch=opts.batch, momentum=opts.momentum,
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev,
-        steps_per_call=lo["fuse_steps"])
+        steps_per_call=lo["fuse_steps"], curvature=block_curvature(lo))
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, every_epoch)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     model_params = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))

@@ -98,6 +98,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--exit-eval", choices=["epoch", "end"], default=None,
                    help="local: evaluate a block's exit on the test set after each of its epochs (epoch, default) "
                         "or only every exit once at the end (end: less time outside training)")
+    p.add_argument("--block-curvature", type=int, default=None, metavar="N",
+                   help="local: the curvature lever per block: every N epochs of a block, its LR is scaled by "
+                        "1/(1 + alpha * its top Fisher eigenvalue) (triaccel.local_plan.BlockCurvature); "
+                        "0 (default): off")
     p.add_argument("--plan-headroom", type=float, default=None, metavar="F",
                    help="local: the fraction of the budget a block's modelled peak may reach, (0, 1] (default "
                         "0.85: ResNet-18's measured block peaks exceeded the model by 52-104 MiB on the H100; "
@@ -209,7 +213,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
     for flag, value in (("--fuse-steps", a.fuse_steps), ("--plan-headroom", a.plan_headroom),
-                        ("--exit-eval", a.exit_eval)):
+                        ("--exit-eval", a.exit_eval), ("--block-curvature", a.block_curvature)):
         if value is not None and a.method != "local":
             p.error(f"{flag}={value}: only with --method local")
     if a.method == "local":
@@ -222,6 +226,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
             p.error(f"--exit-tolerance={a.exit_tolerance}: allowed [0, 1] (accuracy fraction)")
         if a.plan_headroom is not None and not 0 < a.plan_headroom <= 1:
             p.error(f"--plan-headroom={a.plan_headroom}: allowed (0, 1]")
+        if a.block_curvature is not None and a.block_curvature < 0:
+            p.error(f"--block-curvature={a.block_curvature}: allowed integers >= 0 (0: off)")
         if a.fuse_steps is not None and (a.backend != "jax" or a.fuse_steps < 1):
             p.error(f"--fuse-steps={a.fuse_steps}: allowed integers >= 1, with --backend jax")
         reserve: int | str = "auto"
@@ -238,6 +244,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                       "block_inputs": a.block_inputs, "cuda_graph": a.cuda_graph == "on", "graph_reserve": reserve,
                       "block_epochs": a.block_epochs,
                       **({} if a.exit_eval is None else {"exit_eval": a.exit_eval}),
+                      **({} if a.block_curvature is None else {"block_curvature": a.block_curvature}),
                       **({} if a.fuse_steps is None else {"fuse_steps": a.fuse_steps}),
                       **({} if a.plan_headroom is None else {"headroom": a.plan_headroom})}
     if a.method != "local":   # local's budget may read e2e:B; its knobs are checked by its plan
