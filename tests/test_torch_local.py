@@ -515,7 +515,8 @@ def test_short_batch_oom_beside_the_graph_recaptures(monkeypatch):
 def test_curvature_lever_scales_each_block_lr():
     """The curvature lever per block: a measurement at each block's epoch ends, the block's LR scaled
     by the core's 1 / (1 + alpha * lambda_max), alpha calibrated at the run's first measurement
-    (block 0's first scale is 1/2); the measurement changes no weight, statistic or gradient."""
+    (block 0's first scale is 1/2); block 0's first epoch, before any measurement, trains as without
+    the lever, its second one at the scaled LR."""
     from triaccel.local_plan import BlockCurvature
 
     curv = BlockCurvature(every=1, samples=16)
