@@ -271,7 +271,11 @@ def test_block_curvature_law():
     assert c.observe(0, [[0.0], [0.0]]) == 1.0 and c.alpha is None        # nothing to calibrate on yet
     assert c.observe(0, [[1.0], [4.0]]) == pytest.approx(0.5) and c.alpha == 0.25
     assert c.observe(1, [2.0, 0.5]) == pytest.approx(1 / 1.5)
-    assert c.lam_max == {0: [0.0, 4.0], 1: [2.0]}
+    assert c.lam_max == {0: [0.0, 4.0], 1: [2.0]} and c.samples_used == {0: [4, 4], 1: [4]}
+    c.observe(1, [1.0], samples=2)
+    assert c.samples_used[1] == [4, 2]
+    with pytest.raises(ValueError, match="samples"):
+        c.observe(1, [1.0], samples=0)
     assert BlockCurvature(alpha=1.0).observe(3, [1.0]) == pytest.approx(0.5)
     for kw, name in (({"every": 0}, "every"), ({"samples": 1}, "samples"), ({"alpha": 0.0}, "alpha"),
                      ({"alpha": float("inf")}, "alpha")):

@@ -530,3 +530,24 @@ def test_curvature_lever_scales_each_block_lr():
     assert rc[0].epoch_losses[0] == pytest.approx(recs[0].epoch_losses[0], rel=1e-6)
     assert rc[0].epoch_losses[1] != pytest.approx(recs[0].epoch_losses[1], rel=1e-6)
     assert all(r.lr_scales == [] for r in recs)
+
+
+def test_curvature_measurement_halves_its_rows_on_oom(monkeypatch):
+    """A curvature measurement that runs out of memory is repeated on the first half of its rows
+    (halving_on_oom), and the core records what it read."""
+    import triaccel.backends.torch.local as tl
+    from triaccel.local_plan import BlockCurvature
+
+    real = tl.CurvatureEstimator.__call__
+
+    def small_only(self, batch):
+        if batch[0].shape[0] > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(self, batch)
+
+    monkeypatch.setattr(tl.CurvatureEstimator, "__call__", small_only)
+    curv = BlockCurvature(every=2, samples=16)
+    _, _, recs = _train(inputs="cache", epochs=2, curvature=curv)
+    assert all(len(r.lr_scales) == 1 for r in recs)
+    assert curv.samples_used == {b: [4] for b in range(len(recs))}
+

@@ -692,14 +692,19 @@ class LocalTrainer:
         `BlockCurvature.rows` of `arrays` (through `transform`); returns the block's new LR scale."""
         assert self.curvature is not None
         rows = self.curvature.rows(n, seed)
-        batch = tuple(jnp.asarray(a[rows]) for a in arrays)
-        if transform is not None:
-            batch = transform(tstate, batch, jax.random.PRNGKey(seed))
         pure = nnx_loss(body, _mean_ce)
         if "est" not in curv:
             curv["est"] = FisherTopK(pure.fn, layer_map_from_model(body), 1)
-        batch = (batch[0].astype(jnp.float32), batch[1])
-        return self.curvature.observe(b, curv["est"](pure.params, batch, pure.aux))
+        out: list[np.ndarray] = []
+
+        def measure(k: int) -> None:
+            batch = tuple(jnp.asarray(a[rows[:k]]) for a in arrays)
+            if transform is not None:
+                batch = transform(tstate, batch, jax.random.PRNGKey(seed))
+            out[:] = [curv["est"](pure.params, (batch[0].astype(jnp.float32), batch[1]), pure.aux)]
+
+        used = halving_on_oom(measure, len(rows), is_oom=is_oom, free_memory=free_memory)
+        return self.curvature.observe(b, out[0], samples=used)
 
     def _fused_call(self, fused: Callable[..., Any], steps: int, st: dict[str, Any], tstate: Any,
                     loader: ElasticLoader, run: BlockRun, batch: int, seen: int, total: int,

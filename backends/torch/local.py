@@ -576,12 +576,19 @@ class LocalTrainer:
         """The curvature lever's measurement: per-layer top empirical-Fisher eigenvalue of block b
         (units + head, eval mode, FP32) on `BlockCurvature.rows`; returns the block's new LR scale."""
         assert self.curvature is not None
-        with torch.no_grad():
-            x, y = fetch(self.curvature.rows(n, seed), epoch_of)
-            xb = pre(x).float()
+        rows = self.curvature.rows(n, seed)
         model = nn.Sequential(body, head)
         est = CurvatureEstimator(model, discover_layers(model), F.cross_entropy, "fisher", top_k=1)
-        return self.curvature.observe(b, est((xb, y)))
+        out: list[np.ndarray] = []
+
+        def measure(k: int) -> None:
+            with torch.no_grad():
+                x, y = fetch(rows[:k], epoch_of)
+                xb = pre(x).float()
+            out[:] = [est((xb, y))]
+
+        used = halving_on_oom(measure, len(rows), is_oom=is_oom, free_memory=free_memory)
+        return self.curvature.observe(b, out[0], samples=used)
 
     def _graph_step(self, graphed: GraphedStep, loader: _FnLoader, batch: int, rec: BlockRecord) -> int:
         """One step through `graphed`: a full batch replays (or warms up, or captures) the graph, an
