@@ -636,10 +636,11 @@ class LocalTrainer:
         if failed:
             # The graph's private pool stays reserved beside every eager allocation, so under a tight
             # cap a capture that does not fit, or an OOM beside a captured graph, means the next
-            # steps would likely OOM too: release the graph. The same plan's capture failed on one
-            # run of three on the H100 (issue 18's 520 MiB cap, a block at 511 of 545 MB with its
-            # pool) and fitted on the others, so the block warms up and captures once more from
-            # freed memory before it trains eagerly for good.
+            # steps would likely OOM too: release the graph. A failure can come from a transient
+            # state (cached-but-free segments, which free_memory returns), so the block warms up and
+            # captures once more before it trains eagerly for good. (On the H100, 2026-11-24, the
+            # retry alone did not rescue ResNet-18's layer4 block: its warm-ups held a gradient set
+            # too many, which GraphedStep now drops; docs/results.md.)
             cuda, dev = torch.cuda, self.device
             mem = (f"allocated {cuda.memory_allocated(dev)}, reserved {cuda.memory_reserved(dev)} bytes"
                    if dev.type == "cuda" else "")
