@@ -595,7 +595,8 @@ class LocalTrainer:
         # committed to the device from the start: the step's outputs are, and a change of placement
         # between calls would compile the step again
         params, rest = jax.device_put((params, rest), self.device)
-        st = {"params": params, "rest": rest, "opt": jax.device_put(self.tx.init(params), self.device)}
+        # scale: the curvature lever's LR multiplier (BlockCurvature)
+        st = {"params": params, "rest": rest, "opt": jax.device_put(self.tx.init(params), self.device), "scale": 1.0}
         ctl = Controller(run.controller_config(self.plan.memory_budget), [f"block{b}"])
         loader = ElasticLoader(sources[0], batch_size=blk.batch, buckets=run.micro_batches, seed=run.seed,
                                transform=None if transform is None else partial(transform, tstate), device=self.device)
@@ -642,7 +643,6 @@ class LocalTrainer:
         for e in range(run.epochs):
             loader.arrays = sources[BlockRun.view(e, len(sources))]
             t0 = time.perf_counter()
-            st.setdefault("scale", 1.0)   # the curvature lever's LR multiplier (BlockCurvature)
             st["acc"] = self._put(np.zeros(2, np.float32))
             while True:
                 done = (self._fused_call(fused, k, st, tstate, loader, run, blk.batch, seen, total, rec)
