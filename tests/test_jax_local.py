@@ -301,11 +301,38 @@ def test_nonfinite_steps_promote_the_block_to_fp32(plan, steps_per_call):
     steps (fused or not) compile again at it; later blocks stay bf16; training goes on finite."""
     import warnings
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model, tr, recs = _train_jax(plan, inputs="cache", transform=_one_nan_image, compute_dtype=jnp.bfloat16,
-                                     nonfinite=NonFinitePolicy(patience=3, check_every=4),
-                                     steps_per_call=steps_per_call)
+    # the dtypes of the convs each compiled step runs, from its graph definition: (params' structure, dtypes)
+    log: list[tuple[object, set]] = []
+    orig_grad, orig_scan = jl._grad, jl._scan_steps
+
+    def dtypes(gd, params, rest):
+        return {jnp.dtype(m.dtype) for _, m in nnx.iter_modules(nnx.merge(gd, params, rest)) if isinstance(m, nnx.Conv)}
+
+    def spy_grad(gd, params, rest, *a):
+        log.append((jax.tree_util.tree_structure(params), dtypes(gd, params, rest)))
+        return orig_grad(gd, params, rest, *a)
+
+    def spy_scan(gd, *a, **k):
+        run = orig_scan(gd, *a, **k)
+
+        def call(params, opt, rest, *b):
+            log.append((jax.tree_util.tree_structure(params), dtypes(gd, params, rest)))
+            return run(params, opt, rest, *b)
+        return call
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(jl, "_grad", spy_grad)
+    mp.setattr(jl, "_scan_steps", spy_scan)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model, tr, recs = _train_jax(plan, inputs="cache", transform=_one_nan_image, compute_dtype=jnp.bfloat16,
+                                         nonfinite=NonFinitePolicy(patience=3, check_every=4, promote=True),
+                                         steps_per_call=steps_per_call)
+    finally:
+        mp.undo()
+    block0 = [d for t, d in log if t == log[0][0]]
+    assert block0[0] == {jnp.dtype(jnp.bfloat16)} and block0[-1] == {jnp.dtype(jnp.float32)}   # the steps ran it
     promoted = [str(w.message) for w in caught if "compute precision" in str(w.message)]
     assert recs[0].skipped_steps == EPOCHS and recs[0].precision == "fp32" and recs[0].promoted_at is not None
     assert promoted == [f"block 0: non-finite gradients skipped by step {recs[0].promoted_at}: compute precision "

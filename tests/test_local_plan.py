@@ -211,8 +211,8 @@ def test_nonfinite_policy_promotes_to_fp32():
     spelling Precision.parse reads); no new skips, or promote=False, keep the current precision."""
     from triaccel.precision import Precision
 
-    pol = NonFinitePolicy()
-    assert pol.promote is True
+    assert NonFinitePolicy().promote is False   # off by default (see its docstring)
+    pol = NonFinitePolicy(promote=True)
     assert [pol.precision_after(True, p) for p in ("fp16", "bf16", "float32", Precision.BF16)] == [Precision.FP32] * 4
     assert [pol.precision_after(False, p) for p in ("fp16", "bf16", "fp32")] == [Precision.FP16, Precision.BF16,
                                                                                  Precision.FP32]
@@ -282,4 +282,7 @@ def test_block_curvature_law():
         with pytest.raises(ValueError, match=name):
             BlockCurvature(**kw)
     with pytest.raises(ValueError, match="eigvals"):
-        c.observe(0, [float("nan")])
+        c.observe(0, [])
+    with pytest.warns(RuntimeWarning, match="block 1: curvature measurement on 4 rows gave non-finite"):
+        assert c.observe(1, [float("nan"), 1.0]) == pytest.approx(0.8)   # block 1's scale in force, kept
+    assert c.lam_max[1][-1] != c.lam_max[1][-1] and c.scales == {0: pytest.approx(0.5), 1: pytest.approx(0.8)}

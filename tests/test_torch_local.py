@@ -198,28 +198,69 @@ def test_nonfinite_step_skipped_and_statistics_restored():
     assert all(torch.isfinite(torch.tensor(r.epoch_losses)).all() for r in recs)
 
 
-@pytest.mark.parametrize("promote", [True, False])
-def test_nonfinite_steps_promote_the_block_to_fp32(promote):
+@pytest.mark.parametrize("promote, graph", [(True, False), (False, False), (True, True)])
+def test_nonfinite_steps_promote_the_block_to_fp32(monkeypatch, promote, graph):
     """The precision lever per block: under bf16 autocast, the read that finds block 0's skipped step
-    promotes block 0 (its steps, its frozen forward and its exit) to FP32; later blocks stay bf16.
-    With promote=False every block keeps bf16."""
+    promotes block 0 (its steps, its frozen forward and its exit) to FP32: its convs compute in fp32
+    from then on, and its CUDA graph (the CPU stand-in) is released and captured again at the new
+    dtype; later blocks stay bf16. With promote=False every block keeps bf16."""
+    import triaccel.backends.torch.local as tl
+
+    if graph:
+        monkeypatch.setattr(tl, "GraphedStep", _FlakyGraph)
+        monkeypatch.setattr(_FlakyGraph, "oom_at", ())
+        monkeypatch.setattr(_FlakyGraph, "short_oom_at", ())
+        _FlakyGraph.instances = []
+        orig = tl.LocalTrainer.__init__
+
+        def init(self, *a, **k):
+            orig(self, *a, **k)
+            self.cuda_graph = True
+        monkeypatch.setattr(tl.LocalTrainer, "__init__", init)
+
+    seen: list[tuple[int, torch.dtype]] = []   # (conv, output dtype) in call order, from training's start on
+    handles = []
+
+    def hook(module, args, out):
+        if isinstance(module, torch.nn.Conv2d):
+            seen.append((id(module), out.dtype))
+
     def poison(call, xb):
+        if call == 1:   # block 0's first fetch: training starts (the plan's measurements ran at fp32)
+            handles.append(torch.nn.modules.module.register_module_forward_hook(hook))
         return torch.full_like(xb, float("nan")) if call == 3 else xb
 
     policy = NonFinitePolicy(patience=2, check_every=2, promote=promote)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        tr, _, recs = _train(inputs="cache", poison=poison, nonfinite=policy, epochs=1, autocast_dtype=torch.bfloat16)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tr, _, recs = _train(inputs="cache", poison=poison, nonfinite=policy, epochs=1,
+                                 autocast_dtype=torch.bfloat16)
+    finally:
+        for h in handles:
+            h.remove()
     promoted = [str(w.message) for w in caught if "compute precision" in str(w.message)]
     assert recs[0].skipped_steps == 1
+    blk0 = tr.plan.blocks[0]
+    convs0 = {id(m) for u in [*tr.units[blk0.start:blk0.stop], tr.heads[0]] for m in u.modules()
+              if isinstance(m, torch.nn.Conv2d)}   # block 0's units and head
+    dtypes0 = [d for i, d in seen if i in convs0]
+    later = [d for i, d in seen if i not in convs0]
+    assert dtypes0[0] == torch.bfloat16
     if promote:
         assert recs[0].precision == "fp32" and recs[0].promoted_at == 4 and tr.block_dtypes[0] is None
         assert promoted == ["block 0: non-finite gradients skipped by step 4: compute precision bf16 -> fp32 "
                             "for the rest of the block"]
+        assert dtypes0[-1] == torch.float32 and torch.float32 in dtypes0   # its later steps and forwards
     else:
         assert recs[0].precision == "bf16" and recs[0].promoted_at is None and not promoted
+        assert set(dtypes0) == {torch.bfloat16}
+    if graph:
+        g0 = _FlakyGraph.instances[0]
+        assert g0.released == promote and g0.captures == (2 if promote else 1)
     assert all(r.precision == "bf16" and r.promoted_at is None for r in recs[1:])
     assert tr.block_dtypes[1:] == [torch.bfloat16] * (len(recs) - 1)
+    assert later and set(later) == {torch.bfloat16}   # later blocks' convs under bf16 autocast throughout
     assert all(torch.isfinite(torch.tensor(r.epoch_losses)).all() for r in recs)
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
@@ -655,11 +656,13 @@ class BlockCurvature:
     At the end of every `every`-th epoch of a block the backend measures the top eigenvalue of the
     empirical Fisher of each of the block's layers (its units and head, eval mode, FP32) on `samples`
     training samples (the same rows each time: the first `samples` of a permutation seeded with the
-    block's loader seed) and passes them to `observe`; the block's LR is multiplied by
-    1 / (1 + alpha * lambda_max) (`triaccel.curvature.lr_scales_from_eigs`, lambda_max the largest of
-    its layers') from then on. alpha None: calibrated at the run's first measurement to 1 /
-    lambda_max (scale 1/2 there), as the end-to-end law calibrates on its sharpest layer; a block
-    starts at scale 1.
+    block's loader seed, un-augmented, or the block's cached / fixed view) and passes them to
+    `observe`; the block's LR is multiplied by 1 / (1 + alpha * lambda_max)
+    (`triaccel.curvature.lr_scales_from_eigs`, lambda_max the largest of its layers') from then on.
+    alpha None: calibrated at the run's first measurement with a positive lambda_max to
+    1 / lambda_max (scale 1/2 there), as the end-to-end law calibrates on its sharpest layer; a block
+    starts at scale 1. A measurement with NaN/Inf (a non-finite sample among the rows) keeps the
+    block's scale, with a warning.
 
     Memory: the empirical Fisher's exact top eigenvalue comes from the b x b Gram matrix of b
     per-sample gradients, which a measurement holds at once: about samples x the block's parameters
@@ -678,6 +681,7 @@ class BlockCurvature:
         self.alpha = None if alpha is None else float(alpha)
         self.lam_max: dict[int, list[float]] = {}   # block -> lambda_max per measurement
         self.samples_used: dict[int, list[int]] = {}   # block -> rows each measurement read
+        self.scales: dict[int, float] = {}   # block -> the LR scale in force
 
     def due(self, epoch: int) -> bool:
         """Whether a block measures at the end of its epoch `epoch` (0-based)."""
@@ -692,15 +696,25 @@ class BlockCurvature:
         """Block `block`'s per-layer top eigenvalues ((L,) or (L, k), finite), measured on `samples`
         rows (default: `self.samples`) -> its LR scale in (0, 1]."""
         used = self.samples if samples is None else _pos_int("samples", samples)
+        block = _pos_int("block", block, 0)
         lam = np.asarray(eigvals, dtype=np.float64)
-        if lam.size == 0 or not np.isfinite(lam).all():
-            raise ValueError(f"eigvals: need finite values, got {lam.tolist()}")
+        if lam.size == 0:
+            raise ValueError("eigvals: need at least one value")
+        if not np.isfinite(lam).all():
+            warnings.warn(f"block {block}: curvature measurement on {used} rows gave non-finite eigenvalues "
+                          "(a non-finite sample among them?): the block's LR scale is kept", RuntimeWarning,
+                          stacklevel=2)
+            self.lam_max.setdefault(block, []).append(float("nan"))
+            self.samples_used.setdefault(block, []).append(used)
+            return self.scales.get(block, 1.0)
         lam_max = float(lam.max())
         if self.alpha is None and lam_max > 0:
             self.alpha = 1.0 / lam_max
-        self.lam_max.setdefault(_pos_int("block", block, 0), []).append(lam_max)
+        self.lam_max.setdefault(block, []).append(lam_max)
         self.samples_used.setdefault(block, []).append(used)
-        return 1.0 if self.alpha is None else float(lr_scales_from_eigs(np.array([lam_max]), self.alpha)[0])
+        scale = 1.0 if self.alpha is None else float(lr_scales_from_eigs(np.array([lam_max]), self.alpha)[0])
+        self.scales[block] = scale
+        return scale
 
 
 class NonFiniteTraining(RuntimeError):
@@ -736,7 +750,10 @@ class NonFinitePolicy:
     the block to FP32 compute for the rest of its training and as a frozen prefix after it
     (`precision_after`; a reduced-precision forward or backward that overflowed gets FP32's range, the
     way the end-to-end control law promotes a layer); the trainers record it in
-    `BlockRecord.precision` and `promoted_at`.
+    `BlockRecord.precision` and `promoted_at`. Off by default: under bf16 (the trainers' default) a
+    non-finite gradient rarely comes from the format's range, one bad batch would slow the block for
+    good, and FP32 activations need about twice the memory the plan gave the block at bf16 (its steps
+    then survive on the elastic path's smaller micro-batches); it is for FP16 compute.
 
     patience: consecutive skipped steps that end training, >= 1. check_every: optimizer steps between
     host reads, >= 1. promote: whether new skips promote the block to FP32.
@@ -744,7 +761,7 @@ class NonFinitePolicy:
 
     patience: int = 10
     check_every: int = 20
-    promote: bool = True
+    promote: bool = False
 
     def __post_init__(self) -> None:
         _pos_int("patience", self.patience)

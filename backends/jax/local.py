@@ -501,6 +501,9 @@ class LocalTrainer:
         self.lr_factor = lr_factor or (lambda seen, total: 1.0)
         self.inputs, self.cache_dtype, self.seed = inputs, jnp.dtype(cache_dtype), int(seed)
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
+        if curvature is not None and not isinstance(curvature, BlockCurvature):
+            raise ValueError(f"curvature: expected a triaccel.local_plan.BlockCurvature or None, "
+                             f"got {type(curvature).__name__}")
         self.curvature = curvature
         self.device = device if device is not None else jax.devices()[0]
         self.steps_per_call = steps_per_call
@@ -527,9 +530,9 @@ class LocalTrainer:
 
     @staticmethod
     def _precision(module: nnx.Module) -> Precision:
-        """The compute precision of `module`'s convs and linears (None, the promoted type: FP32)."""
+        """The lowest compute precision among `module`'s convs and linears (None, the promoted type: FP32)."""
         dtypes = {m.dtype for _, m in nnx.iter_modules(module) if isinstance(m, (nnx.Conv, nnx.Linear))}
-        return max((Precision.FP32 if d is None else Precision.parse(d) for d in dtypes), default=Precision.FP32)
+        return min((Precision.FP32 if d is None else Precision.parse(d) for d in dtypes), default=Precision.FP32)
 
     def _put(self, x: Any) -> jax.Array:
         return jax.device_put(x, self.device)
@@ -556,7 +559,10 @@ class LocalTrainer:
         self.records = []
         for blk, run in zip(self.plan.blocks, runs):
             sources, transform, tstate = self._inputs(blk, run, train_x, train_y, views, cache, aug, prep)
-            self.records.append(self._train_block(run, sources, transform, tstate, n, on_epoch))
+            # the curvature lever's measurements read un-augmented images (no draw on the training keys)
+            probe = (None if self.curvature is None else
+                     self._inputs(blk, run, train_x, train_y, views, cache, lambda x, _key: prep(x), prep))
+            self.records.append(self._train_block(run, sources, transform, tstate, n, on_epoch, probe))
             if run.cache_after is not None:
                 cache = self._build_cache(run.index, run.cache_after, cache, views, prep)
         return self.records
@@ -589,7 +595,7 @@ class LocalTrainer:
         return (body, *nnx.split(body, nnx.Param, ...))
 
     def _train_block(self, run: BlockRun, sources: list[tuple[Any, Any]], transform: Any, tstate: Any, n: int,
-                     on_epoch: Any) -> BlockRecord:
+                     on_epoch: Any, probe: tuple[Any, Any, Any] | None) -> BlockRecord:
         b, blk = run.index, self.plan.blocks[run.index]
         body, gd, params, rest = self._body_split(b)
         # committed to the device from the start: the step's outputs are, and a change of placement
@@ -673,12 +679,13 @@ class LocalTrainer:
             check()   # before on_epoch evaluates the statistics
             total_loss, kept = (float(v) for v in np.asarray(st["acc"]))   # the sync that ends the epoch
             rec.epoch_losses.append(total_loss / kept if kept > 0 else float("nan"))
-            rec.epoch_seconds.append(time.perf_counter() - t0)
             nnx.update(body, st["params"], st["rest"])   # the shared modules hold the trained weights
-            if self.curvature is not None and self.curvature.due(e):
-                st["scale"] = self._block_curvature(b, body, sources[BlockRun.view(e, len(sources))], transform,
-                                                    tstate, n, run.seed, curv)
+            if probe is not None and self.curvature is not None and self.curvature.due(e):   # counts as training
+                p_sources, p_transform, p_state = probe
+                st["scale"] = self._block_curvature(b, body, p_sources[BlockRun.view(e, len(p_sources))],
+                                                    p_transform, p_state, n, run.seed, curv)
                 rec.lr_scales.append(st["scale"])
+            rec.epoch_seconds.append(time.perf_counter() - t0)
             if on_epoch is not None:
                 on_epoch(b, e, rec.epoch_losses[-1], rec.epoch_seconds[-1])
         rec.peak_bytes = _peak_bytes(self.device)

@@ -336,6 +336,9 @@ class LocalTrainer:
         self.block_dtypes: list[torch.dtype | None] = [autocast_dtype] * len(plan.blocks)
         self.memory_format, self.seed = memory_format, seed
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
+        if curvature is not None and not isinstance(curvature, BlockCurvature):
+            raise ValueError(f"curvature: expected a triaccel.local_plan.BlockCurvature or None, "
+                             f"got {type(curvature).__name__}")
         self.curvature = curvature
         self.cuda_graph = bool(cuda_graph) and self.device.type == "cuda"
         self.heads: list[nn.Module] = []
@@ -447,7 +450,12 @@ class LocalTrainer:
                 def pre(x: torch.Tensor, start: int = blk.start) -> torch.Tensor:
                     x = self._prefix(start, x)
                     return self._fmt(x.to(self.cache_dtype) if self.cache_dtype != x.dtype else x)
-            self.records.append(self._train_block(run, fetch, pre, n, on_epoch))
+            probe = fetch   # the curvature lever's rows: a cache or fixed view as it is, images un-augmented
+            if run.source in ("data", "fresh"):
+                def probe(idx: np.ndarray, _e: list[int]) -> Any:
+                    raw = gather_to(train_x, idx, self.device)
+                    return self._fmt(view_transform(raw)), gather_to(train_y, idx, self.device)
+            self.records.append(self._train_block(run, fetch, pre, n, on_epoch, probe))
             if run.cache_after is not None:
                 cache = self._build_cache(b, run.cache_after, cache, views, view_transform)
         for m in self.units:
@@ -455,7 +463,8 @@ class LocalTrainer:
         return self.records
 
     def _train_block(self, run: BlockRun, fetch: Callable[[np.ndarray, list[int]], Any],
-                     pre: Callable[[torch.Tensor], torch.Tensor], n: int, on_epoch: Any) -> BlockRecord:
+                     pre: Callable[[torch.Tensor], torch.Tensor], n: int, on_epoch: Any,
+                     probe: Callable[[np.ndarray, list[int]], Any]) -> BlockRecord:
         b, blk, epochs = run.index, self.plan.blocks[run.index], run.epochs
         body, head = self.block(b), self.heads[b]
         body.requires_grad_(True)
@@ -552,8 +561,8 @@ class LocalTrainer:
                 if self.nonfinite.due(rec.steps):
                     read()
             read()   # before on_epoch evaluates the statistics
-            if self.curvature is not None and self.curvature.due(e):
-                scale[0] = self._block_curvature(b, body, head, fetch, pre, n, run.seed, epoch_of)
+            if self.curvature is not None and self.curvature.due(e):   # the lever's cost counts as training
+                scale[0] = self._block_curvature(b, body, head, probe, pre, n, run.seed, epoch_of)
                 rec.lr_scales.append(scale[0])
             self._sync()
             rec.epoch_seconds.append(time.perf_counter() - t0)
@@ -571,10 +580,11 @@ class LocalTrainer:
         opt.state.clear()
         return rec
 
-    def _block_curvature(self, b: int, body: nn.Module, head: nn.Module, fetch: Callable[..., Any],
+    def _block_curvature(self, b: int, body: nn.Module, head: nn.Module, probe: Callable[..., Any],
                          pre: Callable[[torch.Tensor], torch.Tensor], n: int, seed: int, epoch_of: list[int]) -> float:
         """The curvature lever's measurement: per-layer top empirical-Fisher eigenvalue of block b
-        (units + head, eval mode, FP32) on `BlockCurvature.rows`; returns the block's new LR scale."""
+        (units + head, eval mode, FP32) on `BlockCurvature.rows` of `probe` (deterministic inputs: no
+        draw on the training augmentation); returns the block's new LR scale."""
         assert self.curvature is not None
         rows = self.curvature.rows(n, seed)
         model = nn.Sequential(body, head)
@@ -583,7 +593,7 @@ class LocalTrainer:
 
         def measure(k: int) -> None:
             with torch.no_grad():
-                x, y = fetch(rows[:k], epoch_of)
+                x, y = probe(rows[:k], epoch_of)
                 xb = pre(x).float()
             out[:] = [est((xb, y))]
 
@@ -605,7 +615,7 @@ class LocalTrainer:
         full = left >= batch
         idx = loader.next_indices()
         capturing = not graphed.captured and graphed.calls >= graphed.warmup
-        stage, failed = "fetch", ""
+        stage, failed, oom = "fetch", "", False
         try:
             x, y = loader.fetch(idx)
             stage = "capture" if capturing else "step"
@@ -615,7 +625,8 @@ class LocalTrainer:
                 graphed.run_eager(x, y)
         except Exception as exc:   # noqa: BLE001 - an OOM, or any error of a capture, falls back to eager
             loader.put_back(idx)
-            if not (is_oom(exc) or stage == "capture"):
+            oom = is_oom(exc)
+            if not (oom or stage == "capture"):
                 raise
             failed = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
         if failed and stage != "capture" and not graphed.captured and graphed.warmup_ooms < WARMUP_OOMS:
@@ -646,7 +657,7 @@ class LocalTrainer:
                    if dev.type == "cuda" else "")
             graphed.release()
             note = f"{stage} at step {rec.steps}: {failed} ({mem}); graph released"
-            if rec.graph_retries < GRAPH_RETRIES:
+            if oom and rec.graph_retries < GRAPH_RETRIES:   # another error would only repeat
                 rec.graph_retries += 1
                 graphed.warmup_ooms = 0
                 note += ", warm-up and capture again"
