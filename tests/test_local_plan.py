@@ -286,3 +286,36 @@ def test_block_curvature_law():
     with pytest.warns(RuntimeWarning, match="block 1: curvature measurement on 4 rows gave non-finite"):
         assert c.observe(1, [float("nan"), 1.0]) == pytest.approx(0.8)   # block 1's scale in force, kept
     assert c.lam_max[1][-1] != c.lam_max[1][-1] and c.scales == {0: pytest.approx(0.5), 1: pytest.approx(0.8)}
+
+
+def test_block_curvature_measure_halves_then_keeps_the_scale():
+    """BlockCurvature.measure: an OOM repeats the measurement on half the rows; one at a single row
+    keeps the block's scale (warning); other errors propagate."""
+    from triaccel.local_plan import BlockCurvature
+
+    class OOM(Exception):
+        pass
+
+    freed = []
+    c = BlockCurvature(samples=8)
+
+    def fits_4(k):
+        if k > 4:
+            raise OOM
+        return [[2.0], [1.0]]
+
+    assert c.measure(0, fits_4, 8, is_oom=lambda e: isinstance(e, OOM), free_memory=lambda: freed.append(1)) == 0.5
+    assert c.samples_used == {0: [4]} and freed == [1]
+
+    def never(k):
+        raise OOM
+
+    with pytest.warns(RuntimeWarning, match="block 0: curvature measurement out of memory at one row"):
+        assert c.measure(0, never, 8, is_oom=lambda e: isinstance(e, OOM), free_memory=lambda: None) == 0.5
+    assert c.samples_used == {0: [4]}
+
+    def broken(k):
+        raise KeyError("not an OOM")
+
+    with pytest.raises(KeyError):
+        c.measure(1, broken, 8, is_oom=lambda e: isinstance(e, OOM), free_memory=lambda: None)

@@ -592,3 +592,12 @@ def test_curvature_measurement_halves_its_rows_on_oom(monkeypatch):
     assert all(len(r.lr_scales) == 1 for r in recs)
     assert curv.samples_used == {b: [4] for b in range(len(recs))}
 
+    def never(self, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(tl.CurvatureEstimator, "__call__", never)   # not even one row fits: scale kept
+    curv = BlockCurvature(every=1, samples=16)
+    with pytest.warns(RuntimeWarning, match="block 0: curvature measurement out of memory at one row"):
+        _, _, recs = _train(inputs="cache", epochs=2, curvature=curv)
+    assert all(r.lr_scales == [1.0, 1.0] for r in recs) and curv.samples_used == {}
+

@@ -667,8 +667,8 @@ class BlockCurvature:
     Memory: the empirical Fisher's exact top eigenvalue comes from the b x b Gram matrix of b
     per-sample gradients, which a measurement holds at once: about samples x the block's parameters
     x 4 bytes (16 x ResNet-18's layer4, 8.4 M parameters: 0.54 GB). A measurement that runs out of
-    memory is repeated on the first half of its rows (`halving_on_oom`), down to one; `samples_used`
-    records what each one read.
+    memory is repeated on the first half of its rows (`measure`, `halving_on_oom`), down to one (and
+    skipped, the scale kept, if one row does not fit); `samples_used` records what each one read.
 
     every: epochs between measurements, >= 1. samples: rows per measurement, >= 2. alpha: > 0, or None.
     """
@@ -691,6 +691,29 @@ class BlockCurvature:
         """The training rows (int64, (min(samples, num_samples),)) every measurement of a block reads."""
         n = _pos_int("num_samples", num_samples)
         return np.random.default_rng(seed).permutation(n)[:min(self.samples, n)].astype(np.int64)
+
+    def measure(self, block: int, eigvals_of: Any, rows: int, *, is_oom: Any, free_memory: Any) -> float:
+        """Run a backend's measurement and `observe` it: eigvals_of(k) -> block `block`'s per-layer
+        eigenvalues on the first k of its `rows` rows, repeated on half the rows after an
+        out-of-memory error (``is_oom(exc)``, then ``free_memory()``); one that runs out of memory at
+        one row keeps the block's scale, with a warning. Returns the block's LR scale."""
+        out: list[Any] = []
+
+        def run(k: int) -> None:
+            out[:] = [eigvals_of(k)]
+
+        used = 0
+        try:
+            used = halving_on_oom(run, rows, is_oom=is_oom, free_memory=free_memory)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless it is an OOM
+            if not is_oom(exc):
+                raise
+        if not used:
+            free_memory()   # outside the except block: its frames held the failed pass's buffers
+            warnings.warn(f"block {block}: curvature measurement out of memory at one row: the block's LR "
+                          "scale is kept", RuntimeWarning, stacklevel=2)
+            return self.scales.get(block, 1.0)
+        return self.observe(block, out[0], samples=used)
 
     def observe(self, block: int, eigvals: Any, samples: int | None = None) -> float:
         """Block `block`'s per-layer top eigenvalues ((L,) or (L, k), finite), measured on `samples`

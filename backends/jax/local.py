@@ -702,16 +702,14 @@ class LocalTrainer:
         pure = nnx_loss(body, _mean_ce)
         if "est" not in curv:
             curv["est"] = FisherTopK(pure.fn, layer_map_from_model(body), 1)
-        out: list[np.ndarray] = []
 
-        def measure(k: int) -> None:
+        def eigvals_of(k: int) -> np.ndarray:
             batch = tuple(jnp.asarray(a[rows[:k]]) for a in arrays)
             if transform is not None:
                 batch = transform(tstate, batch, jax.random.PRNGKey(seed))
-            out[:] = [curv["est"](pure.params, (batch[0].astype(jnp.float32), batch[1]), pure.aux)]
+            return curv["est"](pure.params, (batch[0].astype(jnp.float32), batch[1]), pure.aux)
 
-        used = halving_on_oom(measure, len(rows), is_oom=is_oom, free_memory=free_memory)
-        return self.curvature.observe(b, out[0], samples=used)
+        return self.curvature.measure(b, eigvals_of, len(rows), is_oom=is_oom, free_memory=free_memory)
 
     def _fused_call(self, fused: Callable[..., Any], steps: int, st: dict[str, Any], tstate: Any,
                     loader: ElasticLoader, run: BlockRun, batch: int, seen: int, total: int,

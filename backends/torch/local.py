@@ -589,16 +589,14 @@ class LocalTrainer:
         rows = self.curvature.rows(n, seed)
         model = nn.Sequential(body, head)
         est = CurvatureEstimator(model, discover_layers(model), F.cross_entropy, "fisher", top_k=1)
-        out: list[np.ndarray] = []
 
-        def measure(k: int) -> None:
+        def eigvals_of(k: int) -> np.ndarray:
             with torch.no_grad():
                 x, y = probe(rows[:k], epoch_of)
                 xb = pre(x).float()
-            out[:] = [est((xb, y))]
+            return est((xb, y))
 
-        used = halving_on_oom(measure, len(rows), is_oom=is_oom, free_memory=free_memory)
-        return self.curvature.observe(b, out[0], samples=used)
+        return self.curvature.measure(b, eigvals_of, len(rows), is_oom=is_oom, free_memory=free_memory)
 
     def _graph_step(self, graphed: GraphedStep, loader: _FnLoader, batch: int, rec: BlockRecord) -> int:
         """One step through `graphed`: a full batch replays (or warms up, or captures) the graph, an
