@@ -2,7 +2,8 @@
 # (probe, ~4 min), and what does local learning with graphs take against end-to-end in one call
 # (compare, ~5 min per seed: 20 epochs per block, e2e 10 epochs; 2026-11-23 seed 0: 0.39x, -0.72 points)?
 #   bash benchmarks/device/local_graphs.sh probe        (device tool, carry [".device"])
-#   SEEDS="1 2" bash benchmarks/device/local_graphs.sh compare   (~9 min for two seeds; R defaults to 32MiB)
+#   SEEDS="1 2" bash benchmarks/device/local_graphs.sh compare   (~9 min for two seeds; R defaults to 32MiB;
+#     LARGS="--block-curvature 5" adds local options, e.g. the per-block curvature lever)
 #   bash benchmarks/device/local_graphs.sh jax   (one seed per call; the JAX twin: block steps fused 16 per compiled scan,
 #     its counterpart of CUDA graphs; local first (20 epochs per block, as torch's compare), e2e second;
 #     each block compiles ~11-16 s on the H100, how much of it XLA's autotuning is not measured: prefixing
@@ -63,7 +64,7 @@ R=${R:-32MiB}
 # local first: a call cut short keeps the cheaper run; e2e-graph (end-to-end under torch.compile's CUDA
 # graphs, the stronger plain alternative, ~107 s) with EXTRA=e2e-graph when the call has room
 timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} --variants local-fresh e2e $EXTRA --local-epochs 20 \
-  --local-args "--graph-reserve $R --exit-eval ${EVAL:-end}" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
+  --local-args "--graph-reserve $R --exit-eval ${EVAL:-end}${LARGS:+ $LARGS}" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
 tail -6 $OUT/lve.log
 fi
 # the device tool returns few files: the runs' logs travel as one archive
