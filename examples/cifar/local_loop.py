@@ -29,6 +29,7 @@ from triaccel.backends.torch.local import LocalTrainer, measure_layers, sequenti
 from triaccel.backends.torch.models import create_model
 from triaccel.config import parse_bytes
 from triaccel.local_plan import BlockCurvature, LocalPlanConfig, plan_local, select_exit
+from triaccel.swap_plan import largest_fitting as bisect_largest
 
 from .common import RunLog, RunOptions, bucket_ladder, lr_factor, median_last
 from .datasets import CifarArrays
@@ -351,25 +352,26 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
 
 def largest_fitting(batches: Sequence[int], peak_of: Callable[[int], int], budget: int,
                     known: dict[int, int] | None = None) -> dict[int, int]:
-    """The peaks a binary search computes (`peak_of(batch)`, bytes; they grow with the batch) to find the
-    largest of the ascending `batches` whose peak fits `budget`, merged with the `known` ones (reused,
-    and they narrow the search): at most ~log2(len(batches)) + 1 calls, none when the known peaks
-    already bracket the answer. The answer: the largest key whose peak is <= budget (none: no batch fits)."""
+    """The peaks a bisection (`triaccel.swap_plan.largest_fitting`) computes (`peak_of(batch)`, bytes;
+    they grow with the batch) to find the largest of the ascending `batches` whose peak fits
+    `budget`, merged with the `known` ones (reused, and they narrow the search): at most
+    ~log2(len(batches)) + 1 calls, none when the known peaks already bracket the answer. The answer:
+    the largest key whose peak is <= budget (none: no batch fits)."""
     peaks = dict(known or {})
-    lo, hi = 0, len(batches) - 1
+    lo, hi = 0, len(batches)
     for i, b in enumerate(batches):   # known peaks bound the range
         if b in peaks:
             if peaks[b] <= budget:
                 lo = max(lo, i + 1)
             else:
-                hi = min(hi, i - 1)
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        peaks[batches[mid]] = peak_of(batches[mid])
-        if peaks[batches[mid]] <= budget:
-            lo = mid + 1
-        else:
-            hi = mid - 1
+                hi = min(hi, i)
+
+    def fits(b: int) -> bool:
+        if b not in peaks:
+            peaks[b] = peak_of(b)
+        return peaks[b] <= budget
+
+    bisect_largest(batches[lo:hi], fits)
     return peaks
 
 
