@@ -623,6 +623,14 @@ class BlockRecord:
     promoted_at: int | None = None
     lr_scales: list[float] = field(default_factory=list)
 
+    def promote(self, new: Precision) -> str:
+        """Record the block's move to `new` compute precision at its current step (both trainers,
+        after `NonFinitePolicy.precision_after`); returns the warning's text."""
+        note = (f"block {self.index}: non-finite gradients skipped by step {self.steps}: compute precision "
+                f"{self.precision} -> {new.short} for the rest of the block")
+        self.precision, self.promoted_at = new.short, self.steps
+        return note
+
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 

@@ -637,9 +637,7 @@ class LocalTrainer:
                 gd = nnx.graphdef(body)
                 if fused is not None:
                     fused = _scan_steps(gd, self.tx, transform, run.seed, blk.batch, _host_leaves(sources[0]))
-                warnings.warn(f"block {b}: non-finite gradients skipped by step {rec.steps}: compute precision "
-                              f"{rec.precision} -> {new.short} for the rest of the block", RuntimeWarning, stacklevel=2)
-                rec.precision, rec.promoted_at = new.short, rec.steps
+                warnings.warn(rec.promote(new), RuntimeWarning, stacklevel=2)
 
         curv: dict[str, Any] = {}   # the block's curvature estimator (one compile per block)
         fused = None

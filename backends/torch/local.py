@@ -372,14 +372,6 @@ class LocalTrainer:
         dtype = self.block_dtypes[b]
         return Precision.FP32 if dtype is None else Precision.parse(dtype)
 
-    def _promote(self, b: int, new: Precision, rec: BlockRecord) -> None:
-        """Block b computes at `new` from now on (`NonFinitePolicy.precision_after`'s decision)."""
-        old = rec.precision
-        self.block_dtypes[b] = None if new == Precision.FP32 else getattr(torch, new.dtype_name)
-        rec.precision, rec.promoted_at = new.short, rec.steps
-        warnings.warn(f"block {b}: non-finite gradients skipped by step {rec.steps}: compute precision "
-                      f"{old} -> {new.short} for the rest of the block", RuntimeWarning, stacklevel=3)
-
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -524,7 +516,9 @@ class LocalTrainer:
             rec.skipped_steps = guard.check(rec.steps)
             new = self.nonfinite.precision_after(rec.skipped_steps > before, rec.precision)
             if new != Precision.parse(rec.precision):
-                self._promote(b, new, rec)
+                # block b computes at `new` from now on: its steps, its frozen forward, its exit
+                self.block_dtypes[b] = None if new == Precision.FP32 else getattr(torch, new.dtype_name)
+                warnings.warn(rec.promote(new), RuntimeWarning, stacklevel=2)
                 if graphed is not None:
                     graphed.release()   # captured at the old dtype: warm up and capture at the new one
                     free_memory()
