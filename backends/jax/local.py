@@ -558,32 +558,36 @@ class LocalTrainer:
         cache: list[Any] | None = None
         self.records = []
         for blk, run in zip(self.plan.blocks, runs):
-            sources, transform, tstate = self._inputs(blk, run, train_x, train_y, views, cache, aug, prep)
+            sources, transform, still, tstate = self._inputs(blk, run, train_x, train_y, views, cache, aug, prep)
             # the curvature lever's measurements read un-augmented images (no draw on the training keys)
-            probe = (None if self.curvature is None else
-                     self._inputs(blk, run, train_x, train_y, views, cache, lambda x, _key: prep(x), prep))
+            probe = None if self.curvature is None else (sources, still, tstate)
             self.records.append(self._train_block(run, sources, transform, tstate, n, on_epoch, probe))
             if run.cache_after is not None:
                 cache = self._build_cache(run.index, run.cache_after, cache, views, prep)
         return self.records
 
     def _inputs(self, blk: Any, run: BlockRun, train_x: Any, train_y: Any, views: Sequence[Any],
-                cache: list[Any] | None, aug: Callable[..., Any], prep: Callable[..., Any]) -> tuple[Any, Any, Any]:
-        """A block's (sources, transform, tstate): the arrays its loader reads, transform(tstate, raw
-        batch, key) -> (x, y) or None, its arrays (the frozen prefix's eval-mode state, on the device)."""
+                cache: list[Any] | None, aug: Callable[..., Any],
+                prep: Callable[..., Any]) -> tuple[Any, Any, Any, Any]:
+        """A block's (sources, transform, still, tstate): the arrays its loader reads, transform(tstate,
+        raw batch, key) -> (x, y) or None, the same without augmentation (`prep` for `aug`: the
+        curvature lever's inputs), its arrays (the frozen prefix's eval-mode state, on the device)."""
         if run.source == "data":
-            return [(train_x, train_y)], (lambda _s, b, key: (aug(b[0], key), b[1])), None
+            return ([(train_x, train_y)], (lambda _s, b, key: (aug(b[0], key), b[1])),
+                    (lambda _s, b, key: (prep(b[0]), b[1])), None)
         if run.source == "cache":
             assert cache is not None
-            return [(c, train_y) for c in cache], None, None
+            return [(c, train_y) for c in cache], None, None, None
         # the frozen prefix every step: on the fixed views ("recompute") or fresh images
         pre_gd, tstate = self._eval_split(_Chain(self.units[:blk.start]))
         fresh = run.source == "fresh"
         sources = [(train_x, train_y)] if fresh else [(v, train_y) for v in views]
-        inp = (lambda b, key: aug(b[0], key)) if fresh else (lambda b, key: prep(b[0]))
-        transform = lambda s, b, key, g=pre_gd, inp=inp: (  # noqa: E731
-            _forward(g, s, inp(b, key)).astype(self.cache_dtype), b[1])
-        return sources, transform, tstate
+
+        def through_prefix(inp: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+            return lambda s, b, key: (_forward(pre_gd, s, inp(b, key)).astype(self.cache_dtype), b[1])
+
+        still = through_prefix(lambda b, key: prep(b[0]))
+        return sources, (through_prefix(lambda b, key: aug(b[0], key)) if fresh else still), still, tstate
 
     def _body_split(self, b: int) -> tuple[nnx.Module, Any, Any, Any]:
         """Block b's training module (units + head) and its train-mode split: (module, graph def, params,
