@@ -364,9 +364,9 @@ class LocalTrainer:
     def _fmt(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=self.memory_format) if x.dim() == 4 else x
 
-    def _cast(self, cache: bool = True, block: int | None = None) -> Any:
-        """Autocast at block `block`'s compute dtype (the trainer's before it is trained or promoted)."""
-        return _autocast(self.device, self.autocast_dtype if block is None else self.block_dtypes[block], cache)
+    def _cast(self, block: int, cache: bool = True) -> Any:
+        """Autocast at block `block`'s compute dtype (the trainer's unless it was promoted)."""
+        return _autocast(self.device, self.block_dtypes[block], cache)
 
     def _precision(self, b: int) -> Precision:
         dtype = self.block_dtypes[b]
@@ -382,7 +382,7 @@ class LocalTrainer:
         for blk in self.plan.blocks:
             if blk.start >= stop:
                 break
-            with self._cast(block=blk.index):
+            with self._cast(blk.index):
                 for m in self.units[blk.start:min(blk.stop, stop)]:
                     x = m(x)
         return x
@@ -494,14 +494,14 @@ class LocalTrainer:
         def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             x, y = batch
             xb = pre(x)   # the frozen prefix at its blocks' dtypes
-            with self._cast(block=b):
+            with self._cast(b):
                 return F.cross_entropy(head(body(xb)), y)
 
         def graph_step(x: torch.Tensor, y: torch.Tensor) -> None:
             # the eager step's work, device-side only: a capture records it (see GraphedStep)
             opt.zero_grad(set_to_none=False)   # in place: eager calls after the capture reuse its buffers
             xb = pre(x)
-            with self._cast(cache=False, block=b):
+            with self._cast(b, cache=False):
                 loss = F.cross_entropy(head(body(xb)), y)
             loss.backward()
             guard.step(None)
@@ -708,7 +708,7 @@ class LocalTrainer:
                         x = self._fmt(view_transform(raw[i:i + bs].to(self.device)))
                     else:
                         x = self._fmt(cache[v][i:i + bs].to(self.device, non_blocking=True))
-                    with self._cast(block=b):
+                    with self._cast(b):
                         y = body(x)
                     buf[i:i + bs].copy_(y)
 
@@ -739,7 +739,7 @@ class LocalTrainer:
                 yb = y[i:i + bs].to(self.device)
                 for b in range(nb):
                     blk = self.plan.blocks[b]
-                    with self._cast(block=b):
+                    with self._cast(b):
                         for m in self.units[blk.start:blk.stop]:
                             h = m(h)
                         correct[b] += int((self.heads[b](h).argmax(1) == yb).sum())
