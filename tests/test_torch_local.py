@@ -336,11 +336,14 @@ def test_demo_local_loop(tmp_path, block_inputs):
 def test_unmodelled_fixed_bytes_from_end_to_end_peaks():
     from examples.cifar.local_loop import unmodelled_fixed_bytes
 
-    # the H100 run of issue 18: peaks at 8 and 16, data 184.8 MB, ResNet-18's 11,173,962 parameters
+    # the H100 run of issue 18: data 184.8 MB, ResNet-18's 11,173,962 parameters; the line through
+    # the two largest batches that ran (16 and 32), not the smallest
     probe = {8: 452680192, 16: 470555136, 32: 509057536, 64: None}
     got = unmodelled_fixed_bytes(probe, 184_800_000, 11_173_962)
     # the probe trains a copy (14 bytes per parameter) beside the model's own fp32 weights (4)
-    assert got == 2 * 452680192 - 470555136 - 184_800_000 - 18 * 11_173_962
+    assert got == 2 * 470555136 - 509057536 - 184_800_000 - 18 * 11_173_962
+    # e2e:B's uncapped pair (B, 2B), here EfficientNet-B0's on the H100: 2B ran, so it counts
+    assert unmodelled_fixed_bytes({32: 346044928, 64: 397019136}, 0, 0) == 2 * 346044928 - 397019136
     assert unmodelled_fixed_bytes({8: 100, 16: None}, 0, 0) is None
     assert unmodelled_fixed_bytes({8: 1000, 16: 1800}, 500, 0) == 0       # intercept 200 < data: never negative
 

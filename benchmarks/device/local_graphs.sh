@@ -3,13 +3,15 @@
 # (compare, ~5 min per seed: 20 epochs per block, e2e 10 epochs; 2026-11-23 seed 0: 0.39x, -0.72 points)?
 #   bash benchmarks/device/local_graphs.sh probe        (device tool, carry [".device"])
 #   SEEDS="1 2" bash benchmarks/device/local_graphs.sh compare   (~9 min for two seeds; R defaults to 32MiB;
-#     LARGS="--block-curvature 5" adds local options, e.g. the per-block curvature lever)
+#     LARGS="--block-curvature 5" adds local options, e.g. the per-block curvature lever;
+#     VARIANTS=local-fresh runs local alone, against another call's end-to-end of the same seed)
 #   bash benchmarks/device/local_graphs.sh jax   (one seed per call; the JAX twin: block steps fused 16 per compiled scan,
 #     its counterpart of CUDA graphs; local first (20 epochs per block, as torch's compare), e2e second;
 #     each block compiles ~11-16 s on the H100, how much of it XLA's autotuning is not measured: prefixing
 #     XLA_FLAGS=--xla_gpu_autotune_level=0 applies to both runs, to measure what autotuning costs and returns)
 #   bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, e2e 3 epochs, 6 per block: its eager e2e step
-#     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call)
+#     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call;
+#     VARIANTS=local-fresh: local alone, against effnet-e2e's 8-epoch runs)
 #   LR=0.0083 bash benchmarks/device/local_graphs.sh effnet-e2e   (end-to-end alone, 8 epochs at batch 32 and
 #     lr LR, to look for its best recipe at this budget (9 epochs took up to ~570 s on a slow H100); 2026-11-24: 44.20% at the demo's 0.0333, 59.99% after 8 of 9
 #     epochs at 0.0167 when cut at 575 s on a slower H100; 8 epochs: 68.14% at 0.0083, 65.74% at 0.0042)
@@ -49,8 +51,8 @@ elif [ "$1" = effnet ]; then
 # blocks at 128 / 128 / 128 / 512 (modelled peaks 335 of 354 MiB), at 1.0 end-to-end's modelled largest
 # batch is the measured 32.
 R=${R:-32MiB}
-timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 3 --local-epochs 6 --seeds 0 \
-  --variants local-fresh e2e --local-args "--graph-reserve $R${H:+ --plan-headroom $H} --exit-eval ${EVAL:-end}" --run-timeout 400 --runs $OUT/runs --out $OUT/lve-eff.json \
+timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 3 --local-epochs 6 --seeds ${SEEDS:-0} \
+  --variants ${VARIANTS:-local-fresh e2e} --local-args "--graph-reserve $R${H:+ --plan-headroom $H} --exit-eval ${EVAL:-end}" --run-timeout 400 --runs $OUT/runs --out $OUT/lve-eff.json \
   > $OUT/lve-eff.log 2>&1
 tail -6 $OUT/lve-eff.log
 elif [ "$1" = effnet-e2e ]; then
@@ -63,7 +65,7 @@ else
 R=${R:-32MiB}
 # local first: a call cut short keeps the cheaper run; e2e-graph (end-to-end under torch.compile's CUDA
 # graphs, the stronger plain alternative, ~107 s) with EXTRA=e2e-graph when the call has room
-timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} --variants local-fresh e2e $EXTRA --local-epochs 20 \
+timeout 570 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} --variants ${VARIANTS:-local-fresh e2e} $EXTRA --local-epochs 20 \
   --local-args "--graph-reserve $R --exit-eval ${EVAL:-end}${LARGS:+ $LARGS}" --run-timeout 300 --runs $OUT/runs --out $OUT/lve.json > $OUT/lve.log 2>&1
 tail -6 $OUT/lve.log
 fi

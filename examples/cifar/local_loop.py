@@ -141,15 +141,19 @@ def unmodelled_fixed_bytes(probe: dict[int, int | None], resident: int, params: 
                            state_bytes_per_param: int = LocalPlanConfig.state_bytes_per_param,
                            weight_bytes_per_param: int = LocalPlanConfig.frozen_bytes_per_param) -> int | None:
     """Bytes end-to-end training (`_e2e_probe`) held beyond what the plan models, at batch 0: the
-    intercept of the probe's peaks at its two smallest batches (peaks are linear in the batch) less
-    the data (resident), the trained copy's state (state_bytes_per_param * params) and the model's own
+    intercept of the line through the probe's peaks at its two largest batches that ran, less the
+    data (resident), the trained copy's state (state_bytes_per_param * params) and the model's own
     weights beside it (weight_bytes_per_param * params). That is the framework's workspaces (cuBLAS,
     cuDNN) and whatever else the per-unit table does not show, which every block pays as well (the
-    H100 run of issue 18: ~49 MB). None with fewer than two batches measured; never negative."""
+    H100 run of issue 18: ~49 MB). The largest batches, because the plan's blocks train at batches
+    of that size or more, where peaks are linear in the batch; small ones are not: EfficientNet-B0's
+    H100 peaks rise 0.54 MB per sample from 8 to 16 and 1.59 MB from 32 to 64, so the intercept of
+    8 and 16 overstated its fixed bytes by 26.8 MB (the plan's peak at batch 128 was 335 MiB against
+    311 measured; 309 from 32 and 64). None with fewer than two batches measured; never negative."""
     ran = sorted((b, peak) for b, peak in probe.items() if peak is not None)
     if len(ran) < 2:
         return None
-    (b1, p1), (b2, p2) = ran[:2]
+    (b1, p1), (b2, p2) = ran[-2:]
     intercept = p1 - b1 * (p2 - p1) / (b2 - b1)
     return max(int(intercept) - resident - (state_bytes_per_param + weight_bytes_per_param) * params, 0)
 
@@ -293,21 +297,26 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     buckets = bucket_ladder(8, 8, max(opts.batch_max, 8))
     e2e_probe: dict[int, int | None] = {}
     spent = _spent()
-    if budget is None:   # e2e:B: probe uncapped up to 2B, then the budget between the two peaks
-        # from batch 2: BatchNorm cannot train on one sample where the map is 1x1 (EfficientNet's last stages)
+    if budget is None:   # e2e:B: probe uncapped at B and 2B, then the budget between the two peaks
         with _clock(spent, "probe"):
-            e2e_probe = _e2e_probe(model, train_transform, xtr, ytr, bucket_ladder(e2e_batch, 2, 2 * e2e_batch), opts)
+            e2e_probe = _e2e_probe(model, train_transform, xtr, ytr, (e2e_batch, 2 * e2e_batch), opts)
         if e2e_probe.get(2 * e2e_batch) is None or e2e_probe.get(e2e_batch) is None:
             raise RuntimeError(f"--budget {opts.budget}: end-to-end did not run at batch {2 * e2e_batch} on this "
                                f"device ({e2e_probe}); pass bytes")
         budget = (e2e_probe[e2e_batch] + e2e_probe[2 * e2e_batch]) // 2
         print(f"budget {budget} bytes ({budget / 2**20:.1f} MiB): halfway between end-to-end's peaks at batch "
               f"{e2e_batch} and {2 * e2e_batch}", flush=True)
+        # Measured, so not probed again under the cap: end-to-end's largest batch is B (2B's peak is
+        # above the budget), and the line through the two peaks gives the unmodelled fixed bytes.
+        e2e_fit = [e2e_batch]
     if device.type == "cuda":
         enforce_memory_budget(budget, device)
-        with _clock(spent, "probe"):
-            e2e_probe = _e2e_probe(model, train_transform, xtr, ytr, buckets, opts)   # under the cap now
-    e2e_fit = [b for b, peak in e2e_probe.items() if peak is not None]
+        if e2e_batch is None:
+            with _clock(spent, "probe"):
+                e2e_probe = _e2e_probe(model, train_transform, xtr, ytr, buckets, opts)   # under the cap
+            e2e_fit = [b for b, peak in e2e_probe.items() if peak is not None]
+    else:
+        e2e_fit = []
 
     units, clf = sequential_units(model)
     t0 = time.perf_counter()
