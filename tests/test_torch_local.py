@@ -459,7 +459,7 @@ class _FlakyGraph:
     oom_at: tuple = ()
     short_oom_at: tuple = ()   # block 0's short-batch (run_eager) calls that raise, 0-based
 
-    def __init__(self, fn, params, warmup=3):
+    def __init__(self, fn, params, warmup=3, stream=None):
         self.fn, self.warmup, self.calls, self.attempts, self.warmup_ooms = fn, warmup, 0, 0, 0
         self.short_attempts, self.captures = 0, 0
         self.captured, self.released, self.pool_bytes = False, False, 123

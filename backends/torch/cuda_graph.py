@@ -36,13 +36,18 @@ class GraphedStep:
 
     warmup: eager steps before the capture (>= 1; torch's recipe uses a few). params: the tensors whose
     `.grad` the step produces; they are set to None before the capture so that backward allocates
-    them in the graph's pool (and memory outside the graph can never alias them).
+    them in the graph's pool (and memory outside the graph can never alias them). stream: the stream
+    to capture on, which should be the one every call runs on (not the legacy default stream, which
+    cannot capture; None: torch's own capture stream). cuBLAS keeps one workspace per stream (32 MiB
+    on an H100): captured on the callers' stream, the graph reuses the one its warm-ups set up; on
+    another, the capture allocates a second one inside the graph's pool.
     """
 
-    def __init__(self, fn: Callable[..., None], params: Sequence[torch.Tensor], *, warmup: int = 3) -> None:
+    def __init__(self, fn: Callable[..., None], params: Sequence[torch.Tensor], *, warmup: int = 3,
+                 stream: torch.cuda.Stream | None = None) -> None:
         if warmup < 1:
             raise ValueError(f"warmup={warmup!r}: allowed >= 1 (cuDNN/cuBLAS set up in eager steps before a capture)")
-        self.fn, self.params, self.warmup = fn, list(params), int(warmup)
+        self.fn, self.params, self.warmup, self.stream = fn, list(params), int(warmup), stream
         self.calls = 0
         self.warmup_ooms = 0   # the caller's count of warm-up steps that ran out of memory
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -106,7 +111,7 @@ class GraphedStep:
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(dev)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, stream=self.stream):
             self.fn(*self.static)
         self.graph = g
         self.pool_bytes = torch.cuda.memory_reserved(dev) - before

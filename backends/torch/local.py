@@ -27,7 +27,7 @@ import copy
 import gc
 import time
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -354,6 +354,7 @@ class LocalTrainer:
                                       head_init(c, blk.head_width, num_classes, seed=seed, index=blk.index).items()})
             self.heads.append(head.to(self.device))
         self.records: list[BlockRecord] = []
+        self.stream: torch.cuda.Stream | None = None   # `_training_stream`'s, while training with graphs
 
     # -- pieces -----------------------------------------------------------------------------------
     def block(self, b: int) -> nn.Sequential:
@@ -406,8 +407,47 @@ class LocalTrainer:
         for m in self.units:
             m.eval()
             m.requires_grad_(False)
-        cache: list[torch.Tensor] | None = None
         self.records = []
+        with self._training_stream():
+            self._train_blocks(runs, train_x, train_y, train_transform, views, view_transform, n, on_epoch)
+        for m in self.units:
+            m.requires_grad_(True)
+        return self.records
+
+    @contextlib.contextmanager
+    def _training_stream(self) -> Iterator[None]:
+        """With CUDA graphs, every block trains on one side stream (`self.stream`), the one its graphs
+        capture on: cuBLAS keeps a workspace per stream (32 MiB on an H100), and a capture on a stream
+        of its own allocated a second one inside the graph's pool (EfficientNet-B0's block captures
+        under issue 18's budget failed on that 32 MiB request). The default stream's workspace is
+        freed first, so training holds one, as the end-to-end probe that measured the fixed bytes did.
+        Elsewhere: nothing."""
+        if not (self.cuda_graph and self.device.type == "cuda"):
+            yield
+            return
+        dev = self.device
+        torch.cuda.synchronize(dev)
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+        free_memory()
+        self.stream = torch.cuda.Stream(dev)
+        self.stream.wait_stream(torch.cuda.current_stream(dev))
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            torch.cuda.current_stream(dev).wait_stream(self.stream)
+            torch.cuda.synchronize(dev)
+            self.stream = None
+            free_memory()   # the blocks cached for the training stream: no other stream could reuse them
+
+    def _train_blocks(self, runs: Sequence[BlockRun], train_x: torch.Tensor, train_y: torch.Tensor,
+                      train_transform: Callable[[torch.Tensor], torch.Tensor], views: Sequence[torch.Tensor],
+                      view_transform: Callable[[torch.Tensor], torch.Tensor], n: int,
+                      on_epoch: Callable[[int, int, float, float], None] | None) -> None:
+        """`train`'s loop over the blocks (records appended to self.records)."""
+        cache: list[torch.Tensor] | None = None
 
         # Every fetch is free of stream syncs (`gather_to`): a pageable host-to-device copy per step
         # would drain the GPU's queue before each step (the H100 runs of issue 18 had one or two).
@@ -450,9 +490,6 @@ class LocalTrainer:
             self.records.append(self._train_block(run, fetch, pre, n, on_epoch, probe))
             if run.cache_after is not None:
                 cache = self._build_cache(b, run.cache_after, cache, views, view_transform)
-        for m in self.units:
-            m.requires_grad_(True)
-        return self.records
 
     def _train_block(self, run: BlockRun, fetch: Callable[[np.ndarray, list[int]], Any],
                      pre: Callable[[torch.Tensor], torch.Tensor], n: int, on_epoch: Any,
@@ -507,7 +544,7 @@ class LocalTrainer:
             guard.step(None)
             tally(loss.detach(), y.shape[0])
 
-        graphed = GraphedStep(graph_step, params) if self.cuda_graph else None
+        graphed = GraphedStep(graph_step, params, stream=self.stream) if self.cuda_graph else None
         rec = BlockRecord(index=b, batch=blk.batch, precision=self._precision(b).short)
 
         def read() -> None:
