@@ -38,9 +38,8 @@ class GraphedStep:
     `.grad` the step produces; they are set to None before the capture so that backward allocates
     them in the graph's pool (and memory outside the graph can never alias them). stream: the stream
     to capture on, which should be the one every call runs on (not the legacy default stream, which
-    cannot capture; None: torch's own capture stream). cuBLAS keeps one workspace per stream (32 MiB
-    on an H100): captured on the callers' stream, the graph reuses the one its warm-ups set up; on
-    another, the capture allocates a second one inside the graph's pool.
+    cannot capture; None: torch's own capture stream). cuBLAS keeps a workspace per stream: on the
+    callers' stream the capture finds the one its warm-ups set up (`LocalTrainer`'s blocks train so).
     """
 
     def __init__(self, fn: Callable[..., None], params: Sequence[torch.Tensor], *, warmup: int = 3,

@@ -417,11 +417,10 @@ class LocalTrainer:
     @contextlib.contextmanager
     def _training_stream(self) -> Iterator[None]:
         """With CUDA graphs, every block trains on one side stream (`self.stream`), the one its graphs
-        capture on: cuBLAS keeps a workspace per stream (32 MiB on an H100), and a capture on a stream
-        of its own allocated a second one inside the graph's pool (EfficientNet-B0's block captures
-        under issue 18's budget failed on that 32 MiB request). The default stream's workspace is
-        freed first, so training holds one, as the end-to-end probe that measured the fixed bytes did.
-        Elsewhere: nothing."""
+        capture on (cuBLAS keeps a workspace per stream, which a capture on torch's own stream sets
+        up anew), after the default stream's cuBLAS workspaces are freed. Before (H100, issue 18's
+        budgets, 2026-11-24): every EfficientNet-B0 block capture failed, block 0's on a 32 MiB
+        request, and ResNet-18's blocks peaked 56 MiB higher. Elsewhere: nothing."""
         if not (self.cuda_graph and self.device.type == "cuda"):
             yield
             return
