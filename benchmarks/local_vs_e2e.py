@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", default=None)
     p.add_argument("--local-args", default="", help="extra demo options for the local variants only, e.g. "
                    "\"--graph-reserve 64MiB\" (one string)")
+    p.add_argument("--e2e-args", default="", help="extra demo options for the end-to-end variants only, e.g. "
+                   "\"--lr 0.0083\" (its best rate for EfficientNet-B0 at batch 32; one string)")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds: a run still going then counts as failed")
     p.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: extra options for every run")
     a = p.parse_args(argv)
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             epochs = a.epochs if v.startswith("e2e") or a.local_epochs is None else a.local_epochs
             opts = ["--backend", a.backend, "--model", a.model, "--epochs", str(epochs), "--data", a.data,
                     "--seed", str(seed), "--no-progress", *extra]
-            opts += (["--method", "amp", "--batch", str(batch), *VARIANTS[v]] if v.startswith("e2e")
+            opts += (["--method", "amp", "--batch", str(batch), *VARIANTS[v], *shlex.split(a.e2e_args)] if v.startswith("e2e")
                      else [*VARIANTS[v], "--budget", a.budget, *shlex.split(a.local_args)])
             s = run_demo(opts, Path(a.runs) / f"{v}-s{seed}", a.workdir, timeout=a.run_timeout)
             tag = {"variant": v, "seed": seed}

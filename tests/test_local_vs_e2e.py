@@ -78,6 +78,11 @@ def test_main_runs_every_variant_per_seed(monkeypatch, tmp_path):
     lv.main(["--data", "d", "--seeds", "0", "--variants", "e2e-graph", "--out", str(tmp_path / "g.json"),
              "--run-timeout", "50"])
     assert calls[-1][-6:] == ["--method", "amp", "--batch", "32", "--compile", "reduce-overhead"]
+    # --e2e-args: the end-to-end variants' own options (e.g. their best learning rate)
+    calls.clear()
+    lv.main(["--data", "d", "--seeds", "0", "--variants", "e2e", "local-fresh", "--e2e-args", "--lr 0.0083",
+             "--out", str(tmp_path / "a.json"), "--run-timeout", "50"])
+    assert calls[0][-2:] == ["--lr", "0.0083"] and "--lr" not in calls[1]
     # the local runs' own epochs: e2e keeps --epochs; the row says which each run had
     calls.clear()
     res = lv.main(["--data", "d", "--seeds", "0", "--variants", "e2e", "local-fresh", "--epochs", "10",

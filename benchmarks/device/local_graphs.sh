@@ -12,6 +12,8 @@
 #   bash benchmarks/device/local_graphs.sh effnet   (EfficientNet-B0, e2e 3 epochs, 6 per block: its eager e2e step
 #     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call;
 #     VARIANTS=local-fresh: local alone, against effnet-e2e's 8-epoch runs)
+#   SEEDS=0 bash benchmarks/device/local_graphs.sh effnet-pair   (local at the defaults and end-to-end at lr LR
+#     (0.0083), 8 epochs, in one call, ~9.5 min)
 #   LR=0.0083 bash benchmarks/device/local_graphs.sh effnet-e2e   (end-to-end alone, 8 epochs at batch 32 and
 #     lr LR, to look for its best recipe at this budget (9 epochs took up to ~570 s on a slow H100); 2026-11-24: 44.20% at the demo's 0.0333, 59.99% after 8 of 9
 #     epochs at 0.0167 when cut at 575 s on a slower H100; 8 epochs: 68.14% at 0.0083, 65.74% at 0.0042)
@@ -55,6 +57,13 @@ timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --m
   --variants ${VARIANTS:-local-fresh e2e} --local-args "--graph-reserve $R${H:+ --plan-headroom $H} --exit-eval ${EVAL:-end}" --run-timeout 400 --runs $OUT/runs --out $OUT/lve-eff.json \
   > $OUT/lve-eff.log 2>&1
 tail -6 $OUT/lve-eff.log
+elif [ "$1" = effnet-pair ]; then
+# EfficientNet-B0 local at the demo's defaults (6 epochs per block) and end-to-end at its best recipe
+# found (lr 0.0083, 8 epochs at batch 32, ~400-440 s) in the same call: one seed per call
+timeout 580 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 8 --local-epochs 6 \
+  --seeds ${SEEDS:-0} --variants local-fresh e2e --e2e-args "--lr ${LR:-0.0083}" --local-args "--exit-eval end" \
+  --run-timeout 480 --runs $OUT/runs --out $OUT/lve-eff-pair.json > $OUT/lve-eff-pair.log 2>&1
+tail -4 $OUT/lve-eff-pair.log
 elif [ "$1" = effnet-e2e ]; then
 : "${LR:?LR=<lr at batch 32>}"
 timeout 560 python3 benchmarks/local_vs_e2e.py --data /tmp/data/cifar10-jpeg --model efficientnet_b0 --epochs 8 --seeds ${SEEDS:-0} \
