@@ -38,7 +38,7 @@ from triaccel.local_plan import LocalPlanConfig, plan_local
 class _Replay:
     """GraphedStep's interface: real eager warm-up steps, then "replays" that copy the inputs only."""
 
-    def __init__(self, fn: Any, params: Any, warmup: int = 3) -> None:
+    def __init__(self, fn: Any, params: Any, warmup: int = 3, stream: Any = None) -> None:
         self.fn, self.warmup, self.calls, self.warmup_ooms, self.pool_bytes = fn, warmup, 0, 0, 0
         self.static: list[torch.Tensor] = []
 
