@@ -604,3 +604,19 @@ def test_curvature_measurement_halves_its_rows_on_oom(monkeypatch):
         _, _, recs = _train(inputs="cache", epochs=2, curvature=curv)
     assert all(r.lr_scales == [1.0, 1.0] for r in recs) and curv.samples_used == {}
 
+
+
+def test_memory_probes_leave_the_training_augmentations_alone():
+    """The end-to-end probes augment with a generator of their own: training's augmented batches are
+    the same whether or not (and however often) a probe ran before."""
+    from examples.cifar.local_loop import augmenters
+
+    x = torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8)
+    prep = lambda xb: xb.float()   # noqa: E731
+    train, probe = augmenters(prep, torch.device("cpu"), seed=3)
+    first = train(x)
+    train, probe = augmenters(prep, torch.device("cpu"), seed=3)
+    for _ in range(5):
+        probe(x)
+    assert torch.equal(train(x), first)
+    assert not torch.equal(probe(x), train(x))   # not the same stream either

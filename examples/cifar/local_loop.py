@@ -103,6 +103,23 @@ def parse_local_budget(budget: str | None) -> tuple[int | None, int | None]:
     return parse_bytes(budget, "memory_budget"), None
 
 
+def augmenters(prep: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
+               seed: int) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
+    """(train, probe): random crop + flip, then `prep`, each with a generator of its own (seeds
+    `seed` and `seed + 1`). The memory probes draw from theirs: drawing from training's would shift
+    its augmentations with every change in the probes (2026-11-24: four seed-0 runs of one plan, best
+    exits 86.48-86.86%, differed that way)."""
+    gens = [torch.Generator(device=device).manual_seed(seed + i) for i in (0, 1)]
+
+    def train(xb: torch.Tensor) -> torch.Tensor:
+        return prep(augment.random_crop_flip(xb, gens[0]))
+
+    def probe(xb: torch.Tensor) -> torch.Tensor:
+        return prep(augment.random_crop_flip(xb, gens[1]))
+
+    return train, probe
+
+
 def _e2e_probe(model: torch.nn.Module, transform: Any, xtr: torch.Tensor, ytr: torch.Tensor,
                buckets: tuple[int, ...], opts: RunOptions) -> dict[int, int | None]:
     """Peak allocated bytes of two end-to-end AMP-bf16 SGD steps at each bucket, ascending, until the
@@ -286,22 +303,11 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         raise ValueError(f"--budget={opts.budget!r}: e2e:B measures end-to-end peaks, which needs CUDA; "
                          "pass bytes on a CPU")
     mean, std, xtr, ytr, xte, yte = device_arrays(data, device)
-    gen = torch.Generator(device=device).manual_seed(opts.seed)
 
     def prep(xb: torch.Tensor) -> torch.Tensor:
         return _prep(xb, mean, std, opts.image_size, nhwc)
 
-    def train_transform(xb: torch.Tensor) -> torch.Tensor:
-        return prep(augment.random_crop_flip(xb, gen))
-
-    # The memory probes augment with a generator of their own: drawing from training's would shift
-    # its augmentations with every change in the probes (2026-11-24: four seed-0 runs of one plan,
-    # best exits 86.48-86.86%, differed that way).
-    probe_gen = torch.Generator(device=device).manual_seed(opts.seed + 1)
-
-    def probe_transform(xb: torch.Tensor) -> torch.Tensor:
-        return prep(augment.random_crop_flip(xb, probe_gen))
-
+    train_transform, probe_transform = augmenters(prep, device, opts.seed)
     buckets = bucket_ladder(8, 8, max(opts.batch_max, 8))
     e2e_probe: dict[int, int | None] = {}
     spent = _spent()
