@@ -163,10 +163,10 @@ def unmodelled_fixed_bytes(probe: dict[int, int | None], resident: int, params: 
     weights beside it (weight_bytes_per_param * params). That is the framework's workspaces (cuBLAS,
     cuDNN) and whatever else the per-unit table does not show, which every block pays as well (the
     H100 run of issue 18: ~49 MB). The largest batches, because the plan's blocks train at batches
-    of that size or more, where peaks are linear in the batch; small ones are not: EfficientNet-B0's
-    H100 peaks rise 0.54 MB per sample from 8 to 16 and 1.59 MB from 32 to 64, so the intercept of
-    8 and 16 overstated its fixed bytes by 26.8 MB (the plan's peak at batch 128 was 335 MiB against
-    311 measured; 309 from 32 and 64). None with fewer than two batches measured; never negative."""
+    of that size or more, and small batches' peaks are not on their line: EfficientNet-B0's H100
+    peaks rise 0.54 MB per sample from 8 to 16 and 1.15 MB from 32 to 64, so 8 and 16 gave 5.8 MB
+    more fixed bytes (61.7 against 56.2 MiB). None with fewer than two batches measured; never
+    negative."""
     ran = sorted((b, peak) for b, peak in probe.items() if peak is not None)
     if len(ran) < 2:
         return None
@@ -313,8 +313,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     spent = _spent()
     if budget is None:   # e2e:B: probe uncapped up to 2B, then the budget between the two peaks
         # From batch 2 (BatchNorm cannot train on one sample where the map is 1x1, EfficientNet's last
-        # stages), not from B: the first probe's peak carries one-time set-up (H100, EfficientNet-B0 at
-        # batch 32: 353.1 MB probed first, 346.0 MB after the smaller batches).
+        # stages), not from B: a peak depends on what ran before it (H100, ResNet-18 at batch 32: 507.2
+        # MB probed first, 509.1 MB after the smaller batches), and every earlier run's budget came
+        # from this ladder.
         with _clock(spent, "probe"):
             e2e_probe = _e2e_probe(model, probe_transform, xtr, ytr, bucket_ladder(e2e_batch, 2, 2 * e2e_batch), opts)
         if e2e_probe.get(2 * e2e_batch) is None or e2e_probe.get(e2e_batch) is None:
