@@ -597,6 +597,8 @@ class BlockRecord:
     memory beside the graph's pool, so the graph was released for it and captured again from the
     next epoch's full batches; graph_retries: failed captures or OOMs beside the graph after which
     the block warmed up and captured again (the last failure, if it gave up, in graph_note);
+    graph_micro_batch: the micro-batch its graphed step ran its batch in, gradients accumulated (the
+    batch unless a failed capture halved it; None without graphs; torch only);
     peak_reserved_bytes: the allocator's peak reservation (a
     graph's private pool is reserved for its life but counts as allocated only while captured
     tensors are alive). precision: the block's compute precision at its end ("fp16" | "bf16" |
@@ -618,6 +620,7 @@ class BlockRecord:
     graph_note: str = ""
     graph_recaptures: int = 0
     graph_retries: int = 0
+    graph_micro_batch: int | None = None
     peak_reserved_bytes: int | None = None
     precision: str = ""
     promoted_at: int | None = None

@@ -221,7 +221,8 @@ def live_tensors(device: torch.device | str, top: int = 6) -> str:
 
 
 WARMUP_OOMS = 3   # warm-up steps of a CUDA graph that may run out of memory before a block gives up on it
-GRAPH_RETRIES = 1   # failed captures / OOMs beside a graph after which a block warms up and captures again
+GRAPH_RETRIES = 2   # failed captures / OOMs beside a graph after which a block warms up and captures again
+                    # (each at half the micro-batch, `LocalTrainer._graph_step`)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -534,17 +535,27 @@ class LocalTrainer:
                 return F.cross_entropy(head(body(xb)), y)
 
         def graph_step(x: torch.Tensor, y: torch.Tensor) -> None:
-            # the eager step's work, device-side only: a capture records it (see GraphedStep)
+            # the eager step's work, device-side only: a capture records it (see GraphedStep); in
+            # micro-batches of rec.graph_micro_batch (a failed capture halves it, `_graph_step`), their
+            # gradients accumulated, as the elastic step's OOM fallback does
             opt.zero_grad(set_to_none=False)   # in place: eager calls after the capture reuse its buffers
-            xb = pre(x)
-            with self._cast(b, cache=False):
-                loss = F.cross_entropy(head(body(xb)), y)
-            loss.backward()
+            n, k = y.shape[0], blk.batch // rec.graph_micro_batch
+            total: torch.Tensor | None = None
+            for xc, yc in zip(x.chunk(k), y.chunk(k)):
+                xb = pre(xc)
+                with self._cast(b, cache=False):
+                    loss = F.cross_entropy(head(body(xb)), yc)
+                if k > 1:
+                    loss = loss * (yc.shape[0] / n)
+                loss.backward()
+                total = loss.detach() if total is None else total + loss.detach()
             guard.step(None)
-            tally(loss.detach(), y.shape[0])
+            assert total is not None
+            tally(total, n)
 
         graphed = GraphedStep(graph_step, params, stream=self.stream) if self.cuda_graph else None
-        rec = BlockRecord(index=b, batch=blk.batch, precision=self._precision(b).short)
+        rec = BlockRecord(index=b, batch=blk.batch, precision=self._precision(b).short,
+                          graph_micro_batch=blk.batch if graphed is not None else None)
 
         def read() -> None:
             # the non-finite policy's host read; new skips may promote the block (its precision lever)
@@ -675,11 +686,12 @@ class LocalTrainer:
         if failed:
             # The graph's private pool stays reserved beside every eager allocation, so under a tight
             # cap a capture that does not fit, or an OOM beside a captured graph, means the next
-            # steps would likely OOM too: release the graph. A failure can come from a transient
-            # state (cached-but-free segments, which free_memory returns), so the block warms up and
-            # captures once more before it trains eagerly for good. (On the H100, 2026-11-24, the
-            # retry alone did not rescue ResNet-18's layer4 block: its warm-ups held a gradient set
-            # too many, which GraphedStep now drops; docs/results.md.)
+            # steps would likely OOM too: release the graph. The block then warms up and captures
+            # again, up to GRAPH_RETRIES times, each time at half the micro-batch while the batch
+            # divides (a smaller working set in the pool; the same samples per optimizer step),
+            # before it trains eagerly for good. (H100, issue 18's budget, 2026-11-24: EfficientNet-B0's
+            # last block, batch 256, missed its capture by 12 MiB and trained eagerly, 20 of the
+            # run's 80 s; a same-size retry had not rescued ResNet-18's layer4 block either.)
             cuda, dev = torch.cuda, self.device
             mem = (f"allocated {cuda.memory_allocated(dev)}, reserved {cuda.memory_reserved(dev)} bytes"
                    if dev.type == "cuda" else "")
@@ -688,7 +700,10 @@ class LocalTrainer:
             if oom and rec.graph_retries < GRAPH_RETRIES:   # another error would only repeat
                 rec.graph_retries += 1
                 graphed.warmup_ooms = 0
-                note += ", warm-up and capture again"
+                micro = rec.graph_micro_batch
+                if micro is not None and micro % 2 == 0:
+                    rec.graph_micro_batch = micro // 2
+                note += f", warm-up and capture again in micro-batches of {rec.graph_micro_batch}"
             else:
                 rec.graph_note = note = note + ", eager steps"
             warnings.warn(f"block {rec.index}: CUDA graph {note}", RuntimeWarning, stacklevel=2)

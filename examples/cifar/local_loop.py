@@ -236,7 +236,7 @@ def _exits_and_summary(trainer: Any, plan: Any, records: list[Any], xte: Any, yt
         log.write("block", **blk.to_dict(), measured_peak_bytes=rec.peak_bytes, cache_peak_bytes=rec.cache_peak_bytes,
                   cache_seconds=rec.cache_seconds, steps=rec.steps, skipped_steps=rec.skipped_steps, ooms=rec.ooms,
                   graph_steps=rec.graph_steps, graph_pool_bytes=rec.graph_pool_bytes, graph_note=rec.graph_note,
-                  graph_recaptures=rec.graph_recaptures, graph_retries=rec.graph_retries,
+                  graph_recaptures=rec.graph_recaptures, graph_retries=rec.graph_retries, graph_micro_batch=rec.graph_micro_batch,
                   precision=rec.precision, promoted_at=rec.promoted_at, lr_scales=rec.lr_scales,
                   peak_reserved_bytes=rec.peak_reserved_bytes)
     log.write("exits", accs=accs, params=params, chosen=chosen, tolerance=lo["exit_tolerance"])
