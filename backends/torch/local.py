@@ -647,7 +647,7 @@ class LocalTrainer:
         capture; a warm-up step that ran out of memory; a short batch that ran out of memory beside the
         graph, which is then released and captured again next epoch; from a failed capture, an OOM
         beside a replay or the WARMUP_OOMS-th warm-up OOM on, the whole block once GRAPH_RETRIES
-        fresh warm-ups and captures have failed too)."""
+        fresh warm-ups and captures, each at half the micro-batch of the one before, have failed too)."""
         left = loader.left_for_next
         if rec.graph_note or loader.logical_batch != batch or (left < batch and not graphed.captured):
             return 0
