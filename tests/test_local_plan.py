@@ -286,6 +286,10 @@ def test_block_curvature_law():
     with pytest.warns(RuntimeWarning, match="block 1: curvature measurement on 4 rows gave non-finite"):
         assert c.observe(1, [float("nan"), 1.0]) == pytest.approx(0.8)   # block 1's scale in force, kept
     assert c.lam_max[1][-1] != c.lam_max[1][-1] and c.scales == {0: pytest.approx(0.5), 1: pytest.approx(0.8)}
+    # the trainers' argument check (both backends call it)
+    assert BlockCurvature.checked(c) is c and BlockCurvature.checked(None) is None
+    with pytest.raises(ValueError, match="curvature: expected a triaccel.local_plan.BlockCurvature or None, got int"):
+        BlockCurvature.checked(5)
 
 
 def test_block_curvature_measure_halves_then_keeps_the_scale():

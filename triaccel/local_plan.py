@@ -694,6 +694,14 @@ class BlockCurvature:
         self.samples_used: dict[int, list[int]] = {}   # block -> rows each measurement read
         self.scales: dict[int, float] = {}   # block -> the LR scale in force
 
+    @staticmethod
+    def checked(curvature: Any) -> BlockCurvature | None:
+        """A trainer's `curvature` argument: a BlockCurvature or None, else ValueError naming it."""
+        if curvature is not None and not isinstance(curvature, BlockCurvature):
+            raise ValueError(f"curvature: expected a triaccel.local_plan.BlockCurvature or None, "
+                             f"got {type(curvature).__name__}")
+        return curvature
+
     def due(self, epoch: int) -> bool:
         """Whether a block measures at the end of its epoch `epoch` (0-based)."""
         return (_pos_int("epoch", epoch, 0) + 1) % self.every == 0

@@ -501,10 +501,7 @@ class LocalTrainer:
         self.lr_factor = lr_factor or (lambda seen, total: 1.0)
         self.inputs, self.cache_dtype, self.seed = inputs, jnp.dtype(cache_dtype), int(seed)
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
-        if curvature is not None and not isinstance(curvature, BlockCurvature):
-            raise ValueError(f"curvature: expected a triaccel.local_plan.BlockCurvature or None, "
-                             f"got {type(curvature).__name__}")
-        self.curvature = curvature
+        self.curvature = BlockCurvature.checked(curvature)
         self.device = device if device is not None else jax.devices()[0]
         self.steps_per_call = steps_per_call
         if compute_dtype is not None:

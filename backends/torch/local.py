@@ -337,10 +337,7 @@ class LocalTrainer:
         self.block_dtypes: list[torch.dtype | None] = [autocast_dtype] * len(plan.blocks)
         self.memory_format, self.seed = memory_format, seed
         self.nonfinite = nonfinite if nonfinite is not None else NonFinitePolicy()
-        if curvature is not None and not isinstance(curvature, BlockCurvature):
-            raise ValueError(f"curvature: expected a triaccel.local_plan.BlockCurvature or None, "
-                             f"got {type(curvature).__name__}")
-        self.curvature = curvature
+        self.curvature = BlockCurvature.checked(curvature)
         self.cuda_graph = bool(cuda_graph) and self.device.type == "cuda"
         self.heads: list[nn.Module] = []
         for blk in plan.blocks:
@@ -540,18 +537,17 @@ class LocalTrainer:
             # gradients accumulated, as the elastic step's OOM fallback does
             opt.zero_grad(set_to_none=False)   # in place: eager calls after the capture reuse its buffers
             n, k = y.shape[0], blk.batch // rec.graph_micro_batch
-            total: torch.Tensor | None = None
+            losses = []
             for xc, yc in zip(x.chunk(k), y.chunk(k)):
                 xb = pre(xc)
                 with self._cast(b, cache=False):
                     loss = F.cross_entropy(head(body(xb)), yc)
                 if k > 1:
-                    loss = loss * (yc.shape[0] / n)
+                    loss = loss * (yc.shape[0] / n)   # each micro-batch's share of the batch mean
                 loss.backward()
-                total = loss.detach() if total is None else total + loss.detach()
+                losses.append(loss.detach())
             guard.step(None)
-            assert total is not None
-            tally(total, n)
+            tally(losses[0] if k == 1 else torch.stack(losses).sum(), n)
 
         graphed = GraphedStep(graph_step, params, stream=self.stream) if self.cuda_graph else None
         rec = BlockRecord(index=b, batch=blk.batch, precision=self._precision(b).short,
@@ -690,8 +686,8 @@ class LocalTrainer:
             # again, up to GRAPH_RETRIES times, each time at half the micro-batch while the batch
             # divides (a smaller working set in the pool; the same samples per optimizer step),
             # before it trains eagerly for good. (H100, issue 18's budget, 2026-11-24: EfficientNet-B0's
-            # last block, batch 256, missed its capture by 12 MiB and trained eagerly, 20 of the
-            # run's 80 s; a same-size retry had not rescued ResNet-18's layer4 block either.)
+            # last block, batch 256, ran out of memory on a 12 MiB request in its capture and trained
+            # eagerly, 20 of the run's 80 s; a same-size retry had not rescued ResNet-18's layer4 block.)
             cuda, dev = torch.cuda, self.device
             mem = (f"allocated {cuda.memory_allocated(dev)}, reserved {cuda.memory_reserved(dev)} bytes"
                    if dev.type == "cuda" else "")
