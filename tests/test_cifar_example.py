@@ -55,14 +55,14 @@ def test_bad_options_fail_before_loading_data(tmp_path):
         train.parse_args(["--backend", "torch", "--compile-cache", str(tmp_path)])
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
     for other in (["--backend", "jax", "--fuse-steps", "4"], ["--plan-headroom", "0.9"],
-                  ["--exit-eval", "end"], ["--block-curvature", "1"]):   # local's options only
+                  ["--exit-eval", "end"], ["--block-curvature", "1"], ["--head-pool", "8"]):   # local's options only
         with pytest.raises(SystemExit):
             train.parse_args(other)
     local = ["--method", "local", "--budget", "e2e:32"]
     for bad in (["--graph-reserve", "lots"], ["--graph-reserve", "64MiB", "--cuda-graph", "off"],
                 ["--graph-reserve", "64MiB", "--backend", "jax"], ["--fuse-steps", "4"],
                 ["--fuse-steps", "0", "--backend", "jax"], ["--plan-headroom", "0"], ["--plan-headroom", "1.2"],
-                ["--block-curvature", "-1"]):
+                ["--block-curvature", "-1"], ["--head-pool", "0"]):
         with pytest.raises(SystemExit):
             train.parse_args([*local, *bad])
     assert train.parse_args([*local, "--graph-reserve", "64MiB"]).local["graph_reserve"] == 64 * 2 ** 20
@@ -73,6 +73,8 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     assert train.parse_args([*local, "--exit-eval", "end"]).local["exit_eval"] == "end"
     assert "exit_eval" not in train.parse_args(local).local   # LOCAL_DEFAULTS' "epoch"
     assert train.parse_args([*local, "--block-curvature", "2"]).local["block_curvature"] == 2
+    assert train.parse_args([*local, "--head-pool", "8"]).local["head_pool"] == 8
+    assert "head_pool" not in train.parse_args(local).local   # LOCAL_DEFAULTS' 4
     from examples.cifar.local_loop import block_curvature
     assert block_curvature({"block_curvature": 0}) is None and block_curvature({"block_curvature": 2}).every == 2
     with pytest.raises(ValueError, match="block_curvature=-1: allowed integers >= 0"):

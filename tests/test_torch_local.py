@@ -318,10 +318,11 @@ def test_demo_local_loop(tmp_path, block_inputs):
     with pytest.raises(ValueError, match="e2e"):
         parse_local_budget("e2e:0")
     assert parse_local_budget("e2e:32") == (None, 32) and parse_local_budget("1KiB") == (1024, None)
-    if block_inputs == "fresh":   # --block-epochs: each block its own count; --exit-eval end; --block-curvature
-        per = tuple(range(1, nb + 1))
+    if block_inputs == "fresh":   # --block-epochs: each block its own count; --exit-eval end; --block-curvature;
+        per = tuple(range(1, nb + 1))   # --head-pool
         again = run_local_demo(tmp_path / "per-block", "torch", block_inputs, block_epochs=per, exit_eval="end",
-                               block_curvature=1)
+                               block_curvature=1, head_pool=2)
+        assert again["local_options"]["head_pool"] == 2
         assert tuple(len(b["epoch_seconds"]) for b in again["blocks"]) == per
         records = [json.loads(line) for line in (tmp_path / "per-block" / "log.jsonl").read_text().splitlines()]
         blocks = [r for r in records if r["type"] == "block"]

@@ -37,11 +37,11 @@ from .torch_loop import _prep, device_arrays, pick_device
 
 # Local-learning options of the demo (train.py's --exit-tolerance, --max-blocks, --cache-views,
 # --block-batch, --block-inputs, --cuda-graph, --graph-reserve, --block-epochs, --fuse-steps, --plan-headroom,
-# --exit-eval, --block-curvature), kept here so RunOptions stays shared with the other methods unchanged.
+# --exit-eval, --block-curvature, --head-pool), kept here so RunOptions stays shared with the other methods unchanged.
 LOCAL_DEFAULTS: dict[str, Any] = {"exit_tolerance": 0.01, "max_blocks": 4, "cache_views": "auto", "block_batch": None,
                                   "block_inputs": "cache", "cuda_graph": True, "graph_reserve": "auto",
                                   "block_epochs": None, "fuse_steps": 16, "headroom": 0.85,
-                                  "exit_eval": "epoch", "block_curvature": 0}
+                                  "exit_eval": "epoch", "block_curvature": 0, "head_pool": 4}
 # --graph-reserve auto on a CUDA device with graphs on: with it the H100's block captures fitted issue 18's
 # 520 MiB budget, without it the last block's warm-up ran out of memory (2026-11-23, docs/results.md)
 AUTO_GRAPH_RESERVE = 32 * 2 ** 20
@@ -195,7 +195,8 @@ def _plan(table: list[Any], budget: int, lo: dict[str, Any], opts: RunOptions, r
                           max_blocks=lo["max_blocks"], target_batch=lo["block_batch"], cache_views=lo["cache_views"],
                           max_cache_views=max(*block_epochs(lo, opts, None), 1), host_cache_bytes=host_cache_bytes(),
                           block_inputs=lo["block_inputs"], graph_reserve_bytes=lo["graph_reserve"],
-                          input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=lo["headroom"])
+                          input_bytes=3 * opts.image_size ** 2 * 4, resident_bytes=resident, headroom=lo["headroom"],
+                          head_pool=lo["head_pool"])
     plan = plan_local(table, cfg, num_samples=n, num_classes=num_classes)
     block_epochs(lo, opts, plan)   # the count of --block-epochs checked before any training
     log.write("local_plan", **plan.to_dict())
@@ -364,7 +365,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         momentum=opts.momentum, weight_decay=opts.weight_decay,
         lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         autocast_dtype=torch.bfloat16, cache_dtype=torch.bfloat16, memory_format=fmt, seed=opts.seed,
-        cuda_graph=lo["cuda_graph"], curvature=block_curvature(lo))
+        cuda_graph=lo["cuda_graph"], curvature=block_curvature(lo), head_pool=lo["head_pool"])
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, every_epoch)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     summary = _exits_and_summary(trainer, plan, records, xte, yte, prep, lo, sum(p.numel() for p in model.parameters()),
@@ -506,7 +507,7 @@ def _train_jax(opts: RunOptions, data: CifarArrays, log: RunLog) -> dict[str, An
         units, clf, plan, num_classes=data.num_classes, lr=opts.lr, lr_batch=opts.batch, momentum=opts.momentum,
         weight_decay=opts.weight_decay, lr_factor=lambda seen, total: lr_factor(seen, total, min(warmup, total)),
         compute_dtype=jnp.bfloat16, cache_dtype=jnp.bfloat16, seed=opts.seed, device=dev,
-        steps_per_call=lo["fuse_steps"], curvature=block_curvature(lo))
+        steps_per_call=lo["fuse_steps"], curvature=block_curvature(lo), head_pool=lo["head_pool"])
     on_epoch = _epoch_reporter(trainer, plan, log, xte, yte, prep, spent, every_epoch)
     records = trainer.train(xtr, ytr, train_transform, views, prep, block_epochs(lo, opts, plan), on_epoch=on_epoch)
     model_params = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))

@@ -106,6 +106,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="local: the fraction of the budget a block's modelled peak may reach, (0, 1] (default "
                         "0.85: on the H100 under e2e:32 budgets every ResNet-18 block's CUDA graph fitted, and "
                         "EfficientNet-B0's first three of four)")
+    p.add_argument("--head-pool", type=int, default=None, metavar="P",
+                   help="local: an auxiliary head average-pools its block's map to at most P x P before its conv "
+                        "(default 4; a larger P keeps more of the map's layout for the head, at a larger modelled "
+                        "head peak)")
     p.add_argument("--block-batch", type=int, default=None,
                    help="local: the partition aims at the largest batch bucket <= this (default: --batch-max)")
     p.add_argument("--epochs", type=int, default=None, help="default: 10 on a GPU, 1 on CPU")
@@ -213,7 +217,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
     for flag, value in (("--fuse-steps", a.fuse_steps), ("--plan-headroom", a.plan_headroom),
-                        ("--exit-eval", a.exit_eval), ("--block-curvature", a.block_curvature)):
+                        ("--exit-eval", a.exit_eval), ("--block-curvature", a.block_curvature),
+                        ("--head-pool", a.head_pool)):
         if value is not None and a.method != "local":
             p.error(f"{flag}={value}: only with --method local")
     if a.method == "local":
@@ -228,6 +233,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
             p.error(f"--plan-headroom={a.plan_headroom}: allowed (0, 1]")
         if a.block_curvature is not None and a.block_curvature < 0:
             p.error(f"--block-curvature={a.block_curvature}: allowed integers >= 0 (0: off)")
+        if a.head_pool is not None and a.head_pool < 1:
+            p.error(f"--head-pool={a.head_pool}: allowed integers >= 1")
         if a.fuse_steps is not None and (a.backend != "jax" or a.fuse_steps < 1):
             p.error(f"--fuse-steps={a.fuse_steps}: allowed integers >= 1, with --backend jax")
         reserve: int | str = "auto"
@@ -246,7 +253,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                       **({} if a.exit_eval is None else {"exit_eval": a.exit_eval}),
                       **({} if a.block_curvature is None else {"block_curvature": a.block_curvature}),
                       **({} if a.fuse_steps is None else {"fuse_steps": a.fuse_steps}),
-                      **({} if a.plan_headroom is None else {"headroom": a.plan_headroom})}
+                      **({} if a.plan_headroom is None else {"headroom": a.plan_headroom}),
+                      **({} if a.head_pool is None else {"head_pool": a.head_pool})}
     if a.method != "local":   # local's budget may read e2e:B; its knobs are checked by its plan
         opts.triaccel_config()  # validate every knob before any data is loaded
     return opts
