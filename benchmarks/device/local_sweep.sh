@@ -12,7 +12,7 @@ for s in ${SEEDS:-0 2}; do
     v=${spec%%=*}; L=${spec#*=}
     VARIANTS=local-fresh LARGS="$L" SEEDS=$s timeout 130 bash benchmarks/device/local_graphs.sh compare > /dev/null 2>&1
     for f in runs.tgz lve.log lve.json; do mv $OUT/$f $OUT/keep/$v-s$s-$f 2>/dev/null; done
-    echo "== $v s$s ($L)"; grep "^local-fresh  *$s " $OUT/keep/$v-s$s-lve.log
+    echo "== $v s$s ($L)"; grep "^local-fresh  *$s" $OUT/keep/$v-s$s-lve.log | head -1
     tar -czf $OUT/keep.tgz -C $OUT keep   # the device tool returns few files: one archive, refreshed per run
   done
 done
