@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import shlex
 import statistics
@@ -70,16 +71,38 @@ def epochs_of(run: dict[str, Any]) -> str | None:
     return None if epochs is None else str(epochs)
 
 
+def progress_of(log: Path) -> dict[str, Any] | None:
+    """What a failed or killed run finished before it stopped, from its log.jsonl: its epoch records'
+    count ("epochs_done"), the last test accuracy (fraction, None when it was not evaluated) and the
+    epochs' seconds; None without epoch records. A run killed at --run-timeout has no summary, so
+    this is all that says how far it got; it never stands in for a finished run's figures."""
+    if not log.is_file():
+        return None
+    epochs = []
+    for line in log.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:   # a line cut off by the kill
+            continue
+        if rec.get("type") == "epoch":
+            epochs.append(rec)
+    if not epochs:
+        return None
+    return {"epochs_done": len(epochs), "last_test_acc": epochs[-1].get("test_acc"),
+            "epoch_seconds": float(sum(e.get("seconds") or 0.0 for e in epochs))}
+
+
 def rows_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (variant, seed) with its same-seed e2e ratios, then one mean row per variant.
 
-    runs: summaries with "variant" and "seed" added (a failed run: {"variant", "seed", "failed"})."""
+    runs: summaries with "variant" and "seed" added (a failed run: {"variant", "seed", "failed"}, and
+    "progress" (`progress_of`) when it logged epochs before it stopped)."""
     e2e = {r["seed"]: r for r in runs if r["variant"] == "e2e" and "failed" not in r}
     graph = {r["seed"]: r for r in runs if r["variant"] == "e2e-graph" and "failed" not in r}
     rows = []
     for r in runs:
         if "failed" in r:
-            rows.append({"variant": r["variant"], "seed": r["seed"], "failed": True})
+            rows.append({"variant": r["variant"], "seed": r["seed"], "failed": True, "progress": r.get("progress")})
             continue
         local = "exit_accs" in r
         best = max(r["exit_accs"]) if local else r["final_acc"]
@@ -134,7 +157,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
           f"{'/ e2e':>7}{'/ graph':>8}{'wall s':>8}{'wall/e2e':>9}{'peak MiB':>10}{'res. MiB':>10}")
     for r in rows:
         if r.get("failed"):
-            print(f"{r['variant']:<13}{r['seed']:>5}  failed")
+            g = r.get("progress")
+            acc = None if g is None or g["last_test_acc"] is None else 100 * g["last_test_acc"]
+            print(f"{r['variant']:<13}{r['seed']:>5}  failed" + ("" if g is None else
+                  f" after {g['epochs_done']} epoch(s) ({g['epoch_seconds']:.1f} s; last test acc "
+                  f"{_fmt(acc, '.2f')}%): no ratio"))
             continue
         pct = (lambda v: None if v is None else 100 * v)
         print(f"{r['variant']:<13}{str(r['seed']):>5}{r.get('epochs') or '-':>4}{_fmt(pct(r['best_acc']), '.2f'):>8}"
@@ -188,9 +215,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "--seed", str(seed), "--no-progress", *extra]
             opts += (["--method", "amp", "--batch", str(batch), *VARIANTS[v], *shlex.split(a.e2e_args)] if v.startswith("e2e")
                      else [*VARIANTS[v], "--budget", a.budget, *shlex.split(a.local_args)])
-            s = run_demo(opts, Path(a.runs) / f"{v}-s{seed}", a.workdir, timeout=a.run_timeout)
+            run_dir = Path(a.runs) / f"{v}-s{seed}"
+            s = run_demo(opts, run_dir, a.workdir, timeout=a.run_timeout)
             tag = {"variant": v, "seed": seed}
-            runs.append({**tag, "failed": True} if s is None else {**s, **tag})
+            runs.append({**tag, "failed": True, "progress": progress_of(run_dir / "log.jsonl")} if s is None
+                        else {**s, **tag})
             out = write_report(runs, batch, a)   # after every run: a call cut short keeps what finished
     print("#", out["meta"])
     print_table(out["rows"])

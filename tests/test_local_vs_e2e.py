@@ -102,3 +102,30 @@ def test_epochs_of_a_run():
     by = {(r["variant"], r["seed"]): r for r in rows}
     assert by[("e2e", 0)]["epochs"] == "10" and by[("local-fresh", "mean")]["epochs"] == "20"
     lv.print_table(rows)
+
+
+def test_a_killed_run_reports_how_far_it_got(monkeypatch, tmp_path, capsys):
+    import json
+
+    def fake(args, out, workdir=None, gpu=None, timeout=None):
+        if "local" in args:
+            return _local("x", 0, [0.8, 0.82], 5.0)
+        # end-to-end killed at its timeout in epoch 3: two epoch records and a line cut off by the kill
+        out.mkdir(parents=True, exist_ok=True)
+        recs = [{"type": "run"}, {"type": "epoch", "epoch": 1, "test_acc": 0.38, "seconds": 69.5},
+                {"type": "epoch", "epoch": 2, "test_acc": 0.47, "seconds": 75.0}]
+        (out / "log.jsonl").write_text("\n".join(map(json.dumps, recs)) + '\n{"type": "ep')
+        return None
+
+    monkeypatch.setattr(lv, "run_demo", fake)
+    res = lv.main(["--data", "d", "--seeds", "2", "--variants", "local-fresh", "e2e", "--runs", str(tmp_path / "runs"),
+                   "--out", str(tmp_path / "k.json"), "--run-timeout", "50"])
+    by = {(r["variant"], r["seed"]): r for r in res["rows"]}
+    assert by[("e2e", 2)]["failed"]
+    assert by[("e2e", 2)]["progress"] == {"epochs_done": 2, "last_test_acc": 0.47, "epoch_seconds": 144.5}
+    # no finished end-to-end run: no ratio and no points for local
+    assert by[("local-fresh", 2)]["points_vs_e2e"] is None and by[("local-fresh", 2)]["ratio_vs_e2e"] is None
+    assert "e2e              2  failed after 2 epoch(s) (144.5 s; last test acc 47.00%): no ratio" in capsys.readouterr().out
+    assert lv.progress_of(tmp_path / "missing.jsonl") is None
+    (tmp_path / "empty.jsonl").write_text('{"type": "run"}\n')
+    assert lv.progress_of(tmp_path / "empty.jsonl") is None
