@@ -13,7 +13,8 @@
 #     is host-bound at ~37 ms, so 10 epochs of e2e at batch 32 alone would fill a 10-minute call;
 #     VARIANTS=local-fresh: local alone, against effnet-e2e's 8-epoch runs)
 #   SEEDS=0 bash benchmarks/device/local_graphs.sh effnet-pair   (local at the defaults and end-to-end at lr LR
-#     (0.0083), 8 epochs, in one call, ~9.5 min)
+#     (0.0083), 8 epochs, in one call, ~9.5 min; on a slow H100 (2026-11-24: 64-75 s per end-to-end epoch
+#     against 46-56 s) end-to-end is killed at its 480 s after 6 epochs: the row says how far it got)
 #   LR=0.0083 bash benchmarks/device/local_graphs.sh effnet-e2e   (end-to-end alone, 8 epochs at batch 32 and
 #     lr LR, to look for its best recipe at this budget (9 epochs took up to ~570 s on a slow H100); 2026-11-24: 44.20% at the demo's 0.0333, 59.99% after 8 of 9
 #     epochs at 0.0167 when cut at 575 s on a slower H100; 8 epochs: 68.14% at 0.0083, 65.74% at 0.0042)
