@@ -94,7 +94,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "elsewhere. A capture that does not fit falls back to eager steps")
     p.add_argument("--block-epochs", type=_epochs_list, default=None,
                    help="local: epochs of each block, comma-separated, one per planned block (default: --epochs "
-                        "for every block)")
+                        "for every block; ResNet-18 under e2e:32 on the H100: 24,24,8 instead of 20 each moved the "
+                        "best exit from -0.88 to -0.73 points of end-to-end's, mean of three seeds, at the same time)")
     p.add_argument("--exit-eval", choices=["epoch", "end"], default=None,
                    help="local: evaluate a block's exit on the test set after each of its epochs (epoch, default) "
                         "or only every exit once at the end (end: less time outside training)")
