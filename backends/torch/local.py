@@ -419,7 +419,7 @@ class LocalTrainer:
         up anew), after the default stream's cuBLAS workspaces are freed. Before (H100, issue 18's
         budgets, 2026-11-24): every EfficientNet-B0 block capture failed, block 0's on a 32 MiB
         request, and ResNet-18's blocks peaked 56 MiB higher. Elsewhere: nothing."""
-        if not (self.cuda_graph and self.device.type == "cuda"):
+        if not (self.cuda_graph and self.device.type == "cuda"):   # tests fake graphs on the CPU
             yield
             return
         dev = self.device
@@ -536,18 +536,18 @@ class LocalTrainer:
             # micro-batches of rec.graph_micro_batch (a failed capture halves it, `_graph_step`), their
             # gradients accumulated, as the elastic step's OOM fallback does
             opt.zero_grad(set_to_none=False)   # in place: eager calls after the capture reuse its buffers
-            n, k = y.shape[0], blk.batch // rec.graph_micro_batch
+            rows, k = y.shape[0], blk.batch // rec.graph_micro_batch
             losses = []
             for xc, yc in zip(x.chunk(k), y.chunk(k)):
                 xb = pre(xc)
                 with self._cast(b, cache=False):
                     loss = F.cross_entropy(head(body(xb)), yc)
                 if k > 1:
-                    loss = loss * (yc.shape[0] / n)   # each micro-batch's share of the batch mean
+                    loss = loss * (yc.shape[0] / rows)   # each micro-batch's share of the batch mean
                 loss.backward()
                 losses.append(loss.detach())
             guard.step(None)
-            tally(losses[0] if k == 1 else torch.stack(losses).sum(), n)
+            tally(losses[0] if k == 1 else torch.stack(losses).sum(), rows)
 
         graphed = GraphedStep(graph_step, params, stream=self.stream) if self.cuda_graph else None
         rec = BlockRecord(index=b, batch=blk.batch, precision=self._precision(b).short,

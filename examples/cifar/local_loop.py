@@ -109,14 +109,10 @@ def augmenters(prep: Callable[[torch.Tensor], torch.Tensor], device: torch.devic
     `seed` and `seed + 1`). The memory probes draw from theirs: drawing from training's would shift
     its augmentations with every change in the probes (2026-11-24: four seed-0 runs of one plan, best
     exits 86.48-86.86%, differed that way)."""
-    gens = [torch.Generator(device=device).manual_seed(seed + i) for i in (0, 1)]
+    def augmenter(gen: torch.Generator) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda xb: prep(augment.random_crop_flip(xb, gen))
 
-    def train(xb: torch.Tensor) -> torch.Tensor:
-        return prep(augment.random_crop_flip(xb, gens[0]))
-
-    def probe(xb: torch.Tensor) -> torch.Tensor:
-        return prep(augment.random_crop_flip(xb, gens[1]))
-
+    train, probe = (augmenter(torch.Generator(device=device).manual_seed(seed + i)) for i in (0, 1))
     return train, probe
 
 
