@@ -5,7 +5,7 @@
 #   SEEDS="1 2" bash benchmarks/device/local_graphs.sh compare   (~9 min for two seeds; R defaults to 32MiB;
 #     LARGS="--block-curvature 5" adds local options, e.g. the per-block curvature lever;
 #     VARIANTS=local-fresh runs local alone, against another call's end-to-end of the same seed)
-#   bash benchmarks/device/local_graphs.sh jax   (one seed per call; the JAX twin: block steps fused 16 per compiled scan,
+#   bash benchmarks/device/local_graphs.sh jax   (one seed per call, LARGS as for compare; the JAX twin: block steps fused 16 per compiled scan,
 #     its counterpart of CUDA graphs; local first (20 epochs per block, as torch's compare), e2e second;
 #     each block compiles ~11-16 s on the H100, how much of it XLA's autotuning is not measured: prefixing
 #     XLA_FLAGS=--xla_gpu_autotune_level=0 applies to both runs, to measure what autotuning costs and returns)
@@ -46,7 +46,7 @@ elif [ "$1" = jax ]; then
 rm -rf /tmp/tcache/jax   # local from an empty persistent compilation cache (a warm machine keeps it; e2e's
                          # programs are not local's); the decoded data stays cached
 timeout 570 python3 benchmarks/local_vs_e2e.py --backend jax --data /tmp/data/cifar10-jpeg --seeds ${SEEDS:-0} \
-  --local-epochs 20 --variants local-fresh e2e --local-args "--exit-eval ${EVAL:-end}" --run-timeout 300 --runs $OUT/runs --out $OUT/lve-jax.json > $OUT/lve-jax.log 2>&1
+  --local-epochs 20 --variants local-fresh e2e --local-args "--exit-eval ${EVAL:-end}${LARGS:+ $LARGS}" --run-timeout 300 --runs $OUT/runs --out $OUT/lve-jax.json > $OUT/lve-jax.log 2>&1
 tail -6 $OUT/lve-jax.log
 elif [ "$1" = effnet ]; then
 # 2026-11-23 at the default headroom 0.85: blocks at batch 16 / 16 / 32 / 128, block 0's graph out of memory,
