@@ -352,3 +352,102 @@ def test_gather_to_rows_in_order():
     assert got.dtype == torch.bfloat16 and got.shape == (4, 2, 3)
     assert torch.equal(got, src[torch.as_tensor(idx)])
     assert torch.equal(tdata.indices_to(idx, torch.device("cpu")), torch.as_tensor(idx, dtype=torch.int64))
+
+
+class _Pooled(torch.autograd.Function):
+    """Identity whose backward hands its gradient over in one buffer per key, overwritten by the
+    next backward: how a backward replayed as a CUDA graph (torch.compile mode="reduce-overhead")
+    hands over gradients in its pool (autograd then keeps that very tensor as `.grad`)."""
+    pools: dict = {}
+
+    @staticmethod
+    def forward(ctx, w, key):
+        ctx.key = key
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, g):
+        buf = _Pooled.pools.setdefault(ctx.key, torch.empty_like(g))
+        buf.copy_(g)
+        return buf.view_as(buf), None
+
+
+class _PooledLinear(torch.nn.Linear):
+    def forward(self, x):
+        return torch.nn.functional.linear(x, _Pooled.apply(self.weight, "w"), _Pooled.apply(self.bias, "b"))
+
+
+def _pooled_setup(cfg_kw, wrapped):
+    from triaccel.backends.torch import wrap
+
+    _Pooled.pools.clear()
+    torch.manual_seed(0)
+    model = _PooledLinear(5, 1)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    cfg = make_cfg(**cfg_kw)
+    if wrapped:
+        opt = wrap(inner, model, TriAccelConfig(**cfg_kw))
+        ctl = opt.controller
+    else:
+        opt, ctl = inner, Controller(cfg, ["fc"])
+    x, ids = make_data()
+    return model, opt, ctl, ElasticLoader(x, ids, batch_size=cfg_kw["batch_init"], seed=1), x
+
+
+@pytest.mark.parametrize("case", ["plain-accumulate", "plain-oom-replay", "wrapped-noise-split",
+                                  "wrapped-oom-replay"])
+def test_split_steps_keep_gradients_that_backward_handed_over_in_a_pool(case):
+    # a step of several micro-batches whose first backward hands over pooled gradients: the sum
+    # over the step must still be the full batch's gradient (before the fix: the first micro-batch's
+    # gradients were overwritten by the second's backward)
+    wrapped = case.startswith("wrapped")
+    if wrapped:
+        kw = dict(batch_init=16, batch_min=8, batch_max=64, batch_buckets=(8, 16, 32, 64), t_ctrl=5, warmup_steps=0,
+                  base_precision="fp32", curvature="off", adaptive_precision=False)
+    elif case == "plain-accumulate":
+        kw = dict(lr_rule="accumulate", batch_init=24, batch_max=24, batch_min=4, batch_multiple=4,
+                  delta_up=4, delta_down=4)
+    else:
+        kw = dict(batch_init=24, batch_max=24, batch_min=12, batch_multiple=4, delta_up=4, delta_down=4)
+    model, opt, ctl, loader, x = _pooled_setup(kw, wrapped)
+    if case == "plain-accumulate":
+        ctl.observe_oom(0)   # micro 12, logical 24: two micro-batches from the start
+    calls, seen, checked = [0], [], []
+    oom_at = {"plain-oom-replay": 1, "wrapped-oom-replay": 3}.get(case)   # wrapped: step 1's first forward
+
+    def loss_fn(batch):
+        xb, ids = batch
+        calls[0] += 1
+        if calls[0] == oom_at:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        seen.append(ids.clone())
+        return (model(xb).squeeze(1) ** 2).mean()
+
+    def capture(decision):
+        got = [p.grad.clone() for p in model.parameters()]
+        checked.append((list(seen), got, [p.detach().clone() for p in model.parameters()]))
+        if wrapped:
+            opt.step_accumulated()
+
+    steps = 7 if wrapped else 1
+    sizes = []
+    for step in range(steps):
+        seen.clear()
+        ctl_step = opt.step_count if wrapped else step
+        res = elastic_step(loader, ctl, loss_fn, opt, ctl_step, optimizer_step=capture,
+                           apply_lr_batch_scale=False, **({"scaler": opt} if wrapped else {}))
+        sizes.append(res.micro_sizes)
+    split = [i for i, s in enumerate(sizes) if len(s) > 1]
+    if case == "wrapped-noise-split":
+        assert split == [0, 5]   # step 5 follows single-batch steps: their gradients were handed over
+    elif case == "wrapped-oom-replay":
+        assert 1 in split and sizes[1] == [8, 8]
+    else:
+        assert sizes == [[12, 12]]
+    for i in split:
+        ids, got, params = checked[i]
+        w, b = (p.clone().requires_grad_() for p in params)
+        xs = x[torch.cat(ids)]
+        ref = torch.autograd.grad(((xs @ w.t() + b).squeeze(1) ** 2).mean(), [w, b])
+        for g, r in zip(got, ref):
+            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)

@@ -245,6 +245,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
     def run_micro(chunk: np.ndarray, weight: float) -> torch.Tensor:
         if done[0] == 0:
             optimizer.zero_grad(set_to_none=True)   # also wipes partial grads of a failed first try
+        elif done[0] == 1 and not sharded:
+            _own_gradients(optimizer, params)
         loss = loss_fn(loader.fetch(chunk))
         scaled = loss * weight
         if sharded:   # FSDP averages over ranks: weigh this rank by its share of the step
@@ -322,6 +324,22 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
         view = distributed.exchange_boundary(None, None, reading, 0, step + 1)
         distributed.observe_boundary(controller, step + 1, view)
     return result
+
+
+def _own_gradients(optimizer: Any, params: list[torch.Tensor]) -> None:
+    """Before a step's second micro-batch: every gradient in a buffer of its own. The first
+    micro-batch's backward may have handed over tensors in the CUDA graphs' pool of a
+    torch.compile(mode="reduce-overhead") model, which the next replay overwrites. A
+    `TriAccelOptimizer` copies only what it did not allocate (nothing on a step it planned to
+    split); any other optimizer gets a copy of every gradient, on steps of several micro-batches
+    only."""
+    own = getattr(optimizer, "own_gradients", None)
+    if own is not None:
+        own()
+        return
+    for p in params:
+        if p.grad is not None:
+            p.grad = p.grad.detach().clone()
 
 
 class _SizedShard:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Iterator
 
@@ -246,6 +247,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self._lerp_ok = True
         self.step_count = 0        # optimizer steps taken or skipped (the controller's step)
         self.micro_count = 0       # micro-batches accumulated towards the current step
+        self._owned_grads: list[weakref.ref | None] = [None] * len(params)   # see _own_gradients
         self.skipped_steps = 0     # guarded non-finite steps (device-guarded ones: counted at flushes)
         self._mults_uniform: float | None = 1.0
         self._mults_per_tensor: list[float] = [1.0] * len(params)
@@ -592,29 +594,58 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         than keeping zeroed buffers: backward then hands its gradient tensors over instead of
         adding into the old ones (one add launch per parameter), and the caching allocator gives
         them the same addresses step after step, so the statistics kernel's table stays cached.
-        set_to_none=False zeroes all gradients with one foreach launch (torch's default
+        set_to_none=False zeroes all gradients in place with one foreach launch (torch's default
         optimizers zero them one tensor at a time unless built with foreach=True) and allocates
-        the missing ones; so does set_to_none=True before a step of several micro-batches
-        (`_next_step_splits`: CUDA-graph safety).
+        the missing ones. set_to_none=True before a step of several micro-batches
+        (`_next_step_splits`) zeroes buffers allocated here instead, for CUDA-graph safety: a
+        gradient that backward handed over (possibly in a CUDA graph's pool) is replaced by new
+        zeros, once; later such steps reuse the buffers.
         """
         if self.micro_count != 0:
             return
-        if set_to_none and not self._next_step_splits():
-            self.optimizer.zero_grad(set_to_none=True)
-            return
-        grads = []
-        for p in self._params:
-            g = p.grad
-            if g is not None:
-                if g.grad_fn is not None:
-                    g.detach_()
+        if set_to_none:
+            if not self._next_step_splits():
+                self.optimizer.zero_grad(set_to_none=True)
+                return
+            kept = self._own_gradients(copy=False)
+        else:   # torch's meaning: the same tensors, zeroed in place
+            kept = []
+            for p in self._params:
+                g = p.grad
+                if g is not None:
+                    if g.grad_fn is not None:
+                        g.detach_()
+                    else:
+                        g.requires_grad_(False)
+                    kept.append(g)
                 else:
-                    g.requires_grad_(False)
-                grads.append(g)
-            else:
-                p.grad = torch.zeros_like(p)
-        if grads:
-            torch._foreach_zero_(grads)
+                    p.grad = torch.zeros_like(p)
+        if kept:
+            torch._foreach_zero_(kept)
+
+    def own_gradients(self) -> None:
+        """Hold every gradient in a buffer this optimizer allocated (a copy where backward handed
+        one over; zeros where there is none). Before a step's second micro-batch that was not
+        planned (an OOM replay): under torch.compile(mode="reduce-overhead") a backward into empty
+        gradients hands over tensors in the CUDA graphs' pool, which the next replay overwrites
+        (torch's cudagraph trees). Buffers already owned are kept as they are."""
+        self._own_gradients(copy=True)
+
+    def _own_gradients(self, copy: bool) -> list[torch.Tensor]:
+        """Replace each gradient not allocated here by an owned buffer (a copy of it if `copy`, else
+        zeros) and return the owned gradients that were kept."""
+        kept = []
+        owned = self._owned_grads
+        for i, p in enumerate(self._params):
+            g = p.grad
+            ref = owned[i]
+            if g is not None and ref is not None and ref() is g:
+                kept.append(g)
+                continue
+            new = g.detach().clone() if copy and g is not None else torch.zeros_like(p)
+            p.grad = new
+            owned[i] = weakref.ref(new)   # weak: a step that sets them to None frees them
+        return kept
 
     def _next_step_splits(self) -> bool:
         """The next step runs several micro-batches (accumulation or a noise-measurement split).
