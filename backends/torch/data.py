@@ -268,8 +268,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
             for p, g in zip(params, grads):
                 if g is None:
                     continue
-                if p.grad is None:
-                    p.grad = g
+                if p.grad is None:   # a copy: g may be in a CUDA graph's pool (see _own_gradients)
+                    p.grad = g.detach().clone()
                 else:
                     p.grad.add_(g)
         done[0] += 1

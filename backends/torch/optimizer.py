@@ -625,15 +625,15 @@ class TriAccelOptimizer(torch.optim.Optimizer):
 
     def own_gradients(self) -> None:
         """Hold every gradient in a buffer this optimizer allocated (a copy where backward handed
-        one over; zeros where there is none). Before a step's second micro-batch that was not
-        planned (an OOM replay): under torch.compile(mode="reduce-overhead") a backward into empty
+        one over; a missing gradient stays missing). Before a step's second micro-batch that was
+        not planned (an OOM replay): under torch.compile(mode="reduce-overhead") a backward into empty
         gradients hands over tensors in the CUDA graphs' pool, which the next replay overwrites
         (torch's cudagraph trees). Buffers already owned are kept as they are."""
         self._own_gradients(copy=True)
 
     def _own_gradients(self, copy: bool) -> list[torch.Tensor]:
-        """Replace each gradient not allocated here by an owned buffer (a copy of it if `copy`, else
-        zeros) and return the owned gradients that were kept."""
+        """Replace each gradient not allocated here by an owned buffer (copy=True: a copy of it,
+        none where there is none; copy=False: zeros) and return the owned gradients that were kept."""
         kept = []
         owned = self._owned_grads
         for i, p in enumerate(self._params):
@@ -642,7 +642,9 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             if g is not None and ref is not None and ref() is g:
                 kept.append(g)
                 continue
-            new = g.detach().clone() if copy and g is not None else torch.zeros_like(p)
+            if copy and g is None:
+                continue
+            new = g.detach().clone() if copy else torch.zeros_like(p)
             p.grad = new
             owned[i] = weakref.ref(new)   # weak: a step that sets them to None frees them
         return kept
