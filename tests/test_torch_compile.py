@@ -271,3 +271,55 @@ def test_efficientnet_compiles_once_without_breaks() -> None:
         opt.zero_grad()
     assert dict(counters["graph_break"]) == {}
     assert cnt.frame_count == len(opt.plan.keys_seen) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs (mode='reduce-overhead') need a GPU")
+def test_cuda_graph_steps_of_several_micro_batches_sum_the_whole_batch_gradient() -> None:
+    """Under cudagraph trees a backward hands gradients over in the graphs' pool, which the next
+    replay overwrites: noise-measurement splits (after single-batch steps) and an OOM replay must
+    still sum to the whole batch's gradient (on the H100 they raised "accessing tensor output of
+    CUDAGraphs that has been overwritten" before `own_gradients`)."""
+    from triaccel.backends.torch.data import ElasticLoader, elastic_step
+
+    dev = torch.device("cuda")
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3)).to(dev)
+        cfg = TriAccelConfig(batch_init=16, batch_min=8, batch_max=64, batch_buckets=(8, 16, 32, 64), t_ctrl=5,
+                             warmup_steps=0, base_precision="fp32", curvature="off", adaptive_precision=False)
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, cfg)
+        cmodel = compile_model(model, opt, mode="reduce-overhead")
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(400, 3, 8, 8, generator=g), torch.randint(0, 3, (400,), generator=g)
+        loader = ElasticLoader(x, y, batch_size=16, seed=0)
+        calls, seen, checked = [0], [], []
+
+        def loss_fn(batch):
+            calls[0] += 1
+            if calls[0] == 4:   # step 1's first forward (step 0 is a noise split: calls 1-2, step 1 call 3)
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            xb, yb = batch[0].to(dev), batch[1].to(dev)
+            seen.append((xb, yb))
+            with opt.autocast():
+                return F.cross_entropy(cmodel(xb), yb)
+
+        def step_and_check(decision):
+            got = [p.grad.detach().clone() for p in model.parameters()]
+            xs, ys = torch.cat([s[0] for s in seen]), torch.cat([s[1] for s in seen])
+            ref = torch.autograd.grad(F.cross_entropy(model(xs), ys), list(model.parameters()))
+            checked.append(all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(got, ref)))
+            opt.step_accumulated()
+
+        sizes = []
+        for _ in range(8):
+            seen.clear()
+            res = elastic_step(loader, opt.controller, loss_fn, opt, opt.step_count, scaler=opt,
+                               apply_lr_batch_scale=False, optimizer_step=step_and_check)
+            sizes.append(res.micro_sizes)
+        assert sum(len(s) > 1 for s in sizes) >= 3, sizes   # two noise splits and the OOM replay at least
+        assert all(checked), (sizes, checked)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
