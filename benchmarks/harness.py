@@ -7,7 +7,10 @@ Variants, each in its own process, one after the other, same data, same model, s
 - amp:        `python -m examples.cifar.train --method amp` (the demo's harness around the same loop);
 - triaccel-fixed: the demo with `--method triaccel --levers precision` (batch fixed, wrapper on);
 - triaccel:   the demo's defaults (`--levers precision,batch`: the batch grows; not the same batch,
-              listed for its wall only).
+              listed for its wall only);
+- amp-compiled, triaccel-fixed-compiled: amp / triaccel-fixed with `--compile COMPILE --compile-shapes
+              SHAPES` (default reduce-overhead, buckets): issue #15's compiled step against the eager
+              plain loop (target <= 0.6).
 
 Step cost = median seconds per epoch over epochs 2..E (epoch 1 holds cuDNN/Triton start-up), as a
 ratio to `plain` at the same batch. `--profile` adds a cProfile of the triaccel-fixed run (top
@@ -15,6 +18,8 @@ functions by own time, to $OUT-style `--out` folder). Targets: amp/plain <= 1.05
 triaccel-fixed/amp <= 1.03 (wrapper).
 
     python benchmarks/harness.py --data <cifar10-jpeg> --epochs 3 --batch-sizes 96 384 --out results/harness
+    python benchmarks/harness.py --data <cifar10-jpeg> --epochs 5 --batch-sizes 384 \
+        --variants plain amp amp-compiled triaccel-fixed-compiled
     python benchmarks/harness.py --data <cifar10-jpeg> --device cpu --epochs 2 --train-subset 512 --width 0.25
 """
 
@@ -33,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("plain", "amp", "triaccel-fixed", "triaccel")
+VARIANTS = ("plain", "amp", "triaccel-fixed", "triaccel", "amp-compiled", "triaccel-fixed-compiled")
 
 
 def plain_loop(a: argparse.Namespace) -> dict[str, Any]:
@@ -86,7 +91,7 @@ def plain_loop(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def demo_args(a: argparse.Namespace, variant: str, out: Path) -> list[str]:
-    method = "amp" if variant == "amp" else "triaccel"
+    method = "amp" if variant.startswith("amp") else "triaccel"
     args = ["--method", method, "--epochs", str(a.epochs), "--batch", str(a.batch), "--seed", str(a.seed),
             "--width", str(a.width), "--device", a.device, "--no-progress", "--out", str(out),
             "--test-subset", "512"]
@@ -94,8 +99,10 @@ def demo_args(a: argparse.Namespace, variant: str, out: Path) -> list[str]:
         args += ["--data", a.data]
     if a.train_subset:
         args += ["--train-subset", str(a.train_subset)]
-    if variant == "triaccel-fixed":
+    if variant.startswith("triaccel-fixed"):
         args += ["--levers", "precision"]
+    if variant.endswith("-compiled"):
+        args += ["--compile", a.compile, "--compile-shapes", a.compile_shapes]
     return args
 
 
@@ -142,6 +149,10 @@ def main() -> None:
     ap.add_argument("--train-subset", type=int, default=None)
     ap.add_argument("--width", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", choices=("default", "reduce-overhead"), default="reduce-overhead",
+                    help="the *-compiled variants' torch.compile mode")
+    ap.add_argument("--compile-shapes", choices=("dynamic", "buckets"), default="buckets",
+                    help="the *-compiled variants' --compile-shapes")
     ap.add_argument("--profile", action="store_true", help="also run triaccel-fixed under cProfile")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "harness")
@@ -158,7 +169,7 @@ def main() -> None:
     for b in a.batch_sizes:
         for v in a.variants:
             rows.append(run_variant(a, v, b, work, profile=False))
-            print(f"{v:>15} bs {b:4d}: epochs {[round(t, 2) for t in rows[-1]['epoch_seconds']]}", flush=True)
+            print(f"{v:>24} bs {b:4d}: epochs {[round(t, 2) for t in rows[-1]['epoch_seconds']]}", flush=True)
     prof_text = None
     if a.profile:
         b = a.batch_sizes[0]
@@ -181,11 +192,11 @@ def main() -> None:
     if prof_text is not None:
         print("\n".join(prof_text.splitlines()[:a.top + 12]))
     print(f"\n{meta['device']}  {meta['date']}  steady = median s/epoch over epochs 2..{a.epochs}")
-    print(f"{'variant':>15} {'batch':>5} {'s/epoch':>8} {'/plain':>7} {'/amp':>6}")
+    print(f"{'variant':>24} {'batch':>5} {'s/epoch':>8} {'/plain':>7} {'/amp':>6}")
     for r in rows:
         rp = "" if r["ratio_to_plain"] is None else f"{r['ratio_to_plain']:.3f}"
         ra = "" if r["ratio_to_amp"] is None else f"{r['ratio_to_amp']:.3f}"
-        print(f"{r['variant']:>15} {r['batch']:5d} {r['steady_s_per_epoch']:8.3f} {rp:>7} {ra:>6}")
+        print(f"{r['variant']:>24} {r['batch']:5d} {r['steady_s_per_epoch']:8.3f} {rp:>7} {ra:>6}")
 
 
 if __name__ == "__main__":

@@ -54,6 +54,9 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     with pytest.raises(SystemExit):   # the compilation cache is JAX's
         train.parse_args(["--backend", "torch", "--compile-cache", str(tmp_path)])
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
+    with pytest.raises(SystemExit):   # shapes of a compiled model only
+        train.parse_args(["--compile-shapes", "buckets"])
+    assert train.parse_args(["--compile", "reduce-overhead", "--compile-shapes", "buckets"]).compile_shapes == "buckets"
     for other in (["--backend", "jax", "--fuse-steps", "4"], ["--plan-headroom", "0.9"],
                   ["--exit-eval", "end"], ["--block-curvature", "1"], ["--head-pool", "8"]):   # local's options only
         with pytest.raises(SystemExit):
@@ -153,3 +156,13 @@ def test_largest_fitting_binary_search():
     calls = []
     got = largest_fitting(batches, lambda b: calls.append(b) or 10 * b, 500, {32: 320, 64: 640})
     assert calls == [] and got == {32: 320, 64: 640}
+
+
+def test_compiled_bucket_sizes_are_per_rank():
+    from types import SimpleNamespace
+
+    from examples.cifar.torch_loop import static_batches
+
+    assert static_batches((24, 48, 96, 192)) == (24, 48, 96, 192)
+    assert static_batches((24, 48, 96, 192), SimpleNamespace(world_size=4)) == (6, 12, 24, 48)
+    assert static_batches((12, 24, 36), SimpleNamespace(world_size=8)) == (3,)

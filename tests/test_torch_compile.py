@@ -79,6 +79,38 @@ def test_compiles_once_per_shape_and_policy_without_breaks(dynamic_batch: bool) 
     assert cnt.frame_count == expected, (cnt.frame_count, sorted(visited))
 
 
+def test_static_batches_compile_each_listed_size_once_per_policy_and_run_others_eagerly() -> None:
+    from triaccel.backends.torch.compile import BatchDispatch
+
+    model = _net()
+    opt = _wrapped(model)
+    cnt = CompileCounterWithBackend("eager")
+    cmodel = compile_model(model, opt, backend=cnt, static_batches=(4, 8))
+    assert isinstance(cmodel, BatchDispatch) and uncompiled(cmodel) is model
+    assert dict(cmodel.named_parameters()).keys() == {f"module.{k}" for k, _ in model.named_parameters()}
+    # (batch, layers in FP32); 6 and 5 are off the list: eager, no compilation
+    schedule = [(8, set()), (4, set()), (6, set()), (8, {"7"}), (5, {"7"}), (4, {"7"}), (8, set()), (6, set())]
+    compiled_pairs: set[tuple[int, str]] = set()
+    for i, (n, fp32) in enumerate(schedule):
+        opt.plan.apply(_policy(opt, fp32))
+        if n in (4, 8):
+            compiled_pairs.add((n, opt.plan.key))
+        x, y = _batch(n, i)
+        with opt.autocast():
+            out = cmodel(x)
+            want = model(x)   # the wrapped model itself, uncompiled
+        assert out.dtype == want.dtype == (torch.float32 if "7" in fp32 else torch.bfloat16), (i, fp32)
+        torch.testing.assert_close(out, want)
+        assert cnt.frame_count == len(compiled_pairs), (i, cnt.frame_count, sorted(compiled_pairs))
+        with opt.autocast():
+            loss = F.cross_entropy(cmodel(x), y)
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+    assert dict(counters["graph_break"]) == {}
+    assert cnt.frame_count == len(compiled_pairs) == 4
+
+
 def _train(model_call, opt, steps: int) -> list[float]:
     losses = []
     for i in range(steps):
@@ -199,7 +231,9 @@ def test_region_exit_clears_state_saved_by_a_raising_hooked_layer() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [dict(mode="fast"), dict(max_variants=0), dict(dynamic=True),
-                                    dict(dynamic_batch=1)])
+                                    dict(dynamic_batch=1), dict(static_batches=()), dict(static_batches=(0, 8)),
+                                    dict(static_batches=8), dict(static_batches="8"), dict(static_batches=(True,)),
+                                    dict(static_batches=(8,), dynamic_batch=True)])
 def test_compile_model_rejects_bad_options(kwargs) -> None:
     with pytest.raises(ValueError):
         compile_model(_net(), None, backend="eager", **kwargs)

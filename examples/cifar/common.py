@@ -68,6 +68,7 @@ class RunOptions:
     cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)
     memory_format: str = "auto"       # torch on CUDA: channels_last | contiguous | auto (see channels_last())
     compile: str = "off"              # torch: torch.compile mode of the model, off | default | reduce-overhead
+    compile_shapes: str = "dynamic"   # torch, compiled: dynamic (one graph per policy) | buckets (one per bucket)
     inject_oom_every: int = 0         # test-only (benchmarks/soak.py): see OOMInjector; 0 = off
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -63,6 +63,12 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, prep: Cal
             correct += int((model(xb).argmax(1) == y[i:i + batch]).sum())
     model.train()
     return correct / len(x)
+
+
+def static_batches(buckets: Sequence[int], distributed: Any = None) -> tuple[int, ...]:
+    """The forward's batch sizes at the global batch buckets: each rank runs global / world size."""
+    world = 1 if distributed is None else distributed.world_size
+    return tuple(b // world for b in buckets if b % world == 0)
 
 
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
@@ -125,7 +131,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # Data parallel: the module DDP wraps (the elastic step reduces gradients itself).
     train_model = model if distributed is None else distributed.training_module()
     fwd = train_model if opts.compile == "off" else compile_model(
-        train_model, opt if opts.method == "triaccel" else None, mode=opts.compile)
+        train_model, opt if opts.method == "triaccel" else None, mode=opts.compile,
+        static_batches=static_batches(cfg.batch_buckets, distributed) if opts.compile_shapes == "buckets" else None)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: lr_factor(seen[0], total_samples, warmup_samples))
     # conv/linear FLOPs per precision: the wrapper's layers, or all of AMP's/FP32's at one precision
     net = unwrap_parallel(model)   # layer names and FLOPs of the module itself (DDP: its .module)

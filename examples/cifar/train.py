@@ -173,6 +173,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--compile", choices=["off", "default", "reduce-overhead"], default="off",
                    help="torch: torch.compile the model (every method; reduce-overhead = CUDA graphs). One "
                         "compilation per precision policy, the batch dim dynamic (triaccel.backends.torch.compile)")
+    p.add_argument("--compile-shapes", choices=["dynamic", "buckets"], default="dynamic",
+                   help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
+                        "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
+                        "(buckets: faster steps, one compilation per bucket; H100, ResNet-18 bs 384, CUDA graphs: "
+                        "5.86 vs 7.83 ms per step)")
     p.add_argument("--inject-oom-every", type=int, default=0, metavar="N",
                    help="test-only fault injection (benchmarks/soak.py): the first micro-batch of every N-th "
                         "optimizer step raises the framework's out-of-memory error, which the elastic step must "
@@ -182,6 +187,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         p.error(f"--inject-oom-every={a.inject_oom_every}: allowed an integer >= 0, not with --method local")
     if a.compile != "off" and a.backend != "torch":
         p.error(f"--compile={a.compile}: only for --backend torch")
+    if a.compile_shapes != "dynamic" and a.compile == "off":
+        p.error(f"--compile-shapes={a.compile_shapes}: only with --compile default|reduce-overhead")
     if a.offload == "auto" and (a.backend != "torch" or a.method != "triaccel" or a.compile != "off"):
         p.error("--offload auto: only for --backend torch --method triaccel --compile off (the JAX wrapper refuses "
                 "it; saved-tensor hooks run eagerly)")
@@ -214,6 +221,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
+        compile_shapes=a.compile_shapes,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
