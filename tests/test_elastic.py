@@ -87,6 +87,24 @@ def test_put_back_and_complete_only_in_flight():
         s.next_epoch()
 
 
+@pytest.mark.parametrize("bad", [[-1], [10], [3.0e9], "repeat", "mixed"])
+def test_a_refused_retirement_changes_nothing(bad):
+    s = ElasticSampler(10, seed=0)
+    a = s.take(4)
+    if bad == "repeat":
+        bad = [int(a[0]), int(a[1]), int(a[0])]
+    elif bad == "mixed":   # in flight, then one that is not
+        bad = [int(a[0]), int(s.permutation(0)[9])]
+    with pytest.raises(ValueError, match="in flight|repeated"):
+        s.complete(bad)
+    with pytest.raises(ValueError, match="in flight|repeated"):
+        s.put_back(bad)
+    assert s.in_flight == 4 and s.completed == 0 and s.remaining == 6
+    s.complete(a)   # the whole take still retires once
+    assert s.in_flight == 0 and s.completed == 4
+    assert s.state_dict()["pending"] == []
+
+
 @pytest.mark.parametrize("cut", [0, 3, 7])
 def test_state_dict_resumes_exact_order_mid_epoch(cut):
     ref = ElasticSampler(40, seed=9)

@@ -108,7 +108,10 @@ class ElasticSampler:
         self._perm = self.permutation(self.epoch)
         self.cursor = 0                       # next position in the permutation
         self._pending: deque[int] = deque()   # put-back indices, replayed before the permutation
-        self._in_flight: set[int] = set()     # taken, neither completed nor put back
+        # taken, neither completed nor put back: a mask, so a step's check is one numpy gather
+        # rather than a Python pass over its indices (the demo's steps are host-bound)
+        self._flight = np.zeros(self.num_samples, dtype=bool)
+        self._n_flight = 0
         self.completed = 0                    # indices of this epoch completed so far
 
     @property
@@ -119,7 +122,7 @@ class ElasticSampler:
     @property
     def in_flight(self) -> int:
         """Indices taken and neither completed nor put back."""
-        return len(self._in_flight)
+        return self._n_flight
 
     @property
     def epoch_done(self) -> bool:
@@ -144,30 +147,39 @@ class ElasticSampler:
         k = min(n - len(out), self.num_samples - self.cursor)
         fresh = self._perm[self.cursor:self.cursor + k]
         self.cursor += k
-        idx = np.concatenate([np.asarray(out, dtype=np.int64), fresh])
-        self._in_flight.update(idx.tolist())
+        idx = np.concatenate([np.asarray(out, dtype=np.int64), fresh]) if out else fresh.copy()
+        self._flight[idx] = True   # pending and fresh indices are never in flight: no overlap
+        self._n_flight += int(idx.size)
         return idx
 
-    def _check_in_flight(self, name: str, idx: np.ndarray) -> list[int]:
-        ids = np.asarray(idx, dtype=np.int64).reshape(-1).tolist()
-        bad = [i for i in ids if i not in self._in_flight]
-        if bad or len(set(ids)) != len(ids):
-            raise ValueError(
-                f"{name}: indices {bad[:8] or 'repeated'} are not (uniquely) in flight; only indices "
-                "returned by take() and not yet completed or put back are allowed")
+    def _retire(self, name: str, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Take `indices` out of flight (int64 array, order kept); ValueError, with nothing changed,
+        when one is not in flight or appears twice."""
+        ids = np.asarray(indices, dtype=np.int64).reshape(-1)
+        try:
+            held = self._flight[ids]   # IndexError past the end; negatives are caught below
+        except IndexError:
+            held = None
+        if held is None or not held.all() or (ids.size and ids.min() < 0):
+            ok = (ids >= 0) & (ids < self.num_samples)
+            bad = ids[~ok | ~self._flight[np.where(ok, ids, 0)]][:8].tolist()
+            raise ValueError(f"{name}: indices {bad} are not in flight; only indices returned by take() "
+                             "and not yet completed or put back are allowed")
+        self._flight[ids] = False
+        left = int(np.count_nonzero(self._flight))
+        if self._n_flight - left != ids.size:   # fewer cleared than given: an index repeated
+            self._flight[ids] = True
+            raise ValueError(f"{name}: indices repeated; each in-flight index may be retired once")
+        self._n_flight = left
         return ids
 
     def complete(self, indices: Sequence[int] | np.ndarray) -> None:
         """Retire in-flight indices: their samples have been used for this epoch."""
-        ids = self._check_in_flight("complete(indices)", np.asarray(indices))
-        self._in_flight.difference_update(ids)
-        self.completed += len(ids)
+        self.completed += int(self._retire("complete(indices)", indices).size)
 
     def put_back(self, indices: Sequence[int] | np.ndarray) -> None:
         """Return in-flight indices to the front of the queue, order kept; take() replays them next."""
-        ids = self._check_in_flight("put_back(indices)", np.asarray(indices))
-        self._in_flight.difference_update(ids)
-        self._pending.extendleft(reversed(ids))
+        self._pending.extendleft(reversed(self._retire("put_back(indices)", indices).tolist()))
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -181,7 +193,7 @@ class ElasticSampler:
             "shuffle": self.shuffle,
             "epoch": self.epoch,
             "cursor": self.cursor,
-            "pending": sorted(self._in_flight) + list(self._pending),
+            "pending": np.flatnonzero(self._flight).tolist() + list(self._pending),
             "completed": self.completed,
         }
 
@@ -225,7 +237,10 @@ class ElasticStepReport(Generic[T]):
     step_samples: int | None = None   # the global step's samples when this is one rank's part
 
     def weighted_sum(self) -> Any:
-        """Sum of weight x output over the micro-batches (framework scalars stay on the device)."""
+        """Sum of weight x output over the micro-batches (framework scalars stay on the device); a
+        step of one micro-batch (weight 1) gives its output itself, with no device op."""
+        if len(self.outputs) == 1 and self.weights[0] == 1.0:
+            return self.outputs[0]
         return sum(w * o for w, o in zip(self.weights, self.outputs))
 
     def mean_loss(self) -> float:

@@ -248,7 +248,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
         elif done[0] == 1 and not sharded:
             _own_gradients(optimizer, params)
         loss = loss_fn(loader.fetch(chunk))
-        scaled = loss * weight
+        scaled = loss if weight == 1.0 else loss * weight   # a whole step in one micro-batch: no extra op
         if sharded:   # FSDP averages over ranks: weigh this rank by its share of the step
             scaled = scaled * distributed.loss_factor(n_local[0], n_step[0])
         if scaler is not None:
