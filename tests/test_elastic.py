@@ -266,3 +266,24 @@ def test_left_for_next_counts_the_epoch_the_next_step_draws_from():
     for _ in range(3):
         loader.complete(loader.next_indices())
     assert loader.sampler.epoch_done and loader.left_for_next == 10   # the next epoch, whole
+
+
+def test_order_span_recognises_views_of_the_epoch_order_only():
+    s = ElasticSampler(20, seed=3)
+    a = s.take(6)
+    assert s.order_span(a) == (0, 6) and s.order_span(a[2:5]) == (2, 5)
+    assert s.order_span(a.copy()) is None and s.order_span(a[::2]) is None and s.order_span([1, 2]) is None
+    assert not a.flags.writeable   # a view of the order: callers cannot change the epoch's order
+    s.put_back(a[3:])
+    b = s.take(5)   # put-back indices first: a new array, not a view
+    assert b.tolist() == s.order[3:8].tolist() and s.order_span(b) is None
+    c = s.take(4)
+    assert s.order_span(c) == (8, 12)
+    s.complete(b)
+    s.complete(c)
+    s.complete(a[:3])
+    while not s.epoch_done:
+        s.complete(s.take(8))
+    old = s.order
+    s.next_epoch()
+    assert s.order is not old and s.order_span(a) is None   # last epoch's views do not match

@@ -451,3 +451,20 @@ def test_split_steps_keep_gradients_that_backward_handed_over_in_a_pool(case):
         ref = torch.autograd.grad(((xs @ w.t() + b).squeeze(1) ** 2).mean(), [w, b])
         for g, r in zip(got, ref):
             torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_fetch_from_the_epoch_order_equals_fetch_from_uploaded_indices():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(50, 3, generator=g), torch.arange(50)
+    loader = ElasticLoader(x, y, batch_size=8, seed=2)
+    orders = []
+    for _ in range(2 * 7):   # two epochs of 6 x 8 + 2 samples; each epoch its own order
+        idx = loader.next_indices()
+        assert loader.sampler.order_span(idx) is not None
+        for part in (idx, idx[1:5], idx.copy()):   # spans, and a copy (uploaded)
+            xb, yb = loader.fetch(part)
+            assert yb.tolist() == part.tolist() and torch.equal(xb, x[yb])
+        loader.complete(idx)
+        orders.append(loader._order[1])
+    assert orders[0] is orders[6] and orders[7] is not orders[6]
+    assert orders[7].tolist() == loader.sampler.order.tolist() != orders[0].tolist()

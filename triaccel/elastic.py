@@ -106,6 +106,7 @@ class ElasticSampler:
     def _start_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
         self._perm = self.permutation(self.epoch)
+        self._perm.flags.writeable = False   # take() hands out views of it (see order_span)
         self.cursor = 0                       # next position in the permutation
         self._pending: deque[int] = deque()   # put-back indices, replayed before the permutation
         # taken, neither completed nor put back: a mask, so a step's check is one numpy gather
@@ -147,10 +148,26 @@ class ElasticSampler:
         k = min(n - len(out), self.num_samples - self.cursor)
         fresh = self._perm[self.cursor:self.cursor + k]
         self.cursor += k
-        idx = np.concatenate([np.asarray(out, dtype=np.int64), fresh]) if out else fresh.copy()
+        # no put-back index: a read-only view of the epoch order, which `order_span` recognises
+        idx = np.concatenate([np.asarray(out, dtype=np.int64), fresh]) if out else fresh
         self._flight[idx] = True   # pending and fresh indices are never in flight: no overlap
         self._n_flight += int(idx.size)
         return idx
+
+    @property
+    def order(self) -> np.ndarray:
+        """This epoch's whole sample order, (num_samples,) int64, read-only (a new array each epoch)."""
+        return self._perm
+
+    def order_span(self, indices: np.ndarray) -> tuple[int, int] | None:
+        """(start, stop) when `indices` is `order[start:stop]` itself, a view of it (what `take`
+        returns without put-back indices, and any contiguous slice of that), else None. Lets a
+        backend index a device copy of the order instead of uploading each step's indices."""
+        if not isinstance(indices, np.ndarray) or indices.base is not self._perm or indices.ndim != 1 \
+                or indices.strides != (8,) or indices.dtype != np.int64:
+            return None
+        start = (indices.__array_interface__["data"][0] - self._perm.__array_interface__["data"][0]) // 8
+        return int(start), int(start) + int(indices.size)
 
     def _retire(self, name: str, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Take `indices` out of flight (int64 array, order kept); ValueError, with nothing changed,
