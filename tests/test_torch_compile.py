@@ -79,6 +79,16 @@ def test_compiles_once_per_shape_and_policy_without_breaks(dynamic_batch: bool) 
     assert cnt.frame_count == expected, (cnt.frame_count, sorted(visited))
 
 
+def _train_step(opt, model_call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One wrapped training step (autocast forward, backward, step, zero_grad); the loss."""
+    with opt.autocast():
+        loss = F.cross_entropy(model_call(x), y)
+    opt.backward(loss)
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
 def test_static_batches_compile_each_listed_size_once_per_policy_and_run_others_eagerly() -> None:
     from triaccel.backends.torch.compile import BatchDispatch
 
@@ -102,11 +112,7 @@ def test_static_batches_compile_each_listed_size_once_per_policy_and_run_others_
         assert out.dtype == want.dtype == (torch.float32 if "7" in fp32 else torch.bfloat16), (i, fp32)
         torch.testing.assert_close(out, want)
         assert cnt.frame_count == len(compiled_pairs), (i, cnt.frame_count, sorted(compiled_pairs))
-        with opt.autocast():
-            loss = F.cross_entropy(cmodel(x), y)
-        opt.backward(loss)
-        opt.step()
-        opt.zero_grad()
+        _train_step(opt, cmodel, x, y)
     assert dict(counters["graph_break"]) == {}
     assert cnt.frame_count == len(compiled_pairs) == 4
 
@@ -114,13 +120,7 @@ def test_static_batches_compile_each_listed_size_once_per_policy_and_run_others_
 def _train(model_call, opt, steps: int) -> list[float]:
     losses = []
     for i in range(steps):
-        x, y = _batch(8, 100 + i)
-        with opt.autocast():
-            loss = F.cross_entropy(model_call(x), y)
-        opt.backward(loss)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+        losses.append(_train_step(opt, model_call, *_batch(8, 100 + i)).item())
     return losses
 
 
@@ -298,11 +298,7 @@ def test_efficientnet_compiles_once_without_breaks() -> None:
     for i, n in enumerate([8, 4, 8, 6]):
         g = torch.Generator().manual_seed(i)
         x, y = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
-        with opt.autocast():
-            loss = F.cross_entropy(cmodel(x), y)
-        opt.backward(loss)
-        opt.step()
-        opt.zero_grad()
+        _train_step(opt, cmodel, x, y)
     assert dict(counters["graph_break"]) == {}
     assert cnt.frame_count == len(opt.plan.keys_seen) == 1
 
