@@ -222,3 +222,19 @@ def test_bad_input():
     small = ElasticLoader(make_arrays(6), batch_size=8)
     with pytest.raises(ValueError, match="batch_min=8"):
         elastic_step(small, Controller(make_cfg(), ["fc"]), lambda b, m: None, 0)
+
+
+def test_fetch_reuses_its_mask_per_size_and_uploads_a_donated_one_again():
+    x = jnp.arange(40.0).reshape(20, 2)
+    y = jnp.arange(20)
+    loader = ElasticLoader((x, y), batch_size=8, buckets=(8, 16), shuffle=False)
+    (xb, yb), m1 = loader.fetch(np.arange(5))
+    assert m1.tolist() == [1.0] * 5 + [0.0] * 3 and yb.tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
+    assert xb.tolist() == x[jnp.array([0, 1, 2, 3, 4, 0, 1, 2])].tolist()
+    _, m2 = loader.fetch(np.arange(5, 10))
+    assert m2 is m1   # the same (samples, bucket): no new upload
+    _, m3 = loader.fetch(np.arange(10, 19))
+    assert m3.tolist() == [1.0] * 9 + [0.0] * 7 and m3 is not m1
+    m1.delete()   # as a jitted step that donates its mask argument would
+    _, m4 = loader.fetch(np.arange(5))
+    assert not m4.is_deleted() and m4.tolist() == [1.0] * 5 + [0.0] * 3

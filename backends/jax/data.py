@@ -146,6 +146,7 @@ class ElasticLoader(ElasticIndexLoader):
         self.pad_to_batch = pad_to_batch
         self.seed = seed
         self.shapes_served: set[int] = set()   # padded micro-batch sizes handed out (compile count)
+        self._masks: dict[tuple[int, int], jax.Array] = {}   # (samples, bucket) -> mask on `device`
 
     def set_buckets(self, buckets: Sequence[int] | None) -> None:
         self.buckets = _check_buckets(buckets)
@@ -190,21 +191,36 @@ class ElasticLoader(ElasticIndexLoader):
         if isinstance(self.device, jax.sharding.NamedSharding):
             check_divides(size, self.device, f"micro-batch of {n} samples padded to bucket")
         padded = np.resize(idx, size)  # cyclic repeat: BatchNorm sees the real samples' statistics
-        mask = np.zeros(size, dtype=np.float32)
-        mask[:n] = 1.0
+        on_device: list[jax.Array] = []   # the indices uploaded once for every device-resident leaf
 
         def gather(x: Any) -> Any:
             if isinstance(x, jax.Array):
                 if isinstance(self.device, jax.sharding.NamedSharding):  # split across devices
                     return take(x, padded, self.device)
-                return _gather(x, jnp.asarray(padded))
+                if not on_device:
+                    on_device.append(jnp.asarray(padded))
+                return _gather(x, on_device[0])
             return jax.device_put(np.take(np.asarray(x), padded, axis=0), self.device)
         batch = jax.tree_util.tree_map(gather, self.arrays)
         if self.transform is not None:
             key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self.seed), self.epoch), int(idx[0]))
             batch = self.transform(batch, key)
         self.shapes_served.add(size)
-        return batch, jax.device_put(mask, self.device)
+        return batch, self._mask(n, size)
+
+    def _mask(self, n: int, size: int) -> jax.Array:
+        """(size,) float32 on `device`, 1 for the n real samples then 0 for the padding; kept per
+        (n, size), as a step's upload costs host time (a run sees a few pairs: full buckets and each
+        epoch's short last batch; the oldest goes past 64)."""
+        key = (n, size)
+        m = self._masks.get(key)
+        if m is None or m.is_deleted():   # deleted: a step donated it
+            host = np.zeros(size, dtype=np.float32)
+            host[:n] = 1.0
+            if m is None and len(self._masks) >= 64:
+                self._masks.pop(next(iter(self._masks)))
+            m = self._masks[key] = jax.device_put(host, self.device)
+        return m
 
 
 @dataclass
