@@ -140,7 +140,8 @@ class ElasticSampler:
 
     # -- queue ------------------------------------------------------------------------------
     def take(self, n: int) -> np.ndarray:
-        """The next up-to-n indices of this epoch (int64); fewer at the end, empty when none left."""
+        """The next up-to-n indices of this epoch (int64); fewer at the end, empty when none left.
+        Without put-back indices the result is a read-only view of `order` (copy it to modify it)."""
         n = check_batch_size("n", n)
         out: list[int] = []
         while self._pending and len(out) < n:
