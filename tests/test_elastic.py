@@ -272,6 +272,12 @@ def test_order_span_recognises_views_of_the_epoch_order_only():
     s = ElasticSampler(20, seed=3)
     a = s.take(6)
     assert s.order_span(a) == (0, 6) and s.order_span(a[2:5]) == (2, 5)
+    s.complete(a[:1])
+    with pytest.raises(ValueError, match="in flight"):   # a span with a retired index: refused whole
+        s.complete(a[:3])
+    assert s.in_flight == 5 and s.completed == 1
+    s.put_back(a[1:3])   # put back, then taken again as a new array (below)
+    assert s.take(2).tolist() == a[1:3].tolist()
     assert s.order_span(a.copy()) is None and s.order_span(a[::2]) is None and s.order_span([1, 2]) is None
     assert not a.flags.writeable   # a view of the order: callers cannot change the epoch's order
     s.put_back(a[3:])
@@ -281,7 +287,7 @@ def test_order_span_recognises_views_of_the_epoch_order_only():
     assert s.order_span(c) == (8, 12)
     s.complete(b)
     s.complete(c)
-    s.complete(a[:3])
+    s.complete(a[1:3])
     while not s.epoch_done:
         s.complete(s.take(8))
     old = s.order

@@ -173,6 +173,12 @@ class ElasticSampler:
     def _retire(self, name: str, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Take `indices` out of flight (int64 array, order kept); ValueError, with nothing changed,
         when one is not in flight or appears twice."""
+        if self.order_span(indices) is not None:   # a slice of a permutation: in range, no repeats
+            held = self._flight[indices]
+            if held.all():
+                self._flight[indices] = False
+                self._n_flight -= int(indices.size)
+                return indices
         ids = np.asarray(indices, dtype=np.int64).reshape(-1)
         try:
             held = self._flight[ids]   # IndexError past the end; negatives are caught below
