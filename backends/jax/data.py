@@ -48,7 +48,7 @@ from triaccel.elastic import (
 )
 from triaccel.noise import observe_split_step
 
-from .sharding import check_divides, take
+from .sharding import check_divides, shard_indices, take
 
 __all__ = ["ElasticLoader", "ElasticStepResult", "OOM_ERROR_TYPES", "elastic_step", "free_memory",
            "is_oom", "noise_step_compilations"]
@@ -193,13 +193,13 @@ class ElasticLoader(ElasticIndexLoader):
         padded = np.resize(idx, size)  # cyclic repeat: BatchNorm sees the real samples' statistics
         on_device: list[jax.Array] = []   # the indices uploaded once for every device-resident leaf
 
+        sharded = isinstance(self.device, jax.sharding.NamedSharding)   # batches split across devices
+
         def gather(x: Any) -> Any:
             if isinstance(x, jax.Array):
-                if isinstance(self.device, jax.sharding.NamedSharding):  # split across devices
-                    return take(x, padded, self.device)
                 if not on_device:
-                    on_device.append(jnp.asarray(padded))
-                return _gather(x, on_device[0])
+                    on_device.append(shard_indices(padded, self.device) if sharded else jnp.asarray(padded))
+                return take(x, on_device[0], self.device) if sharded else _gather(x, on_device[0])
             return jax.device_put(np.take(np.asarray(x), padded, axis=0), self.device)
         batch = jax.tree_util.tree_map(gather, self.arrays)
         if self.transform is not None:

@@ -40,7 +40,8 @@ from triaccel.distributed import check_world_divides, tightest_memory
 from .memory import MemoryProbe, MemorySample
 
 __all__ = ["DATA_AXIS", "MeshMemoryProbe", "batch_sharding", "check_config", "check_divides", "data_axis",
-           "data_mesh", "num_shards", "on_every_device", "replicate", "replicated", "shard_batch", "take"]
+           "data_mesh", "num_shards", "on_every_device", "replicate", "replicated", "shard_batch",
+           "shard_indices", "take"]
 
 DATA_AXIS = "data"
 
@@ -188,13 +189,21 @@ def _take_fn(sharding: NamedSharding) -> Any:
     return jax.jit(lambda x, i: jnp.take(x, i, axis=0), out_shardings=sharding)
 
 
-def take(x: jax.Array, indices: np.ndarray | Sequence[int], sharding: NamedSharding) -> jax.Array:
-    """``x[indices]`` along axis 0, the result split by `sharding` (`batch_sharding(mesh)`): x should
-    be replicated on the same mesh (`replicate`). ValueError when the number of indices does not
-    divide by the shards."""
+def shard_indices(indices: np.ndarray | Sequence[int], sharding: NamedSharding) -> jax.Array:
+    """int32 `indices` placed on `sharding`'s devices, each its own part (for `take`). ValueError
+    when their number does not divide by the shards."""
     idx = np.asarray(indices, dtype=np.int32).reshape(-1)
     check_divides(int(idx.size), sharding, "batch")
-    return _take_fn(sharding)(x, jax.device_put(idx, sharding))
+    return jax.device_put(idx, sharding)
+
+
+def take(x: jax.Array, indices: np.ndarray | Sequence[int] | jax.Array, sharding: NamedSharding) -> jax.Array:
+    """``x[indices]`` along axis 0, the result split by `sharding` (`batch_sharding(mesh)`): x should
+    be replicated on the same mesh (`replicate`). `indices` on the host, or already placed by
+    `shard_indices` (one upload for several arrays). ValueError when the number of indices does not
+    divide by the shards."""
+    i = indices if isinstance(indices, jax.Array) else shard_indices(indices, sharding)
+    return _take_fn(sharding)(x, i)
 
 
 class MeshMemoryProbe:
