@@ -188,19 +188,19 @@ class ElasticLoader(ElasticIndexLoader):
         if pad_to is not None:
             pad_to = check_batch_size("pad_to", pad_to)
         size = self.bucket_for(max(n, pad_to or 0))
-        if isinstance(self.device, jax.sharding.NamedSharding):
+        sharded = isinstance(self.device, jax.sharding.NamedSharding)   # batches split across devices
+        if sharded:
             check_divides(size, self.device, f"micro-batch of {n} samples padded to bucket")
         padded = np.resize(idx, size)  # cyclic repeat: BatchNorm sees the real samples' statistics
-        on_device: list[jax.Array] = []   # the indices uploaded once for every device-resident leaf
-
-        sharded = isinstance(self.device, jax.sharding.NamedSharding)   # batches split across devices
+        placed = None   # the indices on the device, uploaded once for every device-resident leaf
 
         def gather(x: Any) -> Any:
-            if isinstance(x, jax.Array):
-                if not on_device:
-                    on_device.append(shard_indices(padded, self.device) if sharded else jnp.asarray(padded))
-                return take(x, on_device[0], self.device) if sharded else _gather(x, on_device[0])
-            return jax.device_put(np.take(np.asarray(x), padded, axis=0), self.device)
+            nonlocal placed
+            if not isinstance(x, jax.Array):
+                return jax.device_put(np.take(np.asarray(x), padded, axis=0), self.device)
+            if placed is None:
+                placed = shard_indices(padded, self.device) if sharded else jnp.asarray(padded)
+            return take(x, placed, self.device) if sharded else _gather(x, placed)
         batch = jax.tree_util.tree_map(gather, self.arrays)
         if self.transform is not None:
             key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self.seed), self.epoch), int(idx[0]))

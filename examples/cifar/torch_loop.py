@@ -66,7 +66,8 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, prep: Cal
 
 
 def static_batches(buckets: Sequence[int], distributed: Any = None) -> tuple[int, ...]:
-    """The forward's batch sizes at the global batch buckets: each rank runs global / world size."""
+    """The forward's batch sizes at the global batch buckets: each rank runs global / world size (a
+    bucket that does not divide gives uneven rank parts, which run uncompiled)."""
     world = 1 if distributed is None else distributed.world_size
     return tuple(b // world for b in buckets if b % world == 0)
 
