@@ -14,8 +14,10 @@ Columns: ``gpu us`` = GPU time per call: torch: one CUDA graph replaying the cal
 copies of the set (so they do not sit in L2), CUDA events over many replays, divided by the calls;
 JAX: one jitted function over the same K copies, dispatched many times back to back, wall clock
 with ``block_until_ready`` (the GPU is the bottleneck), divided by the calls. ``host us`` = CPU time of
-one eager call (mean of many back-to-back calls, before the synchronisation; torch only: JAX calls
-are jitted). ``GB/s`` = bytes read (+ written) / GPU time; ``%copy`` = that over the
+one eager call (median over 7 blocks of the mean of many back-to-back calls; torch only: JAX calls
+are jitted). ``fixed`` rows: ``FixedMoments`` / ``FixedCast``, the launchers for a list whose layout
+never changes (what the torch optimizer uses), at one address set and, for the moments, cycling
+through two (gradients re-allocated each step). ``GB/s`` = bytes read (+ written) / GPU time; ``%copy`` = that over the
 device-to-device copy rate measured in the same run (bytes read + written by ``dst.copy_(src)``).
 ``x stock`` = the stock op's GPU time / this row's (> 1: faster than the stock op).
 A line per set says which implementation ``grad_moments`` is faster than, and JAX / torch ratios.
@@ -81,7 +83,7 @@ def main() -> None:
 
     # the module, not the function of the same name that triaccel.kernels exports
     GM = importlib.import_module("triaccel.kernels.grad_moments")
-    from triaccel.kernels import (cast_flat, cast_to, grad_moments, grad_moments_flat,
+    from triaccel.kernels import (FixedCast, FixedMoments, cast_flat, cast_to, grad_moments, grad_moments_flat,
                                   moments_reference_torch)
 
     dev = torch.device("cpu" if args.smoke else "cuda")
@@ -97,15 +99,18 @@ def main() -> None:
     print("#", json.dumps(meta))
     sync = (lambda: None) if args.smoke else torch.cuda.synchronize
 
-    def host_us(fn, n: int) -> float:
-        """Mean CPU time of one call over n back-to-back calls (the GPU queue absorbs them)."""
+    def host_us(fn, n: int, blocks: int = 7) -> float:
+        """CPU time of one call: the median over ``blocks`` blocks of the mean over n back-to-back
+        calls (the GPU queue absorbs them; a sync between blocks keeps it short)."""
         fn(); fn(); sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t = (time.perf_counter() - t0) * 1e6 / n
-        sync()
-        return t
+        per = []
+        for _ in range(blocks):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            per.append((time.perf_counter() - t0) * 1e6 / n)
+            sync()
+        return float(np.median(per))
 
     def graph_us(fns, reps: int = 20) -> float:
         """GPU µs per element of fns, replayed in one CUDA graph ``reps`` times (CUDA events)."""
@@ -249,6 +254,16 @@ def main() -> None:
             host_us(lambda: grad_moments_flat(flat, off, out=fb[0]), nh), rbytes, "torch _foreach_norm")
         add("grad_moments list -> Moments", "moments", graph_us([lambda gs=gs: grad_moments(gs) for gs in lists]),
             host_us(lambda: grad_moments(grads), nh), rbytes, "torch _foreach_norm")
+        fm = FixedMoments()
+        add("FixedMoments out=", "moments", float("nan"), host_us(lambda: fm(grads, out=bufs[0]), nh), rbytes)
+        two = lists[:2] if len(lists) > 1 else lists * 2
+        fm2, flip = FixedMoments(), [0]
+
+        def cycle():
+            flip[0] ^= 1
+            fm2(two[flip[0]], out=bufs[0])
+
+        add("FixedMoments out=, 2 address sets", "moments", float("nan"), host_us(cycle, nh), rbytes)
         if set_name == "resnet18":  # where the host time goes
             D = importlib.import_module("triaccel.kernels._dispatch")
             add("  host: layout key only", "host", float("nan"), host_us(lambda: D.torch_layout_key(grads), nh), 0)
@@ -295,6 +310,8 @@ def main() -> None:
             host_us(lambda: cast_to(grads, precs, out=cbuf[0]), nh), cbytes, "torch .to() loop")
         add("cast_to list (new buffer)", "cast", float("nan"), host_us(lambda: cast_to(grads, precs), nh), cbytes,
             "torch .to() loop")
+        fc = FixedCast()
+        add("FixedCast out=", "cast", float("nan"), host_us(lambda: fc(grads, precs, out=cbuf[0]), nh), cbytes)
         fcb = [torch.empty_like(cbuf[0]) for _ in flats]
         add("cast_flat out=", "cast", graph_us([lambda f=f, o=o: cast_flat(f, off, precs, out=o) for f, o in zip(flats, fcb)]),
             host_us(lambda: cast_flat(flat, off, precs, out=fcb[0]), nh), cbytes, "torch .to() loop")
@@ -373,11 +390,15 @@ def main() -> None:
         summary["jax_over_torch_flat"] = jm_us / tf if tf == tf else float("nan")
         summary["host_us_grad_moments_out"] = base.get("grad_moments list out=", {}).get("us_host", float("nan"))
         summary["host_us_cast_to_out"] = base.get("cast_to list out=", {}).get("us_host", float("nan"))
+        summary["host_us_fixed_moments"] = base.get("FixedMoments out=, 2 address sets", {}).get("us_host", float("nan"))
+        summary["host_us_fixed_cast"] = base.get("FixedCast out=", {}).get("us_host", float("nan"))
         print(f"summary {set_name}: grad_moments is {summary['torch_moments_vs_foreach_norm']:.2f}x _foreach_norm's speed "
               f"({'faster' if summary['torch_moments_vs_foreach_norm'] >= 1 else 'SLOWER'}: "
               f"{'triaccel kernel used' if summary['torch_moments_vs_foreach_norm'] >= 1 else 'stock op faster'}), "
               f"{summary['torch_moments_pct_copy']:.0f}% of copy; JAX/torch GPU time {summary['jax_over_torch_flat']:.2f}; "
-              f"host us grad_moments {summary['host_us_grad_moments_out']:.1f}, cast_to {summary['host_us_cast_to_out']:.1f}")
+              f"host us grad_moments {summary['host_us_grad_moments_out']:.1f}, cast_to {summary['host_us_cast_to_out']:.1f}; "
+              f"fixed layout: moments {summary['host_us_fixed_moments']:.1f} (2 address sets), "
+              f"cast {summary['host_us_fixed_cast']:.1f}")
         results["sets"][set_name] = {"tensors": len(shapes), "values": nval, "rows": rows, "summary": summary}
         del flats, lists, grads, flat
         if not args.smoke:

@@ -5,8 +5,9 @@ else the torch reference; JAX on GPU -> the same kernels through ``jax_triton`` 
 JAX on CPU -> the ``jnp`` reference. Neither torch nor jax is imported by this package itself.
 """
 
-from .cast import cast_flat, cast_reference_jnp, cast_reference_torch, cast_to
+from .cast import FixedCast, cast_flat, cast_reference_jnp, cast_reference_torch, cast_to
 from .grad_moments import (
+    FixedMoments,
     Moments,
     grad_moments,
     grad_moments_flat,
@@ -16,11 +17,13 @@ from .grad_moments import (
 
 __all__ = [
     "Moments",
+    "FixedMoments",
     "grad_moments",
     "grad_moments_flat",
     "moments_reference_torch",
     "moments_reference_jnp",
     "cast_to",
+    "FixedCast",
     "cast_flat",
     "cast_reference_torch",
     "cast_reference_jnp",

@@ -45,7 +45,12 @@ def common_framework(arrays: Sequence[Any], param: str) -> str:
     """Framework shared by all ``arrays``; TypeError naming ``param`` if they are mixed or empty."""
     if len(arrays) == 0:
         raise ValueError(f"{param}: got an empty sequence; need at least one tensor/array")
-    fws = {framework_of(a) for a in arrays}
+    fws = set()
+    for i, a in enumerate(arrays):
+        try:
+            fws.add(framework_of(a))
+        except TypeError as exc:
+            raise TypeError(f"{param}[{i}]: {exc}") from None
     if len(fws) != 1:
         raise TypeError(f"{param}: mixed frameworks {sorted(fws)}; pass only torch tensors or only JAX arrays")
     return fws.pop()

@@ -161,10 +161,8 @@ def _half_views(p: _CastPlan, out: Any) -> list:
 
 def _torch_cast(tensors: Sequence[Any], dtypes: Any, out: Any, impl: str,
                 block: int, iters: int, num_warps: int, flat: Any = None,
-                offsets: np.ndarray | None = None) -> tuple[Any, list]:
-    import torch
-
-    T = torch.Tensor
+                offsets: np.ndarray | None = None) -> tuple[Any, list, _CastPlan]:
+    """(16-bit buffer, per-tensor results, the plan used)."""
     dkey = tuple(dtypes) if isinstance(dtypes, (list, tuple)) else None
     if flat is not None:
         key = ("flat", block, iters, num_warps, impl, flat.device, offsets.tobytes(), dkey)
@@ -176,6 +174,14 @@ def _torch_cast(tensors: Sequence[Any], dtypes: Any, out: Any, impl: str,
         codes = _codes(dtypes, len(tensors))
         p = _torch_plan(tensors, codes, impl, block, iters, num_warps, flat, offsets)
         _TABLES.put(key, p)
+    return (*_cast_run(p, tensors, out, flat), p)
+
+
+def _cast_run(p: _CastPlan, tensors: Sequence[Any], out: Any, flat: Any) -> tuple[Any, list]:
+    """Launch plan ``p`` over ``tensors`` (or ``flat``) into ``out`` (allocated when None)."""
+    import torch
+
+    T = torch.Tensor
     if out is None:
         out = torch.empty(p.total, dtype=torch.int16, device=p.device)
         views = _half_views(p, out)
@@ -301,8 +307,51 @@ def cast_flat(flat: Any, offsets: Sequence[int], dtypes: Sequence[Any], *, out: 
         segs = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
         if not segs:
             raise ValueError("offsets: need at least one segment")
-        return _torch_cast(segs, dtypes, out, impl, block, iters, num_warps, flat=flat, offsets=off)
+        return _torch_cast(segs, dtypes, out, impl, block, iters, num_warps, flat=flat, offsets=off)[:2]
     codes = _codes(dtypes, off.size - 1)
     if out is not None:
         raise TypeError("out: only supported for torch tensors (JAX is functional)")
     return _jax_cast(flat, off, codes, impl, block, iters, num_warps)
+
+
+class FixedCast:
+    """:func:`cast_to` for one fixed list of torch tensors (master weights, step after step), at the
+    least host cost per call.
+
+    The launch plan of a torch list holds the tensors' addresses; once a list has been validated,
+    a later call with tensors at the same addresses and the same precisions reads only the
+    addresses (one C-level ``map``) and launches. Other addresses or precisions go through
+    :func:`cast_to` in full (every check) and re-bind.
+
+    Contract: tensor ``i`` has the same shape, strides and dtype at every call (true of a model's
+    parameters unless they are re-allocated, which moves them); a list that breaks it at the same
+    addresses is not detected. Use :func:`cast_to` for lists that change.
+
+    impl, block, iters, num_warps: as in :func:`cast_to`, fixed for the object's life.
+    """
+
+    __slots__ = ("_impl", "_block", "_iters", "_num_warps", "_plan", "_addrs", "_dkey")
+
+    def __init__(self, *, impl: str = "auto", block: int = BLOCK, iters: int = ITERS,
+                 num_warps: int = NUM_WARPS) -> None:
+        D.check_impl(impl)
+        self._impl, self._block, self._iters, self._num_warps = impl, block, iters, num_warps
+        self._plan = self._addrs = self._dkey = None
+
+    def __call__(self, tensors: Sequence[Any], dtypes: Sequence[Any], *, out: Any = None) -> list:
+        """tensors, dtypes, out and the result as in :func:`cast_to` (torch tensors only)."""
+        p = self._plan
+        if p is not None and len(tensors) == p.n and isinstance(dtypes, (list, tuple)):
+            try:
+                addrs = D.torch_addresses(tensors)
+            except TypeError:  # not tensors: the full path names the problem
+                addrs = None
+            if addrs == self._addrs and tuple(dtypes) == self._dkey:
+                return _cast_run(p, tensors, out, None)[1]
+        leaves, fw = D.leaves_and_framework(tensors, "tensors")
+        if fw != "torch":
+            raise TypeError("tensors: FixedCast takes torch tensors (JAX: jit cast_flat)")
+        _, res, p = _torch_cast(leaves, dtypes, out, self._impl, self._block, self._iters, self._num_warps)
+        self._plan, self._addrs = p, D.torch_addresses(leaves)
+        self._dkey = tuple(dtypes) if isinstance(dtypes, (list, tuple)) else None
+        return res

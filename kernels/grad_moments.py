@@ -517,7 +517,8 @@ def _launch(p: _TorchPlan, refs: Any, y: Any, inv_scale: Any, out: Any) -> None:
        y if y is not None else p.table)
 
 
-def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg: tuple) -> Any:
+def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg: tuple) -> tuple[Any, _TorchPlan]:
+    """(out filled, the plan used)."""
     if _T is None:
         _bind_torch()
     # A hit means these shapes/strides/dtypes were validated when the plan was built; the per-call
@@ -531,20 +532,20 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg
     if not p.triton:
         _torch_scale(inv_scale, p.device)
         out.copy_(moments_reference_torch(tensors, inv_scale))
-        return out
+        return out, p
     addrs = D.torch_addresses(tensors)
     if addrs != p.addrs:
         p = _rebase(p, key, tensors, addrs, impl, cfg)
-
-    def refs() -> tuple:
-        r = p.ref_idx
-        ph = p.table  # placeholder for absent dtypes, never dereferenced
-        return tuple(tensors[i] if i >= 0 else ph for i in r)
-
-    _launch(p, refs, None, inv_scale, out)
+    _launch(p, _refs(p, tensors), None, inv_scale, out)
     if p.wide:
         out.index_copy_(0, p.wide_idx, moments_reference_torch([tensors[i] for i in p.wide], inv_scale))
-    return out
+    return out, p
+
+
+def _refs(p: _TorchPlan, tensors: Sequence[Any]) -> Any:
+    """() -> the three dtype reference tensors of a list plan (absent dtypes: a placeholder never
+    dereferenced); called only on a launcher's first use."""
+    return lambda: tuple(tensors[i] if i >= 0 else p.table for i in p.ref_idx)
 
 
 def _rebase(p: _TorchPlan, key: tuple, tensors: Sequence[Any], addrs: tuple, impl: str, cfg: tuple) -> _TorchPlan:
@@ -712,7 +713,7 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: 
     cfg = _cfg(block, iters, num_warps, chunk)
     leaves, fw = D.leaves_and_framework(tensors, "tensors")
     if fw == "torch":
-        res = _torch_list(leaves, inv_scale, out, impl, cfg)
+        res = _torch_list(leaves, inv_scale, out, impl, cfg)[0]
         return res if out is not None else _torch_moments(res)
     if out is not None:
         raise TypeError("out: only supported for torch tensors (JAX is functional)")
@@ -754,3 +755,50 @@ def grad_moments_flat(flat: Any, offsets: Sequence[int], *, inv_scale: Any = Non
         raise TypeError("out: only supported for torch tensors (JAX is functional)")
     res, y = _jax_flat(flat, off, inv_scale, impl, cfg)
     return _jax_moments(res) if inv_scale is None else (_jax_moments(res), y)
+
+
+class FixedMoments:
+    """:func:`grad_moments` for torch lists whose layout never changes, at the least host cost per call.
+
+    For the gradients of one fixed parameter list, step after step: ``p.grad`` always has its
+    parameter's shape, dtype and device (torch enforces it), so once a list of these shapes and
+    strides has been validated at a set of addresses, a later call at one of the last
+    ``ADDRESS_SETS`` address sets reads only the addresses (one C-level ``map``) and launches:
+    no layout key, no framework detection. A call at new addresses, or with another number of
+    tensors, goes through :func:`grad_moments` in full (every check) and re-binds.
+
+    Contract: tensor ``i`` has the same shape, strides and dtype at every call; a list that breaks
+    it at addresses seen before is not detected (its statistics would be of the old layout). Use
+    :func:`grad_moments` for lists that change.
+
+    impl, block, iters, num_warps, chunk: as in :func:`grad_moments`, fixed for the object's life.
+    """
+
+    __slots__ = ("_impl", "_cfg", "_plan")
+
+    def __init__(self, *, impl: str = "auto", block: int = BLOCK, iters: int = ITERS,
+                 num_warps: int = NUM_WARPS, chunk: int | None = None) -> None:
+        D.check_impl(impl)
+        self._impl, self._cfg, self._plan = impl, _cfg(block, iters, num_warps, chunk), None
+
+    def __call__(self, tensors: Sequence[Any], *, inv_scale: Any = None, out: Any = None) -> Any:
+        """tensors: list of torch tensors; inv_scale, out and the result as in :func:`grad_moments`."""
+        p = self._plan
+        if p is not None and len(tensors) == p.n:
+            try:
+                addrs = D.torch_addresses(tensors)
+            except TypeError:  # not tensors: the full path names the problem
+                addrs = None
+            if addrs == p.addrs or (addrs is not None and addrs in p.bases):
+                if addrs != p.addrs:
+                    _use_base(p, addrs)
+                res = _out(out, p.n, p.device)
+                _launch(p, _refs(p, tensors), None, inv_scale, res)
+                return res if out is not None else _torch_moments(res)
+        leaves, fw = D.leaves_and_framework(tensors, "tensors")
+        if fw != "torch":
+            raise TypeError("tensors: FixedMoments takes torch tensors (JAX: jit grad_moments_flat)")
+        res, p = _torch_list(leaves, inv_scale, out, self._impl, self._cfg)
+        # only a plain Triton plan takes the short path (the reference and FP64 rows need the list)
+        self._plan = p if p.triton and not p.wide else None
+        return res if out is not None else _torch_moments(res)

@@ -141,3 +141,35 @@ def test_cast_plan_and_views_cached_per_out_buffer():
     np.testing.assert_array_equal(o4[0].view(torch.int16).numpy(),
                                   moved[0].numpy().astype(np.float16).view(np.int16))
     assert o4[1] is moved[1]
+
+
+def test_fixed_cast_reads_only_addresses_when_unchanged(monkeypatch):
+    import triaccel.kernels._dispatch as D
+    from triaccel.kernels import FixedCast
+
+    ts = [torch.from_numpy(values(n, 50 + n)) for n in (1000, 7, 33)]
+    precs = ["fp16", "fp32", "bf16"]
+    fc = FixedCast(**CFG)
+    keys = []
+    real = D.torch_layout_key
+    monkeypatch.setattr(D, "torch_layout_key", lambda t: (keys.append(1), real(t))[1])
+    out = torch.empty(1033, dtype=torch.int16)
+    first = fc(ts, precs, out=out)
+    assert len(keys) == 1
+    ts[0].mul_(2)   # new values in place (an optimizer step): same addresses, no new plan
+    again = fc(ts, precs, out=out)
+    assert len(keys) == 1 and again[1] is ts[1] and again[0].data_ptr() == first[0].data_ptr()
+    for got, want in zip(again, cast_to(ts, precs, **CFG)):
+        assert torch.equal(got.view(torch.int16) if got.dtype != torch.float32 else got,
+                           want.view(torch.int16) if want.dtype != torch.float32 else want)
+    assert len(fc(ts, precs)) == 3   # out allocated on the short path
+    n = len(keys)
+    fc(ts, ["bf16", "fp32", "bf16"], out=out)   # other precisions: full path
+    moved = [t.clone() for t in ts]
+    res = fc(moved, precs)   # other addresses: full path, moved values
+    assert len(keys) == n + 2
+    assert res[1] is moved[1]
+    with pytest.raises(TypeError, match="float32 master"):
+        fc([ts[0].half(), ts[1], ts[2]], precs)
+    with pytest.raises(ValueError, match="lengths must match"):
+        fc(ts, precs[:2])

@@ -382,3 +382,58 @@ def test_fast_launch_gets_the_pointers_of_the_bound_launch():
         # the base array holds each tensor's element offset from the reference (its residue in the rows)
         rel = [(t.data_ptr() - ref) // 4 for t in group]
         assert (p.base + torch.from_numpy(p.res)).tolist() == rel
+
+
+def test_fixed_layout_reads_only_addresses_when_seen_and_checks_new_ones(monkeypatch):
+    """FixedMoments: the same values as grad_moments; calls at remembered addresses skip the layout
+    key; new addresses, another length or bad input take the full path (every check)."""
+    from triaccel.kernels import FixedMoments
+    import triaccel.kernels._dispatch as D
+
+    _plans().clear()
+    fm = FixedMoments(**CFG)
+    a = make([5000, 7, 9000], torch.float32, seed=40)
+    b = [t.clone() * 2 for t in a]   # the same layout at other addresses (the next step's gradients)
+    keys = []
+    real = D.torch_shape_key
+    monkeypatch.setattr(D, "torch_shape_key", lambda ts: (keys.append(1), real(ts))[1])
+    check(fm(a), a)
+    check(fm(b), b)
+    assert len(keys) == 2   # two address sets, each validated in full once
+    out = torch.full((3, 3), float("nan"))
+    for _ in range(3):
+        for ts in (a, b):
+            res = fm(ts, out=out)
+            assert res is out
+            want = grad_moments(ts, **CFG)
+            check(want, ts)
+            torch.testing.assert_close(out, torch.stack(list(want), 1).float())
+    assert len(keys) == 2 + 6   # only the grad_moments calls above built keys
+    keys.clear()
+    scale = torch.tensor([0.5])
+    c = [t.clone() for t in a]
+    m = fm(c, inv_scale=scale)   # new addresses: validated, unscaled in place
+    check(m, a, inv_scale=0.5)
+    torch.testing.assert_close(c[2], a[2] * 0.5)
+    assert len(keys) == 1
+    check(fm(a[:2]), a[:2])   # another length: the full path
+    with pytest.raises(ValueError, match="dense"):   # checked at new addresses
+        fm([a[0], a[1], torch.zeros(90, 200)[:, ::2]])
+    with pytest.raises(TypeError, match="tensors"):
+        fm([a[0], 3, a[2]])
+    with pytest.raises(ValueError, match="inv_scale"):   # still checked on the short path
+        fm(a, inv_scale=-1.0)
+    with pytest.raises(ValueError, match="impl="):
+        FixedMoments(impl="cuda")
+    with pytest.raises(ValueError, match="block="):
+        FixedMoments(block=1000)
+
+
+def test_fixed_layout_reference_and_fp64_paths():
+    from triaccel.kernels import FixedMoments
+
+    mixed = make([300, 50], torch.float32, seed=41) + [torch.randn(70, dtype=torch.float64)]
+    for impl in ("reference", "auto"):
+        fm = FixedMoments(impl=impl, **CFG)
+        for _ in range(2):
+            check(fm(mixed), mixed)

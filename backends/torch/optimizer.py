@@ -67,12 +67,6 @@ LR_LINEAR_OPTIMIZERS: tuple[type, ...] = tuple(
                                       "RAdam", "Adadelta") if hasattr(torch.optim, n))
 
 
-def _grad_moments() -> Callable[..., Any]:
-    from triaccel.kernels.grad_moments import grad_moments  # Triton on CUDA, torch reference on CPU
-
-    return grad_moments
-
-
 # Guard codes of the statistics ring's rows (how the step dealt with non-finite gradients).
 _ROW_SKIPPED = 0    # checked on the host: non-finite, the inner step was skipped
 _ROW_FINITE = 1     # checked on the host: finite, the inner step ran
@@ -217,6 +211,10 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.last_memory: MemoryReading | None = None
         # Statistics ring: one row per optimizer step since the last flush (read at boundaries only).
         self._buf = torch.zeros((config.t_ctrl, len(params), 3), dtype=torch.float32, device=self.device)
+        from triaccel.kernels.grad_moments import FixedMoments  # Triton on CUDA, torch reference on CPU
+
+        # the gradients of a fixed parameter list: a launch reads only their addresses
+        self._moments = FixedMoments(impl=config.kernels)
         self._rows: list[tuple[int, int]] = []  # (step, _ROW_* guard code) per filled row
         self._zeros: dict[int, torch.Tensor] = {}
         self._inv_scale = torch.ones(1, dtype=torch.float32, device=self.device)
@@ -375,7 +373,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if scaled:
             inv_scale = torch.reciprocal(self.scaler.scale_tensor, out=self._inv_scale)
         row = self._buf[len(self._rows)]
-        _grad_moments()(self._grad_list(), inv_scale=inv_scale, out=row, impl=self.config.kernels)
+        self._moments(self._grad_list(), inv_scale=inv_scale, out=row)
         guarded = scaled or self._device_guard or self.host_check
         found = self._found_inf
         if guarded:
