@@ -13,7 +13,9 @@ Variants (`--variants`): amp, tri, tri-uniform (adaptive precision off: bf16 eve
 tri-keep (tri with zero_grad(set_to_none=False)); inner SGD foreach and/or fused (`--optimizers`, the
 same for baseline and wrapper). Step time = wall time of `--steps` consecutive steps synchronised only
 at both ends (how training runs: the host may run ahead of the device, and control boundaries are
-included), median over interleaved rounds; also the median of single synchronised steps.
+included), median over interleaved rounds (the order reversed every other round); also the median
+of single synchronised steps, and the "paired" ratio: each round's window over the baseline's window
+of the same round, median and quartiles over rounds (drift of the host's speed between rounds cancels).
 Reports step times and ratios to amp (target <= 1.03). Curvature: one event (k=5, b_curv=32)
 timed after a cold event, for "fisher" and "hessian" (warm-started, `hessian_iters` iterations);
 amortised fraction = t_event / (t_curv * t_step + t_event) at t_curv=200 (targets: fisher <= 2%,
@@ -38,6 +40,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -171,14 +174,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 _timed(fn, max(args.warmup, args.t_ctrl) + 2, dev)
             synced: dict[str, list[float]] = {v: [] for v in steps_fns}
             piped: dict[str, list[float]] = {v: [] for v in steps_fns}
-            for _ in range(args.rounds):  # interleaved: A, B, C, ... per round
-                for v, fn in steps_fns.items():
-                    piped[v].append(_pipelined(fn, args.steps, dev))
-                    synced[v] += _timed(fn, args.steps, dev)
+            order = list(steps_fns)
+            for r in range(args.rounds):  # interleaved: A, B, C, ... then C, B, A, ... (order effects cancel)
+                for v in (order if r % 2 == 0 else order[::-1]):
+                    piped[v].append(_pipelined(steps_fns[v], args.steps, dev))
+                    synced[v] += _timed(steps_fns[v], args.steps, dev)
             ke: dict[str, Any] = {}
             for v, opt in opts.items():
                 ke[v] = {"pipelined_step_s": statistics.median(piped[v]),
-                         "synced_step_s": statistics.median(synced[v])}
+                         "synced_step_s": statistics.median(synced[v]), "pipelined_rounds_s": piped[v]}
+                if "amp" in piped:
+                    # each round's ratio to the baseline's window in the same round: drift between
+                    # rounds cancels; median and quartiles over rounds
+                    q = np.quantile([a / b for a, b in zip(piped[v], piped["amp"])], [0.25, 0.5, 0.75])
+                    ke[v]["ratio_paired"] = [float(x) for x in q]
                 if v != "amp":
                     ke[v].update({
                         "precisions": [p.short for p in opt.decision.precisions],
@@ -271,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# command: {m['command']}")
     print("# step time = median over rounds of (wall time of --steps steps, synchronised at both ends) / steps;")
     print("# 'synced' = median of single steps synchronised around each step")
+    print("# 'paired' = median [quartiles] over rounds of the round's ratio to amp's window in that round")
     print(f"{'bs':>5} {'optimizer':>9} {'variant':>12} {'step ms':>9} {'ratio':>7} {'synced ms':>10} "
-          f"{'ratio':>7}  decision")
+          f"{'ratio':>7} {'paired [q1, q3]':>22}  decision")
     for bs, e in res["batch_sizes"].items():
         for kind, ke in e["optimizers"].items():
             for v, r in ke.items():
@@ -280,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
                 if v != "amp":
                     dec = (f"autocast {r['autocast_dtype']}, {len(r['hooked_layers'])} hooked, "
                            f"skipped {r['skipped_steps']}")
+                pq = r.get("ratio_paired")
+                paired = f"{pq[1]:.3f} [{pq[0]:.3f}, {pq[2]:.3f}]" if pq else "-"
                 print(f"{bs:>5} {kind:>9} {v:>12} {r['pipelined_step_s'] * 1e3:9.2f} {r['ratio_pipelined']:7.3f} "
-                      f"{r['synced_step_s'] * 1e3:10.2f} {r['ratio_synced']:7.3f}  {dec}")
+                      f"{r['synced_step_s'] * 1e3:10.2f} {r['ratio_synced']:7.3f} {paired:>22}  {dec}")
         if "fisher_event_s" in e:
             print(f"{bs:>5} curvature: fisher {e['fisher_event_s'] * 1e3:.1f} ms "
                   f"({e['fisher_amortised_fraction'] * 100:.2f}%), hessian {e['hessian_event_s'] * 1e3:.1f} ms "
