@@ -201,6 +201,11 @@ def main() -> None:
         m2 = grad_moments(grads)  # again: the accumulator must have been reset by the first call
         check(f"{set_name} torch list moments repeat == first", bool(torch.allclose(m2.sumsq, m.sumsq, rtol=1e-5))
               and bool(torch.allclose(m2.sum, m.sum, rtol=1e-4, atol=1e-3 * float(m.sumsq.sqrt().max()))))
+        fixed, want = FixedMoments(), [grad_moments(gs) for gs in lists[:2]]
+        got = [[fixed(gs) for gs in lists[:2]] for _ in range(3)]   # two address sets, cycled
+        check(f"{set_name} FixedMoments == grad_moments (address sets cycled)",
+              all(torch.equal(a.sumsq, w.sumsq) or bool(torch.allclose(a.sumsq, w.sumsq, rtol=1e-6))
+                  for gl in got for a, w in zip(gl, want)))
         mf = grad_moments_flat(flat, off)
         check(f"{set_name} torch flat == list (sums)", bool(torch.allclose(mf.sumsq, m.sumsq, rtol=1e-5)))
         bad = [g.clone() for g in grads]
@@ -226,6 +231,11 @@ def main() -> None:
                     for o, g, p in zip(outs, grads, precs))
         check(f"{set_name} cast_to exact RNE (fp16+bf16) vs torch .to", exact or args.smoke,
               "(interpreter truncates bf16)" if args.smoke else "")
+        fc = FixedCast()
+        again = [fc(grads, precs) for _ in range(2)][1]
+        check(f"{set_name} FixedCast == cast_to (bits)",
+              all(a is o if p == "fp32" else torch.equal(a.view(torch.int16), o.view(torch.int16))
+                  for a, o, p in zip(again, outs, precs)))
 
         def add(name, kind, gpu, host, nbytes, stock=None, note=""):
             rows.append({"method": name, "kind": kind, "us_gpu": gpu, "us_host": host, "bytes": nbytes,

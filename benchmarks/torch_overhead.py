@@ -141,17 +141,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for kind in args.optimizers:
             steps_fns: dict[str, Callable[[], None]] = {}
             opts: dict[str, Any] = {}
+            opt_host: dict[str, list[float]] = {}
             for v in args.variants:
                 model = _model(dev, args)
+                clock = opt_host[v] = [0.0]   # host seconds inside step() + zero_grad()
                 if v == "amp":
                     opt = _sgd(model, kind)
 
-                    def fn(model=model, opt=opt) -> None:
+                    def fn(model=model, opt=opt, clock=clock) -> None:
                         with torch.autocast(dev.type, dtype=amp_dtype):
                             loss = F.cross_entropy(model(x), y)
                         loss.backward()
+                        t = time.perf_counter()
                         opt.step()
                         opt.zero_grad(set_to_none=True)
+                        clock[0] += time.perf_counter() - t
                 else:
                     vcfg = cfg.replace(adaptive_precision=False) if v == "tri-uniform" else cfg
                     with warnings.catch_warnings():
@@ -159,12 +163,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         opt = wrap(_sgd(model, kind), model, vcfg, curvature_data=(xc, yc))
                     none = v != "tri-keep"
 
-                    def fn(model=model, opt=opt, none=none) -> None:
+                    def fn(model=model, opt=opt, none=none, clock=clock) -> None:
                         with opt.autocast():
                             loss = F.cross_entropy(model(x), y)
                         opt.backward(loss)
+                        t = time.perf_counter()
                         opt.step()
                         opt.zero_grad(set_to_none=none)
+                        clock[0] += time.perf_counter() - t
                     if v == "tri":
                         tri_model, tri_opt = model, opt
                 steps_fns[v], opts[v] = fn, opt
@@ -175,14 +181,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             synced: dict[str, list[float]] = {v: [] for v in steps_fns}
             piped: dict[str, list[float]] = {v: [] for v in steps_fns}
             order = list(steps_fns)
+            host: dict[str, list[float]] = {v: [] for v in steps_fns}
             for r in range(args.rounds):  # interleaved: A, B, C, ... then C, B, A, ... (order effects cancel)
                 for v in (order if r % 2 == 0 else order[::-1]):
+                    opt_host[v][0] = 0.0
                     piped[v].append(_pipelined(steps_fns[v], args.steps, dev))
+                    host[v].append(opt_host[v][0] / args.steps)
                     synced[v] += _timed(steps_fns[v], args.steps, dev)
             ke: dict[str, Any] = {}
             for v, opt in opts.items():
                 ke[v] = {"pipelined_step_s": statistics.median(piped[v]),
-                         "synced_step_s": statistics.median(synced[v]), "pipelined_rounds_s": piped[v]}
+                         "synced_step_s": statistics.median(synced[v]), "pipelined_rounds_s": piped[v],
+                         "opt_host_s": statistics.median(host[v])}
                 if "amp" in piped:
                     # each round's ratio to the baseline's window in the same round: drift between
                     # rounds cancels; median and quartiles over rounds
@@ -198,6 +208,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for v in ke:
                     ke[v]["ratio_pipelined"] = ke[v]["pipelined_step_s"] / ke["amp"]["pipelined_step_s"]
                     ke[v]["ratio_synced"] = ke[v]["synced_step_s"] / ke["amp"]["synced_step_s"]
+                    # the optimizer calls' extra host time as a share of the baseline's step
+                    ke[v]["opt_host_share"] = ((ke[v]["opt_host_s"] - ke["amp"]["opt_host_s"])
+                                               / ke["amp"]["pipelined_step_s"])
             entry["optimizers"][kind] = ke
             if args.profile and kind == args.optimizers[0] and bs == args.batch_sizes[0]:
                 args.out.mkdir(parents=True, exist_ok=True)
@@ -281,8 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     print("# step time = median over rounds of (wall time of --steps steps, synchronised at both ends) / steps;")
     print("# 'synced' = median of single steps synchronised around each step")
     print("# 'paired' = median [quartiles] over rounds of the round's ratio to amp's window in that round")
+    print("# 'opt us' = host time inside step() + zero_grad() per step (pipelined windows, median);"
+          " '+share' = its excess over amp's, as a share of amp's step")
     print(f"{'bs':>5} {'optimizer':>9} {'variant':>12} {'step ms':>9} {'ratio':>7} {'synced ms':>10} "
-          f"{'ratio':>7} {'paired [q1, q3]':>22}  decision")
+          f"{'ratio':>7} {'paired [q1, q3]':>22} {'opt us':>7} {'+share':>7}  decision")
     for bs, e in res["batch_sizes"].items():
         for kind, ke in e["optimizers"].items():
             for v, r in ke.items():
@@ -293,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                 pq = r.get("ratio_paired")
                 paired = f"{pq[1]:.3f} [{pq[0]:.3f}, {pq[2]:.3f}]" if pq else "-"
                 print(f"{bs:>5} {kind:>9} {v:>12} {r['pipelined_step_s'] * 1e3:9.2f} {r['ratio_pipelined']:7.3f} "
-                      f"{r['synced_step_s'] * 1e3:10.2f} {r['ratio_synced']:7.3f} {paired:>22}  {dec}")
+                      f"{r['synced_step_s'] * 1e3:10.2f} {r['ratio_synced']:7.3f} {paired:>22} "
+                      f"{r['opt_host_s'] * 1e6:7.0f} {r.get('opt_host_share', float('nan')) * 100:6.2f}%  {dec}")
         if "fisher_event_s" in e:
             print(f"{bs:>5} curvature: fisher {e['fisher_event_s'] * 1e3:.1f} ms "
                   f"({e['fisher_amortised_fraction'] * 100:.2f}%), hessian {e['hessian_event_s'] * 1e3:.1f} ms "

@@ -219,6 +219,11 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self._zeros: dict[int, torch.Tensor] = {}
         self._inv_scale = torch.ones(1, dtype=torch.float32, device=self.device)
         self._found_inf = torch.zeros(1, dtype=torch.float32, device=self.device)  # 1.0 = non-finite step
+        # views made once: a view costs a few us of host time, and a step at small batches is
+        # bound by host time
+        self._buf_rows = list(self._buf.unbind(0))
+        self._nonfinite_cols = [r[:, 2:3] for r in self._buf_rows]
+        self._found_0d = self._found_inf.view(())
         # Fused torch optimizers skip their update on the device when `found_inf` is 1.0 (the
         # GradScaler protocol): the sync-free guard. The first inner step is still checked on the
         # host: a fused SGD skipped on its very first step leaves its momentum buffers uninitialised.
@@ -372,13 +377,14 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         inv_scale = None
         if scaled:
             inv_scale = torch.reciprocal(self.scaler.scale_tensor, out=self._inv_scale)
-        row = self._buf[len(self._rows)]
+        slot = len(self._rows)
+        row = self._buf_rows[slot]
         self._moments(self._grad_list(), inv_scale=inv_scale, out=row)
         guarded = scaled or self._device_guard or self.host_check
         found = self._found_inf
         if guarded:
             # exactly 0.0 / 1.0: fused kernels skip only on == 1.0, Adam subtracts it from its step count
-            torch.sum(row[:, 2:3], dim=0, out=found)
+            torch.sum(self._nonfinite_cols[slot], dim=0, out=found)
             found.clamp_(max=1.0)
             if self.distributed is not None:
                 self.distributed.reduce_found_inf(found)   # FSDP: any rank's slice
@@ -386,7 +392,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
             code = _ROW_DEVICE
             # the GradScaler protocol of fused optimizers: 0-dim, as GradScaler passes it (fused
             # Adam subtracts it from its 0-dim step counts and rejects a (1,) tensor)
-            self.optimizer.found_inf = found.view(())
+            self.optimizer.found_inf = self._found_0d
             groups = self.param_groups
             saved = [(g["fused"], g["foreach"]) for g in groups] if self._sgd_as_fused else None
             try:
