@@ -211,10 +211,14 @@ def main() -> None:
         bad = [g.clone() for g in grads]
         bad[-1].view(-1)[-1] = float("nan")
         bad[0].view(-1)[0] = float("inf")
-        mb = grad_moments(bad)
+        fb_bad, fb_clean = torch.zeros(1, device=dev), torch.zeros(1, device=dev)
+        mb = grad_moments(bad, found_inf=fb_bad)
+        grad_moments(grads, found_inf=fb_clean)
         refb = moments_reference_torch([g.double() for g in bad])
         check(f"{set_name} non-finite counted and excluded", int(mb.nonfinite[0]) == 1 and int(mb.nonfinite[-1]) == 1
               and bool(torch.isfinite(mb.sumsq).all()) and bool(torch.allclose(mb.sumsq, refb[:, 1].float(), rtol=1e-4)))
+        check(f"{set_name} found_inf set in the launch (1.0 non-finite, 0.0 clean)",
+              float(fb_bad) == 1.0 and float(fb_clean) == 0.0)
         del bad
         g16 = [g.half() for g in grads[:8]]
         g16[0].view(-1)[0] = float("inf")
@@ -274,6 +278,9 @@ def main() -> None:
             fm2(two[flip[0]], out=bufs[0])
 
         add("FixedMoments out=, 2 address sets", "moments", float("nan"), host_us(cycle, nh), rbytes)
+        fi = torch.zeros(1, device=dev)
+        add("FixedMoments out=, found_inf=", "moments", float("nan"),
+            host_us(lambda: fm(grads, out=bufs[0], found_inf=fi), nh), rbytes)
         if set_name == "resnet18":  # where the host time goes
             D = importlib.import_module("triaccel.kernels._dispatch")
             add("  host: layout key only", "host", float("nan"), host_us(lambda: D.torch_layout_key(grads), nh), 0)

@@ -158,8 +158,8 @@ if triton is not None:
 
     @triton.jit
     def _moments_kernel(x_ptr, h_ptr, b_ptr, table_ptr, base_ptr, scale, acc_ptr, cnt_ptr, out_ptr, y_ptr,
-                        MODE: tl.constexpr, DT: tl.constexpr, SCALE: tl.constexpr, WRITE: tl.constexpr,
-                        FAST: tl.constexpr, FINISH: tl.constexpr, BASED: tl.constexpr,
+                        found_ptr, MODE: tl.constexpr, DT: tl.constexpr, SCALE: tl.constexpr, WRITE: tl.constexpr,
+                        FAST: tl.constexpr, FINISH: tl.constexpr, BASED: tl.constexpr, FOUND: tl.constexpr,
                         BLOCK: tl.constexpr, ITERS: tl.constexpr):
         """One program per row ``(seg, start, len, code, nrows)`` of ``table_ptr``.
 
@@ -173,7 +173,8 @@ if triton is not None:
         out_ptr: (n, 3) FP32. FINISH 0: ``out`` zeroed by the caller, accumulated with atomics.
         FINISH 1: single-row segments store into ``out``; others add into ``acc_ptr`` (n, 3) and
         count in ``cnt_ptr`` (n,) int32, both zero at entry; a segment's last program moves the
-        totals to ``out`` and zeroes both again.
+        totals to ``out`` and zeroes both again. FOUND (FINISH 1 only): a segment whose non-finite
+        count is > 0 stores 1.0 into ``found_ptr[0]`` (FP32; never cleared here).
         """
         pid = tl.program_id(0).to(tl.int64)
         row = table_ptr + pid * 5
@@ -215,6 +216,9 @@ if triton is not None:
             tl.store(o, cs)
             tl.store(o + 1, cq)
             tl.store(o + 2, cnf)
+            if FOUND:
+                if cnf > 0:
+                    tl.store(found_ptr, 1.0)   # every writer writes the same value: no atomic needed
         else:
             # scalar atomics run on one thread of the program, in program order: the counter's
             # release orders the three adds before it; the last program's acquire sees them all
@@ -232,6 +236,9 @@ if triton is not None:
                 tl.store(o, ts)
                 tl.store(o + 1, tq)
                 tl.store(o + 2, tn)
+                if FOUND:
+                    if tn > 0:
+                        tl.store(found_ptr, 1.0)
                 tl.store(a, 0.0)
                 tl.store(a + 1, 0.0)
                 tl.store(a + 2, 0.0)
@@ -341,6 +348,25 @@ def _float_scale(inv_scale: Any) -> float:
     return v
 
 
+def _found(found_inf: Any, device: Any) -> Any:
+    """``found_inf`` checked: None, or a 1-element float32 tensor on ``device``."""
+    if found_inf is None:
+        return None
+    if not isinstance(found_inf, _T) or found_inf.numel() != 1 or found_inf.dtype != _F32 \
+            or found_inf.device != device:
+        desc = (tuple(found_inf.shape), found_inf.dtype, found_inf.device) if isinstance(found_inf, _T) \
+            else type(found_inf)
+        raise ValueError(f"found_inf: need a 1-element float32 tensor on {device}, got {desc}")
+    return found_inf
+
+
+def _flag_found(found: Any, counts: Any) -> None:
+    """Reference paths: found <- 1.0 where any of ``counts`` (non-finite counts) is > 0, on the device."""
+    import torch
+
+    torch.maximum(found, (counts > 0).any().to(found.dtype).reshape(found.shape), out=found)
+
+
 def _out(out: Any, n: int, device: Any) -> Any:
     import torch
 
@@ -382,14 +408,14 @@ class _TorchPlan:
     __slots__ = ("n", "device", "triton", "table", "rows", "acc", "cnt", "ref_idx", "wide", "wide_idx",
                  "mode", "dt", "cfg", "launchers", "ptrs", "based", "base", "addrs", "groups", "res", "bases")
 
-    def launcher(self, smode: int, write: bool) -> D.Launcher:
-        lk = (smode, write)
+    def launcher(self, smode: int, write: bool, found: bool) -> D.Launcher:
+        lk = (smode, write, found)
         la = self.launchers.get(lk)
         if la is None:
             block, iters, num_warps, _, _, fast = self.cfg
             la = D.Launcher(_moments_kernel, self.rows, dict(
                 MODE=self.mode, DT=self.dt, SCALE=smode, WRITE=write, FAST=fast, FINISH=1,
-                BASED=self.based, BLOCK=block, ITERS=iters, num_warps=num_warps))
+                BASED=self.based, FOUND=found, BLOCK=block, ITERS=iters, num_warps=num_warps))
             self.launchers[lk] = la
         return la
 
@@ -496,28 +522,30 @@ def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple) -> _TorchPlan:
     return p
 
 
-def _launch(p: _TorchPlan, refs: Any, y: Any, inv_scale: Any, out: Any) -> None:
+def _launch(p: _TorchPlan, refs: Any, y: Any, inv_scale: Any, out: Any, found: Any) -> None:
     """refs: () -> the three reference tensors (called only on a launcher's first use); y: the
-    write-back pointer (MODE 0) as a tensor or None for MODE 1."""
+    write-back pointer (MODE 0) as a tensor or None for MODE 1; found: a checked found_inf tensor or None."""
     smode, sarg = _torch_scale(inv_scale, p.device)
     if p.rows == 0:
         return
-    la = p.launcher(smode, inv_scale is not None)
+    la = p.launcher(smode, inv_scale is not None, found is not None)
     op = out.data_ptr()
     yp = y.data_ptr() if y is not None else p.ptrs[3]
-    spec = (op & 15, sarg.data_ptr() & 15 if smode == 1 else 0, yp & 15)
+    fp = found.data_ptr() if found is not None else p.ptrs[3]
+    spec = (op & 15, sarg.data_ptr() & 15 if smode == 1 else 0, yp & 15, fp & 15)
     run = la.runners.get(spec)
     if run is not None:  # plain addresses: the compiled launcher takes ints for pointers
         r = p.ptrs
         run(r[0] if y is None else yp, r[1] if y is None else yp, r[2] if y is None else yp, r[3], r[6], sarg,
-            r[4], r[5], op, yp, *la.tail)
+            r[4], r[5], op, yp, fp, *la.tail)
         return
     r0, r1, r2 = refs()
     la(spec, r0, r1, r2, p.table, p.base if p.based else p.table, sarg, p.acc, p.cnt, out,
-       y if y is not None else p.table)
+       y if y is not None else p.table, found if found is not None else p.table)
 
 
-def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg: tuple) -> tuple[Any, _TorchPlan]:
+def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, found: Any, impl: str,
+                cfg: tuple) -> tuple[Any, _TorchPlan]:
     """(out filled, the plan used)."""
     if _T is None:
         _bind_torch()
@@ -529,16 +557,22 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, impl: str, cfg
         p = _list_plan(tensors, impl, cfg)
         _PLANS.put(key, p)  # no tensors held: the cache must not keep gradients alive
     out = _out(out, p.n, p.device)
+    found = _found(found, p.device)
     if not p.triton:
         _torch_scale(inv_scale, p.device)
         out.copy_(moments_reference_torch(tensors, inv_scale))
+        if found is not None:
+            _flag_found(found, out[:, 2])
         return out, p
     addrs = D.torch_addresses(tensors)
     if addrs != p.addrs:
         p = _rebase(p, key, tensors, addrs, impl, cfg)
-    _launch(p, _refs(p, tensors), None, inv_scale, out)
+    _launch(p, _refs(p, tensors), None, inv_scale, out, found)
     if p.wide:
-        out.index_copy_(0, p.wide_idx, moments_reference_torch([tensors[i] for i in p.wide], inv_scale))
+        wide = moments_reference_torch([tensors[i] for i in p.wide], inv_scale)
+        out.index_copy_(0, p.wide_idx, wide)
+        if found is not None:
+            _flag_found(found, wide[:, 2])
     return out, p
 
 
@@ -569,7 +603,7 @@ def _rebase(p: _TorchPlan, key: tuple, tensors: Sequence[Any], addrs: tuple, imp
     return p
 
 
-def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, impl: str, cfg: tuple) -> Any:
+def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, found: Any, impl: str, cfg: tuple) -> Any:
     if _T is None:
         _bind_torch()
     dev = flat.device
@@ -591,12 +625,15 @@ def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, impl: str,
     if int(off[-1]) != flat.numel():
         raise ValueError(f"offsets: last offset {int(off[-1])} != flat.numel() {flat.numel()}")
     out = _out(out, p.n, dev)
+    found = _found(found, dev)
     if not p.triton:
         _torch_scale(inv_scale, dev)
         views = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
         out.copy_(moments_reference_torch(views, inv_scale))
+        if found is not None:
+            _flag_found(found, out[:, 2])
         return out
-    _launch(p, lambda: (flat, flat, flat), flat, inv_scale, out)
+    _launch(p, lambda: (flat, flat, flat), flat, inv_scale, out, found)
     return out
 
 
@@ -664,10 +701,10 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str, cfg: tuple)
     out_shape = [jax.ShapeDtypeStruct((n, 3), jnp.float32),
                  jax.ShapeDtypeStruct(flat.shape if write else (1,), flat.dtype)]
     # FINISH 0 (atomics into a zeroed out): a functional call has no persistent accumulator
-    out, y = jt.triton_call(flat, flat, flat, tab, tab, sarg, tab, tab, kernel=_moments_kernel,
+    out, y = jt.triton_call(flat, flat, flat, tab, tab, sarg, tab, tab, tab, kernel=_moments_kernel,
                             out_shape=out_shape, grid=(nrows,), num_warps=num_warps, zeroed_outputs=(0,),
                             MODE=0, DT=code, SCALE=smode, WRITE=write, FAST=fast, FINISH=0, BASED=False,
-                            BLOCK=block, ITERS=iters)
+                            FOUND=False, BLOCK=block, ITERS=iters)
     return out, (y if write else None)
 
 
@@ -687,8 +724,8 @@ def _cfg(block: int, iters: int, num_warps: int, chunk: int | None) -> tuple:
     return (block, iters, num_warps, chunk, PER_SM, FAST)
 
 
-def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: str = "auto",
-                 block: int = BLOCK, iters: int = ITERS, num_warps: int = NUM_WARPS,
+def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_inf: Any = None,
+                 impl: str = "auto", block: int = BLOCK, iters: int = ITERS, num_warps: int = NUM_WARPS,
                  chunk: int | None = None) -> Any:
     """Per-tensor (sum, sumsq, nonfinite) of gradients, in one kernel launch.
 
@@ -700,6 +737,9 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: 
     out: torch only: a contiguous (n, 3) float32 device buffer (e.g. ``buf[r]`` of a (T, n, 3)
         buffer) filled with [sum, sumsq, nonfinite-as-float] and returned as is, with no extra launch
         and no host sync.
+    found_inf: torch only: a 1-element float32 device tensor set to 1.0 in the same launch when any
+        value is non-finite and left as it was otherwise (zero it beforehand): the ``found_inf`` a
+        fused torch optimizer or ``GradScaler.update`` reads, with no extra launch.
     impl: "auto" (Triton on CUDA / interpreter / jax-triton on GPU, else reference), "triton" or
         "reference".
     block, iters, num_warps: launch configuration (elements per load, loads per unrolled step,
@@ -713,10 +753,9 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: 
     cfg = _cfg(block, iters, num_warps, chunk)
     leaves, fw = D.leaves_and_framework(tensors, "tensors")
     if fw == "torch":
-        res = _torch_list(leaves, inv_scale, out, impl, cfg)[0]
+        res = _torch_list(leaves, inv_scale, out, found_inf, impl, cfg)[0]
         return res if out is not None else _torch_moments(res)
-    if out is not None:
-        raise TypeError("out: only supported for torch tensors (JAX is functional)")
+    _torch_only(out, found_inf)
     import jax
     import jax.numpy as jnp
 
@@ -736,8 +775,14 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, impl: 
     return moments, jax.tree_util.tree_unflatten(treedef, parts)
 
 
+def _torch_only(out: Any, found_inf: Any) -> None:
+    for name, v in (("out", out), ("found_inf", found_inf)):
+        if v is not None:
+            raise TypeError(f"{name}: only supported for torch tensors (JAX is functional)")
+
+
 def grad_moments_flat(flat: Any, offsets: Sequence[int], *, inv_scale: Any = None, out: Any = None,
-                      impl: str = "auto", block: int = BLOCK, iters: int = ITERS,
+                      found_inf: Any = None, impl: str = "auto", block: int = BLOCK, iters: int = ITERS,
                       num_warps: int = NUM_WARPS, chunk: int | None = None) -> Any:
     """Segment-level entry: moments of ``flat[offsets[i]:offsets[i+1]]`` for each segment i.
 
@@ -749,10 +794,9 @@ def grad_moments_flat(flat: Any, offsets: Sequence[int], *, inv_scale: Any = Non
     off = D.parse_offsets(offsets)
     fw = D.framework_of(flat)
     if fw == "torch":
-        res = _torch_flat(flat, off, inv_scale, out, impl, cfg)
+        res = _torch_flat(flat, off, inv_scale, out, found_inf, impl, cfg)
         return res if out is not None else _torch_moments(res)
-    if out is not None:
-        raise TypeError("out: only supported for torch tensors (JAX is functional)")
+    _torch_only(out, found_inf)
     res, y = _jax_flat(flat, off, inv_scale, impl, cfg)
     return _jax_moments(res) if inv_scale is None else (_jax_moments(res), y)
 
@@ -781,8 +825,10 @@ class FixedMoments:
         D.check_impl(impl)
         self._impl, self._cfg, self._plan = impl, _cfg(block, iters, num_warps, chunk), None
 
-    def __call__(self, tensors: Sequence[Any], *, inv_scale: Any = None, out: Any = None) -> Any:
-        """tensors: list of torch tensors; inv_scale, out and the result as in :func:`grad_moments`."""
+    def __call__(self, tensors: Sequence[Any], *, inv_scale: Any = None, out: Any = None,
+                 found_inf: Any = None) -> Any:
+        """tensors: list of torch tensors; inv_scale, out, found_inf and the result as in
+        :func:`grad_moments`."""
         p = self._plan
         if p is not None and len(tensors) == p.n:
             try:
@@ -793,12 +839,12 @@ class FixedMoments:
                 if addrs != p.addrs:
                     _use_base(p, addrs)
                 res = _out(out, p.n, p.device)
-                _launch(p, _refs(p, tensors), None, inv_scale, res)
+                _launch(p, _refs(p, tensors), None, inv_scale, res, _found(found_inf, p.device))
                 return res if out is not None else _torch_moments(res)
         leaves, fw = D.leaves_and_framework(tensors, "tensors")
         if fw != "torch":
             raise TypeError("tensors: FixedMoments takes torch tensors (JAX: jit grad_moments_flat)")
-        res, p = _torch_list(leaves, inv_scale, out, self._impl, self._cfg)
+        res, p = _torch_list(leaves, inv_scale, out, found_inf, self._impl, self._cfg)
         # only a plain Triton plan takes the short path (the reference and FP64 rows need the list)
         self._plan = p if p.triton and not p.wide else None
         return res if out is not None else _torch_moments(res)

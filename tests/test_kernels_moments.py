@@ -362,23 +362,26 @@ def test_fast_launch_gets_the_pointers_of_the_bound_launch():
     out = torch.empty(3, 3)
     grad_moments(ts, out=out, **CFG)
     (p,) = mod._PLANS.data.values()
-    la = p.launcher(0, False)
+    found = torch.zeros(4)[1:2]
+    la, laf = p.launcher(0, False, False), p.launcher(0, False, True)
     calls = []
 
     class Every(dict):
         def get(self, key, default=None):
             return lambda *a: calls.append(a)
 
-    la.runners = Every()
+    la.runners = laf.runners = Every()
     for group in (ts, [t.clone() for t in ts]):
-        grad_moments(group, out=out, **CFG)
-        args = calls[-1]
-        ref = group[p.ref_idx[0]].data_ptr()
-        tab = p.table.data_ptr()   # the placeholder of the absent fp16 / bf16 references
-        assert p.ref_idx[1:] == [-1, -1]
-        assert args[:10] == (ref, tab, tab, p.table.data_ptr(), p.base.data_ptr(), 1.0,
-                             p.acc.data_ptr(), p.cnt.data_ptr(), out.data_ptr(), p.table.data_ptr())
-        assert args[10:] == la.tail
+        for flag, launcher in ((None, la), (found, laf)):
+            grad_moments(group, out=out, found_inf=flag, **CFG)
+            args = calls[-1]
+            ref = group[p.ref_idx[0]].data_ptr()
+            tab = p.table.data_ptr()   # the placeholder of absent references (fp16 / bf16, found_inf)
+            assert p.ref_idx[1:] == [-1, -1]
+            assert args[:11] == (ref, tab, tab, p.table.data_ptr(), p.base.data_ptr(), 1.0,
+                                 p.acc.data_ptr(), p.cnt.data_ptr(), out.data_ptr(), p.table.data_ptr(),
+                                 tab if flag is None else found.data_ptr())
+            assert args[11:] == launcher.tail and launcher.meta["FOUND"] == (flag is not None)
         # the base array holds each tensor's element offset from the reference (its residue in the rows)
         rel = [(t.data_ptr() - ref) // 4 for t in group]
         assert (p.base + torch.from_numpy(p.res)).tolist() == rel
@@ -437,3 +440,59 @@ def test_fixed_layout_reference_and_fp64_paths():
         fm = FixedMoments(impl=impl, **CFG)
         for _ in range(2):
             check(fm(mixed), mixed)
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_found_inf_set_in_the_same_launch_and_never_cleared(impl):
+    """found_inf: 1.0 when any value is non-finite (single- and multi-row segments, FP64 rows, the
+    flat entry and FixedMoments' short path), left as it was otherwise."""
+    from triaccel.kernels import FixedMoments
+
+    clean = make([5000, 7, 9000], torch.float32, seed=42)
+    found = torch.zeros(1)
+    grad_moments(clean, found_inf=found, impl=impl, **CFG)
+    assert float(found) == 0.0
+    for bad_at in (1, 2):   # a one-row segment, then a segment of several rows
+        bad = [t.clone() for t in clean]
+        bad[bad_at].view(-1)[-1] = float("inf")
+        found = torch.zeros(1)
+        m = grad_moments(bad, found_inf=found, impl=impl, **CFG)
+        assert float(found) == 1.0 and int(m.nonfinite[bad_at]) == 1
+    ones = torch.ones(1)
+    grad_moments(clean, found_inf=ones, impl=impl, **CFG)   # never cleared by the call
+    assert float(ones) == 1.0
+    wide = clean + [torch.tensor([1.0, float("nan")], dtype=torch.float64)]
+    found = torch.zeros(1)
+    grad_moments(wide, found_inf=found, impl=impl, **CFG)
+    assert float(found) == 1.0
+    flat = torch.cat([t.reshape(-1) for t in clean])
+    off = [0, 5000, 5007, 14007]
+    found = torch.zeros(1)
+    grad_moments_flat(flat, off, found_inf=found, impl=impl, **CFG)
+    assert float(found) == 0.0
+    flat[6000] = float("nan")
+    grad_moments_flat(flat, off, found_inf=found, impl=impl, **CFG)
+    assert float(found) == 1.0
+    fm = FixedMoments(impl=impl, **CFG)
+    bad = [t.clone() for t in clean]
+    for _ in range(2):   # the first call binds, the second takes the short path
+        found = torch.zeros(1)
+        fm(clean, found_inf=found)
+        assert float(found) == 0.0
+    bad[2].view(-1)[3] = float("-inf")
+    fm(bad, found_inf=found)    # new addresses: full path
+    fm(bad, found_inf=found)    # short path
+    assert float(found) == 1.0
+    found = torch.zeros(1)
+    fm(bad, found_inf=found)
+    assert float(found) == 1.0
+
+
+def test_found_inf_errors():
+    ts = make([10], torch.float32)
+    for bad in (torch.zeros(2), torch.zeros(1, dtype=torch.float64), [0.0]):
+        with pytest.raises(ValueError, match="found_inf"):
+            grad_moments(ts, found_inf=bad, **CFG)
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(TypeError, match="found_inf: only supported for torch"):
+        grad_moments([jnp.ones(3)], found_inf=torch.zeros(1))

@@ -316,7 +316,9 @@ def test_nonfinite_gradients_skip_the_step(base: str, optim: str, host_check: bo
         assert opt.fp16_active and opt.scaler.scale == scale_before * 0.5
     if fused:
         assert opt._rows[-1][1] == 3 - 1  # _ROW_DEVICE: counted at the next flush, no sync now
+        assert float(opt._found_ring[len(opt._rows) - 1]) == 1.0   # set by the statistics launch
         opt._flush()
+        assert float(opt._found_ring.abs().sum()) == 0.0   # zeroed for the ring's next cycle
     assert opt.skipped_steps == 1 and opt.nonfinite_steps == 0
     # training continues and the skipped step's statistics never reach the controller
     _train(opt, model, x, y, 6)

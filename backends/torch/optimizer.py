@@ -218,12 +218,13 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self._rows: list[tuple[int, int]] = []  # (step, _ROW_* guard code) per filled row
         self._zeros: dict[int, torch.Tensor] = {}
         self._inv_scale = torch.ones(1, dtype=torch.float32, device=self.device)
-        self._found_inf = torch.zeros(1, dtype=torch.float32, device=self.device)  # 1.0 = non-finite step
-        # views made once: a view costs a few us of host time, and a step at small batches is
-        # bound by host time
+        # One non-finite flag per ring row (1.0 = non-finite step), set by the statistics launch
+        # itself and zeroed at each flush, so a step adds no launch to zero or to compute it. Views
+        # made once: a view costs a few us of host time, and a step at small batches is host-bound.
+        self._found_ring = torch.zeros(config.t_ctrl, dtype=torch.float32, device=self.device)
         self._buf_rows = list(self._buf.unbind(0))
-        self._nonfinite_cols = [r[:, 2:3] for r in self._buf_rows]
-        self._found_0d = self._found_inf.view(())
+        self._found_slots = [self._found_ring[i:i + 1] for i in range(config.t_ctrl)]   # (1,) each
+        self._found_0d = list(self._found_ring.unbind(0))   # 0-dim, as fused optimizers take it
         # Fused torch optimizers skip their update on the device when `found_inf` is 1.0 (the
         # GradScaler protocol): the sync-free guard. The first inner step is still checked on the
         # host: a fused SGD skipped on its very first step leaves its momentum buffers uninitialised.
@@ -378,21 +379,18 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if scaled:
             inv_scale = torch.reciprocal(self.scaler.scale_tensor, out=self._inv_scale)
         slot = len(self._rows)
-        row = self._buf_rows[slot]
-        self._moments(self._grad_list(), inv_scale=inv_scale, out=row)
         guarded = scaled or self._device_guard or self.host_check
-        found = self._found_inf
-        if guarded:
-            # exactly 0.0 / 1.0: fused kernels skip only on == 1.0, Adam subtracts it from its step count
-            torch.sum(self._nonfinite_cols[slot], dim=0, out=found)
-            found.clamp_(max=1.0)
-            if self.distributed is not None:
-                self.distributed.reduce_found_inf(found)   # FSDP: any rank's slice
+        # exactly 0.0 / 1.0: fused kernels skip only on == 1.0, Adam subtracts it from its step count
+        found = self._found_slots[slot]
+        self._moments(self._grad_list(), inv_scale=inv_scale, out=self._buf_rows[slot],
+                      found_inf=found if guarded else None)
+        if guarded and self.distributed is not None:
+            self.distributed.reduce_found_inf(found)   # FSDP: any rank's slice
         if self._device_guard and self._device_guard_ready:
             code = _ROW_DEVICE
             # the GradScaler protocol of fused optimizers: 0-dim, as GradScaler passes it (fused
             # Adam subtracts it from its 0-dim step counts and rejects a (1,) tensor)
-            self.optimizer.found_inf = self._found_0d
+            self.optimizer.found_inf = self._found_0d[slot]
             groups = self.param_groups
             saved = [(g["fused"], g["foreach"]) for g in groups] if self._sgd_as_fused else None
             try:
@@ -519,6 +517,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
                                   "to wrap() (one sync per step) to skip such steps.", RuntimeWarning,
                                   stacklevel=4)
         self._rows = []
+        self._found_ring.zero_()   # stream order: after every step that read a flag
 
     # -- curvature ---------------------------------------------------------------------------
     def curvature_batch(self, batch: Any) -> None:
@@ -704,6 +703,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if len(rows) > self._buf.shape[0]:
             raise ValueError(f"state_dict: {len(rows)} pending statistics rows, buffer holds {self._buf.shape[0]}")
         self._rows = rows
+        self._found_ring.zero_()
         if rows:
             self._buf[: len(rows)].copy_(sd["pending_stats"].to(self._buf.device))
         if self.curvature is not None and sd.get("curvature") is not None:
