@@ -157,8 +157,8 @@ if triton is not None:
         return cs, cq, cn
 
     @triton.jit
-    def _moments_kernel(x_ptr, h_ptr, b_ptr, table_ptr, base_ptr, scale, acc_ptr, cnt_ptr, out_ptr, y_ptr,
-                        found_ptr, MODE: tl.constexpr, DT: tl.constexpr, SCALE: tl.constexpr, WRITE: tl.constexpr,
+    def _moments_kernel(x_ptr, h_ptr, b_ptr, table_ptr, base_ptr, scale, acc_ptr, cnt_ptr, found_ptr, out_ptr,
+                        y_ptr, MODE: tl.constexpr, DT: tl.constexpr, SCALE: tl.constexpr, WRITE: tl.constexpr,
                         FAST: tl.constexpr, FINISH: tl.constexpr, BASED: tl.constexpr, FOUND: tl.constexpr,
                         BLOCK: tl.constexpr, ITERS: tl.constexpr):
         """One program per row ``(seg, start, len, code, nrows)`` of ``table_ptr``.
@@ -537,11 +537,11 @@ def _launch(p: _TorchPlan, refs: Any, y: Any, inv_scale: Any, out: Any, found: A
     if run is not None:  # plain addresses: the compiled launcher takes ints for pointers
         r = p.ptrs
         run(r[0] if y is None else yp, r[1] if y is None else yp, r[2] if y is None else yp, r[3], r[6], sarg,
-            r[4], r[5], op, yp, fp, *la.tail)
+            r[4], r[5], fp, op, yp, *la.tail)
         return
     r0, r1, r2 = refs()
-    la(spec, r0, r1, r2, p.table, p.base if p.based else p.table, sarg, p.acc, p.cnt, out,
-       y if y is not None else p.table, found if found is not None else p.table)
+    la(spec, r0, r1, r2, p.table, p.base if p.based else p.table, sarg, p.acc, p.cnt,
+       found if found is not None else p.table, out, y if y is not None else p.table)
 
 
 def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, found: Any, impl: str,
@@ -700,7 +700,8 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str, cfg: tuple)
     block, iters, num_warps, _, _, fast = cfg
     out_shape = [jax.ShapeDtypeStruct((n, 3), jnp.float32),
                  jax.ShapeDtypeStruct(flat.shape if write else (1,), flat.dtype)]
-    # FINISH 0 (atomics into a zeroed out): a functional call has no persistent accumulator
+    # FINISH 0 (atomics into a zeroed out): a functional call has no persistent accumulator; the
+    # outputs (out, y) are the last pointer parameters, as jax-triton appends them
     out, y = jt.triton_call(flat, flat, flat, tab, tab, sarg, tab, tab, tab, kernel=_moments_kernel,
                             out_shape=out_shape, grid=(nrows,), num_warps=num_warps, zeroed_outputs=(0,),
                             MODE=0, DT=code, SCALE=smode, WRITE=write, FAST=fast, FINISH=0, BASED=False,

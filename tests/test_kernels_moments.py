@@ -379,8 +379,8 @@ def test_fast_launch_gets_the_pointers_of_the_bound_launch():
             tab = p.table.data_ptr()   # the placeholder of absent references (fp16 / bf16, found_inf)
             assert p.ref_idx[1:] == [-1, -1]
             assert args[:11] == (ref, tab, tab, p.table.data_ptr(), p.base.data_ptr(), 1.0,
-                                 p.acc.data_ptr(), p.cnt.data_ptr(), out.data_ptr(), p.table.data_ptr(),
-                                 tab if flag is None else found.data_ptr())
+                                 p.acc.data_ptr(), p.cnt.data_ptr(), tab if flag is None else found.data_ptr(),
+                                 out.data_ptr(), p.table.data_ptr())
             assert args[11:] == launcher.tail and launcher.meta["FOUND"] == (flag is not None)
         # the base array holds each tensor's element offset from the reference (its residue in the rows)
         rel = [(t.data_ptr() - ref) // 4 for t in group]
@@ -496,3 +496,17 @@ def test_found_inf_errors():
     jnp = pytest.importorskip("jax.numpy")
     with pytest.raises(TypeError, match="found_inf: only supported for torch"):
         grad_moments([jnp.ones(3)], found_inf=torch.zeros(1))
+
+
+def test_jax_triton_outputs_are_the_kernels_last_pointers():
+    """jax-triton passes the inputs, then appends the outputs (out, y): they must be the kernel's
+    last runtime parameters (a pointer after them would receive an output's address on the GPU)."""
+    import inspect
+
+    import triton.language as tl
+
+    mod = importlib.import_module("triaccel.kernels.grad_moments")
+    sig = inspect.signature(getattr(mod._moments_kernel, "fn", mod._moments_kernel))
+    names = [n for n, p in sig.parameters.items() if p.annotation not in ("tl.constexpr", tl.constexpr)]
+    assert names[-2:] == ["out_ptr", "y_ptr"]
+    assert len(names) == 2 + 9   # _jax_flat passes nine inputs
