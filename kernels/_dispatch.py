@@ -332,6 +332,15 @@ def torch_addresses(tensors: Sequence[Any]) -> tuple:
     return tuple(map(_key_fns()[0], tensors))
 
 
+def torch_addresses_or_none(tensors: Sequence[Any]) -> tuple | None:
+    """:func:`torch_addresses`, or None when an element is not a torch tensor (a caller's fast path
+    then falls back to its full path, which names the bad element)."""
+    try:
+        return torch_addresses(tensors)
+    except TypeError:
+        return None
+
+
 def upload(dst: Any, host: np.ndarray) -> None:
     """Copy a host array into the torch tensor ``dst`` (same dtype, same number of elements) with no
     stream sync (a pageable copy blocks the host until the GPU has drained its queue): through a

@@ -342,11 +342,7 @@ class FixedCast:
         """tensors, dtypes, out and the result as in :func:`cast_to` (torch tensors only)."""
         p = self._plan
         if p is not None and len(tensors) == p.n and isinstance(dtypes, (list, tuple)):
-            try:
-                addrs = D.torch_addresses(tensors)
-            except TypeError:  # not tensors: the full path names the problem
-                addrs = None
-            if addrs == self._addrs and tuple(dtypes) == self._dkey:
+            if D.torch_addresses_or_none(tensors) == self._addrs and tuple(dtypes) == self._dkey:
                 return _cast_run(p, tensors, out, None)[1]
         leaves, fw = D.leaves_and_framework(tensors, "tensors")
         if fw != "torch":

@@ -832,10 +832,7 @@ class FixedMoments:
         :func:`grad_moments`."""
         p = self._plan
         if p is not None and len(tensors) == p.n:
-            try:
-                addrs = D.torch_addresses(tensors)
-            except TypeError:  # not tensors: the full path names the problem
-                addrs = None
+            addrs = D.torch_addresses_or_none(tensors)
             if addrs == p.addrs or (addrs is not None and addrs in p.bases):
                 if addrs != p.addrs:
                     _use_base(p, addrs)
