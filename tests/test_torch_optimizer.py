@@ -328,6 +328,34 @@ def test_nonfinite_gradients_skip_the_step(base: str, optim: str, host_check: bo
     assert opt.skipped_steps == 1
 
 
+def test_aborted_nonfinite_step_leaves_no_flag_to_its_replay(monkeypatch) -> None:
+    """The statistics launch sets a ring row's non-finite flag and never clears it: a step aborted
+    after it (an OOM in the inner step) must not leave 1.0 to the replay that reuses the row."""
+    torch.manual_seed(0)
+    model = SmallCNN()
+    x, y = _data()
+    cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision="fp32")
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True), model, cfg)
+    _train(opt, model, x, y, 2)
+    real = opt._inner_step
+
+    def oom() -> None:
+        raise torch.OutOfMemoryError("simulated")
+
+    monkeypatch.setattr(opt, "_inner_step", oom)
+    slot = len(opt._rows)
+    with pytest.raises(torch.OutOfMemoryError):
+        _poison_step(opt, model, x, y)
+    assert float(opt._found_ring[slot]) == 0.0 and len(opt._rows) == slot
+    monkeypatch.setattr(opt, "_inner_step", real)
+    opt.zero_grad()
+    before = [p.detach().clone() for p in model.parameters()]
+    _train(opt, model, x, y, 1)   # the replay, finite: it must update the weights
+    assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    opt._flush()
+    assert opt.skipped_steps == 0
+
+
 def test_fused_first_step_is_checked_on_host() -> None:
     """A fused SGD skipped on its first step would keep uninitialised momentum: checked on the host."""
     torch.manual_seed(0)

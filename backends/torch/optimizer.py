@@ -382,44 +382,50 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         guarded = scaled or self._device_guard or self.host_check
         # exactly 0.0 / 1.0: fused kernels skip only on == 1.0, Adam subtracts it from its step count
         found = self._found_slots[slot]
-        self._moments(self._grad_list(), inv_scale=inv_scale, out=self._buf_rows[slot],
-                      found_inf=found if guarded else None)
-        if guarded and self.distributed is not None:
-            self.distributed.reduce_found_inf(found)   # FSDP: any rank's slice
-        if self._device_guard and self._device_guard_ready:
-            code = _ROW_DEVICE
-            # the GradScaler protocol of fused optimizers: 0-dim, as GradScaler passes it (fused
-            # Adam subtracts it from its 0-dim step counts and rejects a (1,) tensor)
-            self.optimizer.found_inf = self._found_0d[slot]
-            groups = self.param_groups
-            saved = [(g["fused"], g["foreach"]) for g in groups] if self._sgd_as_fused else None
-            try:
-                if saved is not None:
-                    for g in groups:
-                        g["fused"], g["foreach"] = True, False
-                self._inner_step()
-            finally:
-                if saved is not None:
-                    for g, (fu, fe) in zip(groups, saved):
-                        g["fused"], g["foreach"] = fu, fe
-                del self.optimizer.found_inf
-        elif guarded:
-            finite = bool(found.item() == 0.0)   # the one host sync of this path
-            code = _ROW_FINITE if finite else _ROW_SKIPPED
-            if finite:
-                self._inner_step()
-                self._device_guard_ready = self._device_guard
+        try:
+            self._moments(self._grad_list(), inv_scale=inv_scale, out=self._buf_rows[slot],
+                          found_inf=found if guarded else None)
+            if guarded and self.distributed is not None:
+                self.distributed.reduce_found_inf(found)   # FSDP: any rank's slice
+            if self._device_guard and self._device_guard_ready:
+                code = _ROW_DEVICE
+                # the GradScaler protocol of fused optimizers: 0-dim, as GradScaler passes it (fused
+                # Adam subtracts it from its 0-dim step counts and rejects a (1,) tensor)
+                self.optimizer.found_inf = self._found_0d[slot]
+                groups = self.param_groups
+                saved = [(g["fused"], g["foreach"]) for g in groups] if self._sgd_as_fused else None
+                try:
+                    if saved is not None:
+                        for g in groups:
+                            g["fused"], g["foreach"] = True, False
+                    self._inner_step()
+                finally:
+                    if saved is not None:
+                        for g, (fu, fe) in zip(groups, saved):
+                            g["fused"], g["foreach"] = fu, fe
+                    del self.optimizer.found_inf
+            elif guarded:
+                finite = bool(found.item() == 0.0)   # the one host sync of this path
+                code = _ROW_FINITE if finite else _ROW_SKIPPED
+                if finite:
+                    self._inner_step()
+                    self._device_guard_ready = self._device_guard
+                else:
+                    self.skipped_steps += 1
+                    if not scaled and self.skipped_steps == 1:
+                        warnings.warn(f"step {step}: non-finite gradients without FP16 loss scaling; the step "
+                                      "was skipped (weights and optimizer state untouched)", RuntimeWarning,
+                                      stacklevel=2)
             else:
-                self.skipped_steps += 1
-                if not scaled and self.skipped_steps == 1:
-                    warnings.warn(f"step {step}: non-finite gradients without FP16 loss scaling; the step "
-                                  "was skipped (weights and optimizer state untouched)", RuntimeWarning,
-                                  stacklevel=2)
-        else:
-            code = _ROW_UNGUARDED
-            self._inner_step()
-        if scaled:
-            self.scaler.update(found)
+                code = _ROW_UNGUARDED
+                self._inner_step()
+            if scaled:
+                self.scaler.update(found)
+        except BaseException:
+            # an aborted step (e.g. OOM in the inner step) must not leave its flag to the step that
+            # reuses this ring row: the launch sets the flag but never clears it
+            found.zero_()
+            raise
         self._rows.append((step, code))
         self.step_count = step + 1
         self._boundary(self.step_count)
