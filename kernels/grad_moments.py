@@ -47,6 +47,8 @@ Semantics (shared by the kernel and both references):
   statistics should be discarded by the caller (``nonfinite > 0``);
 - ``sumsq`` is accumulated in FP32 and overflows to +Inf for finite values beyond ~1.8e19 (while
   ``nonfinite`` stays 0);
+- torch only, with ``found_inf``: the same launch stores 1.0 into that 1-element flag when any
+  segment counts a non-finite value, and never clears it (the caller zeroes it);
 - with ``inv_scale`` the unscaled values are written back in the input dtype (torch: in place, as
   ``GradScaler.unscale_`` does; JAX: returned as new arrays);
 - inside the kernel the non-finite count is accumulated as FP32 (exact up to 2**24 per segment);
@@ -361,10 +363,12 @@ def _found(found_inf: Any, device: Any) -> Any:
 
 
 def _flag_found(found: Any, counts: Any) -> None:
-    """Reference paths: found <- 1.0 where any of ``counts`` (non-finite counts) is > 0, on the device."""
+    """Reference paths: found <- 1.0 where any of ``counts`` (non-finite counts) is > 0, on the
+    device; nothing when ``found`` is None."""
     import torch
 
-    torch.maximum(found, (counts > 0).any().to(found.dtype).reshape(found.shape), out=found)
+    if found is not None:
+        torch.maximum(found, (counts > 0).any().to(found.dtype).reshape(found.shape), out=found)
 
 
 def _out(out: Any, n: int, device: Any) -> Any:
@@ -561,8 +565,7 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, found: Any, im
     if not p.triton:
         _torch_scale(inv_scale, p.device)
         out.copy_(moments_reference_torch(tensors, inv_scale))
-        if found is not None:
-            _flag_found(found, out[:, 2])
+        _flag_found(found, out[:, 2])
         return out, p
     addrs = D.torch_addresses(tensors)
     if addrs != p.addrs:
@@ -571,8 +574,7 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, found: Any, im
     if p.wide:
         wide = moments_reference_torch([tensors[i] for i in p.wide], inv_scale)
         out.index_copy_(0, p.wide_idx, wide)
-        if found is not None:
-            _flag_found(found, wide[:, 2])
+        _flag_found(found, wide[:, 2])
     return out, p
 
 
@@ -630,8 +632,7 @@ def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, found: Any
         _torch_scale(inv_scale, dev)
         views = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
         out.copy_(moments_reference_torch(views, inv_scale))
-        if found is not None:
-            _flag_found(found, out[:, 2])
+        _flag_found(found, out[:, 2])
         return out
     _launch(p, lambda: (flat, flat, flat), flat, inv_scale, out, found)
     return out
