@@ -13,7 +13,10 @@ tensors), each case beside the stock ops that do comparable work:
 Columns: ``gpu us`` = GPU time per call: torch: one CUDA graph replaying the call over K distinct
 copies of the set (so they do not sit in L2), CUDA events over many replays, divided by the calls;
 JAX: one jitted function over the same K copies, dispatched many times back to back, wall clock
-with ``block_until_ready`` (the GPU is the bottleneck), divided by the calls. ``host us`` = CPU time of
+with ``block_until_ready`` (the GPU is the bottleneck), divided by the calls; ``(CUPTI)`` rows: the
+kernels' own durations from CUPTI activity records (``torch.profiler``, which sees JAX's kernels
+too), so both frameworks' launches of the same kernel are timed by one clock, without the gaps
+and output slices of a jitted call. ``host us`` = CPU time of
 one eager call (median over 7 blocks of the mean of many back-to-back calls; torch only: JAX calls
 are jitted). ``fixed`` rows: ``FixedMoments`` / ``FixedCast``, the launchers for a list whose layout
 never changes (what the torch optimizer uses), at one address set and, for the moments, cycling
@@ -36,6 +39,7 @@ import os
 import platform
 import socket
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -138,6 +142,31 @@ def main() -> None:
             print(f"graph timing failed: {exc!r}"[:300])
             torch.cuda.synchronize()
             return float("nan")
+
+    def cupti_us(run, calls: int, reps: int = 20) -> dict[str, float]:
+        """GPU µs per call of each kernel and memset, by name, from CUPTI's activity records
+        (``torch.profiler``): ``run()`` makes ``calls`` calls and is executed ``reps`` times. CUPTI sees
+        every kernel of the process, so JAX's are timed by the same clock as torch's."""
+        if args.smoke:
+            return {}
+        from torch.profiler import ProfilerActivity, profile
+
+        run(); sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                run()
+            sync()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(path)
+            with open(path) as fh:
+                events = json.load(fh)["traceEvents"]
+        per: dict[str, float] = {}
+        for e in events:
+            if e.get("cat") in ("kernel", "gpu_memset") and "dur" in e:
+                name = "memset" if e["cat"] == "gpu_memset" else e["name"]
+                per[name] = per.get(name, 0.0) + float(e["dur"]) / (reps * calls)
+        return per
 
     results: dict = {"meta": meta, "checks": {}, "sets": {}}
     ok_all = True
@@ -266,6 +295,11 @@ def main() -> None:
         fb = [torch.empty(len(shapes), 3, device=dev) for _ in flats]
         add("grad_moments_flat out=", "moments", graph_us([lambda f=f, o=o: grad_moments_flat(f, off, out=o) for f, o in zip(flats, fb)]),
             host_us(lambda: grad_moments_flat(flat, off, out=fb[0]), nh), rbytes, "torch _foreach_norm")
+        tk = cupti_us(lambda: [grad_moments_flat(f, off, out=o) for f, o in zip(flats, fb)], K)
+        cupti_torch = tk.get("_moments_kernel", float("nan"))
+        add("grad_moments_flat out= (CUPTI)", "moments", cupti_torch, float("nan"), rbytes, "torch _foreach_norm",
+            note="kernel time from CUPTI; other kernels: " + ", ".join(f"{k} {v:.1f}" for k, v in tk.items()
+                                                                        if k != "_moments_kernel"))
         add("grad_moments list -> Moments", "moments", graph_us([lambda gs=gs: grad_moments(gs) for gs in lists]),
             host_us(lambda: grad_moments(grads), nh), rbytes, "torch _foreach_norm")
         fm = FixedMoments()
@@ -375,6 +409,15 @@ def main() -> None:
                     float("nan"), rbytes, note="stock (one reduction, no segments)")
                 add("jax grad_moments_flat", "moments", jgpu(lambda x: grad_moments_flat(x, off).sumsq, it),
                     float("nan"), rbytes, "jax sum(x*x) per leaf")
+                fj = jax.jit(lambda xs: [grad_moments_flat(x, off).sumsq for x in xs])
+                jk = cupti_us(lambda: jax.block_until_ready(fj(jflats)), K)
+                kern, zero = jk.get("_moments_kernel", float("nan")), jk.get("memset", 0.0)
+                rest = {k: v for k, v in jk.items() if k not in ("_moments_kernel", "memset")}
+                add("jax grad_moments_flat kernel (CUPTI)", "moments", kern, float("nan"), rbytes,
+                    note="the Triton kernel alone")
+                add("jax grad_moments_flat kernel + zeroing (CUPTI)", "moments", kern + zero, float("nan"), rbytes,
+                    note="+ the memset of its zeroed output; not counted (the benchmark's .sumsq slice): "
+                    + (", ".join(f"{k} {v:.1f}" for k, v in rest.items()) or "none"))
                 sj = jnp.ones((1,), jnp.float32)
                 add("jax grad_moments_flat + unscale", "unscale",
                     jgpu(lambda x: grad_moments_flat(x, off, inv_scale=sj)[1], it), float("nan"), 2 * rbytes)
@@ -405,6 +448,9 @@ def main() -> None:
         summary["torch_moments_vs_foreach_norm"] = fn / tm if tm == tm else float("nan")
         summary["torch_moments_pct_copy"] = base.get("grad_moments list out=", {}).get("pct_copy", float("nan"))
         summary["jax_over_torch_flat"] = jm_us / tf if tf == tf else float("nan")
+        jc = base.get("jax grad_moments_flat kernel + zeroing (CUPTI)", {}).get("us_gpu", float("nan"))
+        tc = base.get("grad_moments_flat out= (CUPTI)", {}).get("us_gpu", float("nan"))
+        summary["jax_over_torch_cupti"] = jc / tc if tc == tc else float("nan")
         summary["host_us_grad_moments_out"] = base.get("grad_moments list out=", {}).get("us_host", float("nan"))
         summary["host_us_cast_to_out"] = base.get("cast_to list out=", {}).get("us_host", float("nan"))
         summary["host_us_fixed_moments"] = base.get("FixedMoments out=, 2 address sets", {}).get("us_host", float("nan"))
@@ -412,7 +458,8 @@ def main() -> None:
         print(f"summary {set_name}: grad_moments is {summary['torch_moments_vs_foreach_norm']:.2f}x _foreach_norm's speed "
               f"({'faster' if summary['torch_moments_vs_foreach_norm'] >= 1 else 'SLOWER'}: "
               f"{'triaccel kernel used' if summary['torch_moments_vs_foreach_norm'] >= 1 else 'stock op faster'}), "
-              f"{summary['torch_moments_pct_copy']:.0f}% of copy; JAX/torch GPU time {summary['jax_over_torch_flat']:.2f}; "
+              f"{summary['torch_moments_pct_copy']:.0f}% of copy; JAX/torch GPU time {summary['jax_over_torch_flat']:.2f} "
+              f"(wall of jitted calls), {summary['jax_over_torch_cupti']:.2f} (CUPTI: kernel + zeroing vs kernel); "
               f"host us grad_moments {summary['host_us_grad_moments_out']:.1f}, cast_to {summary['host_us_cast_to_out']:.1f}; "
               f"fixed layout: moments {summary['host_us_fixed_moments']:.1f} (2 address sets), "
               f"cast {summary['host_us_fixed_cast']:.1f}")
