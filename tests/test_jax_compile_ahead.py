@@ -274,6 +274,30 @@ def test_prepare_queues_every_bucket_up_the_ladder_nearest_first(pad):
     assert rec.names[-1] == "later"
 
 
+def test_prepare_compiles_nothing_below_the_loaders_pad_floor():
+    """A loader padding every micro-batch to 32 (pad_floor) -> the first call runs at 32 and no
+    variant is queued: every size the ladder climbs to is padded to the one compiled shape."""
+    from triaccel.backends.jax import SplitStep, TriAccel
+    from triaccel.backends.jax.data import ElasticLoader
+
+    cfg = TriAccelConfig(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=4, batch_max=32,
+                         batch_buckets=(4, 8, 16, 32), batch_multiple=4)
+    model = Net()
+    ta = TriAccel(cfg, model)
+    opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
+    loader = ElasticLoader({"x": np.ones((64, 4), np.float32)}, batch_size=8, buckets=cfg.batch_buckets,
+                           pad_to_batch=True, pad_floor=32)
+    split = SplitStep(_body, model, opt, ta=ta, compile_cache=False, pad_to_batch=True, loader=loader)
+    rec = split.ahead = _Recorder()
+    split.control(0)
+    batch, _ = loader.fetch(np.arange(8))
+    split(batch["x"])
+    assert batch["x"].shape == (32, 4) and rec.names == []
+    loader.pad_floor = None                         # dropped (an OOM): the ladder's own sizes again
+    split.prepare(2)
+    assert rec.names == ["_body@8", "_body@16"]     # 32: the shape already compiled
+
+
 def test_bound_function_compiled_ahead_under_current_and_likely_policy(monkeypatch):
     """bind(example_args=...) -> compiled in the background once the step is lowered, taken at its
     first call with no trace; under the policy the controller expects next as well."""
@@ -422,6 +446,60 @@ def test_fetch_pad_to():
         loader.fetch(np.arange(3), pad_to=32)
     with pytest.raises(ValueError, match="pad_to_batch"):
         ElasticLoader({"id": np.arange(4)}, batch_size=2, pad_to_batch=1)
+
+
+def test_pad_floor_runs_every_micro_batch_at_the_floor_with_the_same_gradients():
+    """pad_floor=32 over a batch of 16 (noise halves of 8, a short last step): every micro-batch
+    runs at 32, with the gradients and noise measurements of the unpadded run."""
+    from triaccel.backends.jax.data import elastic_step
+
+    runs = {}
+    for floor in (None, 32):
+        params, lm, ctl, loader, vg = _noise_setup(True)
+        loader.set_buckets((8, 16, 32))
+        loader.pad_floor = floor
+        shapes, grads = [], []
+
+        def grad_fn(batch, mask, params=params, vg=vg, shapes=shapes):
+            shapes.append(int(mask.shape[0]))
+            return vg(params, batch, mask)
+
+        for step in range(3):
+            grads.append(elastic_step(loader, ctl, grad_fn, step, tensor_layer=lm).grads)
+        runs[floor] = shapes, grads, ctl.b_noise
+    assert runs[None][0] == [16] * 6 and runs[32][0] == [32] * 6
+    assert runs[32][2] == pytest.approx(runs[None][2], rel=1e-5)
+    for a, b in zip(runs[None][1], runs[32][1]):
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def test_pad_floor_is_dropped_when_a_padded_micro_batch_runs_out_of_memory():
+    from triaccel.backends.jax.data import elastic_step
+
+    params, lm, ctl, loader, vg = _noise_setup(True)
+    loader.set_buckets((8, 16, 32))
+    loader.pad_floor = 32
+    shapes = []
+
+    def grad_fn(batch, mask):
+        shapes.append(int(mask.shape[0]))
+        if mask.shape[0] == 32:
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory (simulated)")
+        return vg(params, batch, mask)
+
+    with pytest.warns(RuntimeWarning, match="pad_floor=32"):
+        res = elastic_step(loader, ctl, grad_fn, 0, tensor_layer=lm)
+    assert loader.pad_floor is None and shapes[0] == 32 and max(shapes[1:]) <= 16
+    assert res.ooms == 1 and res.samples == 16     # the step's samples replayed, none lost
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0, 64])
+def test_pad_floor_rejects_bad_values(bad):
+    from triaccel.backends.jax.data import ElasticLoader
+
+    with pytest.raises(ValueError, match="pad_floor"):
+        ElasticLoader({"id": np.arange(40)}, batch_size=8, buckets=(8, 16, 32), pad_floor=bad)
 
 
 def test_noise_step_compiled_ahead_leaves_nothing_to_compile_for_the_caller():

@@ -30,6 +30,7 @@ squared norms of their gradients go to the controller (`triaccel.noise.observe_s
 from __future__ import annotations
 
 import gc
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -122,12 +123,18 @@ class ElasticLoader(ElasticIndexLoader):
       id of the micro-batch), so augmentation is deterministic and resumes exactly.
     pad_to_batch: `elastic_step` pads every micro-batch at least to the bucket of the decided
       batch size (module docstring); False: to the bucket of its own size.
+    pad_floor: None, or pad every micro-batch at least to the bucket of this many samples, so that
+      every smaller batch runs at one compiled shape (e.g. the largest bucket a batch ladder climbs
+      to: no compilation per rung). The rows are the micro-batch's own samples again (module
+      docstring: exact batch statistics when the bucket is a multiple of the count). It costs
+      compute on smaller batches, and their memory is the floor's: `elastic_step` drops it (sets
+      None, with a warning) when a micro-batch runs out of memory, before the replay.
     """
 
     def __init__(self, arrays: Any, *, batch_size: int, buckets: Sequence[int] | None = None,
                  seed: int = 0, shuffle: bool = True,
                  transform: Callable[[Any, jax.Array], Any] | None = None, device: Any = None,
-                 pad_to_batch: bool = False) -> None:
+                 pad_to_batch: bool = False, pad_floor: int | None = None) -> None:
         leaves = jax.tree_util.tree_leaves(arrays)
         if not leaves:
             raise ValueError("arrays: no arrays given")
@@ -144,6 +151,12 @@ class ElasticLoader(ElasticIndexLoader):
         self.transform = transform
         self.device = device
         self.pad_to_batch = pad_to_batch
+        if pad_floor is not None:
+            pad_floor = check_batch_size("pad_floor", pad_floor)
+            if self.buckets is not None and pad_floor > self.buckets[-1]:
+                raise ValueError(f"pad_floor={pad_floor}: exceeds the largest bucket {self.buckets[-1]}; "
+                                 f"allowed None or [1, {self.buckets[-1]}]")
+        self.pad_floor = pad_floor
         self.seed = seed
         self.shapes_served: set[int] = set()   # padded micro-batch sizes handed out (compile count)
         self._masks: dict[tuple[int, int], jax.Array] = {}   # (samples, bucket) -> mask on `device`
@@ -173,7 +186,7 @@ class ElasticLoader(ElasticIndexLoader):
             return []
         leaves = [x for x in jax.tree_util.tree_leaves(self.arrays) if isinstance(x, jax.Array)]
         out: list[tuple[str, Callable[[], Any]]] = []
-        for size in dict.fromkeys(self.bucket_for(int(n)) for n in sizes):
+        for size in dict.fromkeys(self.bucket_for(max(int(n), self.pad_floor or 0)) for n in sizes):
             idx = jax.ShapeDtypeStruct((size,), jax.dtypes.canonicalize_dtype(np.int64))
             for i, x in enumerate(leaves):
                 out.append((f"gather:{i}@{size}",
@@ -181,13 +194,13 @@ class ElasticLoader(ElasticIndexLoader):
         return out
 
     def fetch(self, indices: np.ndarray, pad_to: int | None = None) -> tuple[Any, jax.Array]:
-        """(batch, mask) for the samples `indices`: leaves padded to `bucket_for(max(len, pad_to))`
-        (pad_to None: `bucket_for(len)`), mask (bucket,)."""
+        """(batch, mask) for the samples `indices`: leaves padded to
+        `bucket_for(max(len, pad_to, pad_floor))` (None counts as 0), mask (bucket,)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = int(idx.size)
         if pad_to is not None:
             pad_to = check_batch_size("pad_to", pad_to)
-        size = self.bucket_for(max(n, pad_to or 0))
+        size = self.bucket_for(max(n, pad_to or 0, self.pad_floor or 0))
         sharded = isinstance(self.device, jax.sharding.NamedSharding)   # batches split across devices
         if sharded:
             check_divides(size, self.device, f"micro-batch of {n} samples padded to bucket")
@@ -373,8 +386,17 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             return None
         return memory_pair(probe.read() if hasattr(probe, "read") else probe())
 
+    def free_and_unpad() -> None:
+        # the replay runs at the shrunken size, not at the floor that ran out of memory
+        if loader.pad_floor is not None:
+            warnings.warn(f"step {step}: out of memory with micro-batches padded to pad_floor="
+                          f"{loader.pad_floor}; padding to the decided batch from now on", RuntimeWarning,
+                          stacklevel=3)
+            loader.pad_floor = None
+        free_memory()
+
     result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
-                             is_oom=is_oom, free_memory=free_memory, read_memory=read_memory,
+                             is_oom=is_oom, free_memory=free_and_unpad, read_memory=read_memory,
                              split=split)
     result.end_of_epoch = loader.end_of_epoch
     return result

@@ -52,6 +52,9 @@ class SplitStep:
     pad_to_batch: the loader pads every micro-batch to the bucket of the decided batch
     (`ElasticLoader(pad_to_batch=True)`), so the gradient-noise half batches and the epoch's short
     last step need no variants of their own: only the decided sizes are compiled ahead.
+    loader: optional, the `ElasticLoader` that feeds the step: sizes compiled ahead are padded as
+    its ``pad_floor`` (read at each preparation) pads the micro-batches, so no variant below the
+    floor is compiled.
     compile_cache: JAX's persistent compilation cache: True (default) -> ``<cache>/jax`` unless
     the user set a folder, a folder, or False/None -> off (`enable_compilation_cache`).
     mesh: data parallelism (`sharding.data_mesh`; default: ``ta.mesh``): the state is replicated
@@ -65,7 +68,8 @@ class SplitStep:
 
     def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
                  compile_ahead: bool = True, compile_cache: str | Path | bool | None = True,
-                 mesh: Any = None, pad_to_batch: bool = False, **jit_kwargs: Any) -> None:
+                 mesh: Any = None, pad_to_batch: bool = False, loader: Any = None,
+                 **jit_kwargs: Any) -> None:
         import jax
         from flax import nnx
 
@@ -74,6 +78,7 @@ class SplitStep:
         if not isinstance(pad_to_batch, bool):
             raise ValueError(f"pad_to_batch={pad_to_batch!r}: allowed True or False")
         self.pad_to_batch = pad_to_batch
+        self.loader = loader
         self._nnx, self._tree_util = nnx, jax.tree_util
         self.objects, self.ta = (model, optimizer), ta
         self.compile_cache = enable_compilation_cache(compile_cache)
@@ -238,6 +243,7 @@ class SplitStep:
         likely, near = ctl.likely_next(step, reach=max(len(buckets or ()), 1))
         halves = cfg.elastic_batch and cfg.batch_law == "noise" and not self.pad_to_batch
         cur = d.batch_size
+        floor = getattr(self.loader, "pad_floor", None) or 0
 
         def with_half(n: int) -> list[int]:
             return [n, -(-n // 2)] if halves and n >= 2 else [n]
@@ -247,7 +253,7 @@ class SplitStep:
         # background compilation slows the steps beside it (H100 demo: bs-96 epochs of 16 s beside
         # one, 5.5 s without).
         for n in (*with_half(cur), *(m for u in near if u > cur for m in with_half(u))):
-            b = _bucket(n, buckets)
+            b = _bucket(max(n, floor), buckets)
             if b not in sizes:
                 sizes.append(b)
         policies = [likely] if policy_names(likely) != policy_names(d) else []

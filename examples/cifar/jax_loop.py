@@ -123,8 +123,15 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     # last step): only the decided sizes are step variants, all compiled ahead. The update and the
     # evaluation (once per policy) are compiled in the background too, from the shapes they will see.
     cache = False if opts.compile_cache == "off" else (opts.compile_cache or True)
+    buckets = cfg.batch_buckets or ()
+    pad_floor = (None if opts.pad_floor == "off" else
+                 max((b for b in buckets if b <= cfg.batch_max), default=cfg.batch_max)
+                 if opts.pad_floor == "largest" else int(opts.pad_floor))
+    loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed, pad_to_batch=True,
+                           pad_floor=pad_floor, buckets=cfg.batch_buckets,
+                           device=None if mesh is None else batch_sharding(mesh))
     split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=(), compile_ahead=opts.compile_ahead,
-                      compile_cache=cache, mesh=mesh, pad_to_batch=True)
+                      compile_cache=cache, mesh=mesh, pad_to_batch=True, loader=loader)
     params = nnx.state(model, nnx.Param)
     sharding = jax.sharding.SingleDeviceSharding(dev) if mesh is None else place
     grads_like = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding), params)
@@ -148,8 +155,6 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         loss, grads, grad_scale[0] = split(x, y, mask, k)
         return loss, grads
 
-    loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed, pad_to_batch=True,
-                           buckets=cfg.batch_buckets, device=None if mesh is None else batch_sharding(mesh))
     if ta is not None and cfg.elastic_batch:   # the gathers of the larger buckets the batch may climb to
         up = [b for b in cfg.batch_buckets or () if cfg.batch_init < b <= cfg.batch_max]
         for name, job in loader.gather_compilations(up):

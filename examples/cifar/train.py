@@ -170,6 +170,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
                         "down/up, noise half batch, next precision policy) on a background thread (default on); "
                         "not used by --method local (its blocks compile in place: measured faster)")
+    p.add_argument("--pad-floor", default="off", metavar="off|largest|N",
+                   help="JAX: pad every micro-batch at least to N samples' bucket ('largest': the largest batch "
+                        "bucket <= --batch-max), so a climbing batch runs at one compiled shape (copies of its "
+                        "own samples, masked out of the loss; dropped after an out-of-memory error). Default off")
     p.add_argument("--compile", choices=["off", "default", "reduce-overhead"], default="off",
                    help="torch: torch.compile the model (every method; reduce-overhead = CUDA graphs). One "
                         "compilation per precision policy, the batch dim dynamic (triaccel.backends.torch.compile)")
@@ -194,6 +198,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                 "it; saved-tensor hooks run eagerly)")
     if a.compile_cache is not None and a.backend != "jax":
         p.error(f"--compile-cache={a.compile_cache!r}: only for --backend jax")
+    if a.pad_floor != "off" and (a.backend != "jax" or a.method == "local" or not (
+            a.pad_floor == "largest" or (a.pad_floor.isdigit() and int(a.pad_floor) >= 1))):
+        p.error(f"--pad-floor={a.pad_floor}: allowed off, largest or an integer >= 1, only for --backend jax "
+                "(not --method local)")
     if a.devices is not None and (a.backend != "jax" or a.devices < 1):
         p.error(f"--devices={a.devices}: an integer >= 1, only for --backend jax (torch: torchrun --nproc-per-node)")
     levers = tuple(x for x in a.levers.split(",") if x)
@@ -221,7 +229,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
