@@ -15,16 +15,15 @@ address-set uploads, per step.
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
-import warnings
 from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from triaccel import TriAccelConfig
-from triaccel.backends.torch import wrap
+from opt_loops import batch, loop
 from triaccel.backends.torch.models import create_model
 
 
@@ -61,30 +60,13 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=200)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    x = torch.randn(96, 3, 32, 32, device=dev)
-    y = torch.randint(0, 10, (96,), device=dev)
-    cfg = TriAccelConfig(curvature="fisher", t_curv=10**9, t_ctrl=50, warmup_steps=50, min_dwell=50,
-                         batch_init=96, batch_min=8, batch_max=1024, lr_rule="linear")
+    x, y = batch(dev)
     out: dict[str, dict[str, float]] = {}
-    import importlib
-
     GM = importlib.import_module("triaccel.kernels.grad_moments")
     for variant in ("amp", "tri", "tri-nowrap"):
-        torch.manual_seed(0)
-        model = create_model("resnet18").to(dev)
-        sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4,
-                              fused=True)
+        model, sgd, opt, region, backward = loop(variant, dev, x, y)
         tm = Timer()
-        if variant == "amp":
-            opt, backward = sgd, (lambda loss: loss.backward())
-
-            def region():
-                return torch.autocast("cuda", dtype=torch.bfloat16)
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                opt = wrap(sgd, model, cfg, curvature_data=(x[:32], y[:32]))
-            region, backward = opt.autocast, opt.backward
+        if variant != "amp":
             opt._grad_list = tm.wrap("  grad list", opt._grad_list)
             opt._moments = tm.wrap("  statistics launch", opt._moments)
             opt._inner_step = tm.wrap("  inner step", opt._inner_step)

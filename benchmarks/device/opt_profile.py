@@ -14,37 +14,18 @@ import cProfile
 import io
 import pstats
 import time
-import warnings
 
 import torch
 import torch.nn.functional as F
 
-from triaccel import TriAccelConfig
-from triaccel.backends.torch import wrap
-from triaccel.backends.torch.models import create_model
+from opt_loops import batch, loop
 
 
 def main(steps: int = 700, skip: int = 200) -> None:
     dev = torch.device("cuda")
-    x = torch.randn(96, 3, 32, 32, device=dev)
-    y = torch.randint(0, 10, (96,), device=dev)
-    cfg = TriAccelConfig(curvature="fisher", t_curv=10**9, t_ctrl=50, warmup_steps=50, min_dwell=50,
-                         batch_init=96, batch_min=8, batch_max=1024, lr_rule="linear")
+    x, y = batch(dev)
     for variant in ("amp", "tri"):
-        torch.manual_seed(0)
-        model = create_model("resnet18").to(dev)
-        sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4,
-                              fused=True)
-        if variant == "amp":
-            opt, backward = sgd, (lambda loss: loss.backward())
-
-            def region():
-                return torch.autocast("cuda", dtype=torch.bfloat16)
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                opt = wrap(sgd, model, cfg, curvature_data=(x[:32], y[:32]))
-            region, backward = opt.autocast, opt.backward
+        model, _, opt, region, backward = loop(variant, dev, x, y)
         prof, spent = cProfile.Profile(), 0.0
         for i in range(steps):
             with region():
