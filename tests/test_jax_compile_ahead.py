@@ -134,8 +134,46 @@ def test_default_cache_folder_follows_triaccel_cache(monkeypatch, tmp_path):
 def test_compile_ahead_argument_checked():
     from triaccel.backends.jax import SplitStep
 
-    with pytest.raises(ValueError, match="compile_ahead"):
-        SplitStep(_body, Net(), None, compile_ahead="yes")
+    for bad in ("yes", 1, "AFTER"):
+        with pytest.raises(ValueError, match="compile_ahead"):
+            SplitStep(_body, Net(), None, compile_ahead=bad)
+
+
+def test_hold_keeps_queued_compilations_from_starting():
+    """Inside hold() (nested too) a queued job does not start; it runs when the last hold ends."""
+    from triaccel.backends.jax.compile_ahead import AheadCompiler
+
+    ahead = AheadCompiler(nice=0)
+    ran = threading.Event()
+    try:
+        with ahead.hold():
+            with ahead.hold():
+                ahead.submit("k", lambda: ran.set() or "k done")
+            assert not ran.wait(0.2)                   # the outer hold still holds it
+        assert ahead.take("k") == "k done" and ran.is_set()
+    finally:
+        ahead.close()
+
+
+def test_compile_ahead_after_gives_the_same_steps_and_uses_the_background():
+    """compile_ahead="after": the step's first compilation holds the queue; the variants it queued
+    are then compiled in the background and taken, with the losses of compile_ahead=True."""
+    from triaccel.backends.jax import SplitStep, TriAccel
+
+    cfg = TriAccelConfig(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=4,
+                         batch_max=16, batch_buckets=(4, 8, 16), batch_multiple=4)
+    losses = {}
+    for mode in (True, "after"):
+        model = Net()
+        ta = TriAccel(cfg, model)
+        opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
+        split = SplitStep(_body, model, opt, ta=ta, compile_ahead=mode, compile_cache=False)
+        split.control(0)
+        first = float(split(XS[0]))
+        split.wait_compiled()
+        losses[mode] = [first] + [float(split(x)) for x in XS[1:]]
+        assert split.compiled_ahead == 2 and split.traces == 3   # 4 and 16 from the background
+    assert losses["after"] == pytest.approx(losses[True], rel=1e-6)
 
 
 def test_take_cancels_a_queued_job():

@@ -17,11 +17,12 @@ user has set a cache folder of their own.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 import jax
 
@@ -52,6 +53,8 @@ class AheadCompiler:
     still waiting in the queue, which is then cancelled so that the caller compiles it itself).
     A compilation that failed in the background is forgotten (None): the caller's own compilation
     then raises the error where it belongs. ``compiled_ahead`` counts those taken from the thread.
+    Inside `hold()` no queued compilation starts (one already running goes on): a caller compiling
+    on its own thread has the CPU and the GPU's autotuning to itself.
     """
 
     def __init__(self, nice: int = 10) -> None:
@@ -65,13 +68,34 @@ class AheadCompiler:
         self._jobs: dict[Hashable, cf.Future[Any]] = {}
         self._names: dict[Hashable, str] = {}
         self._lock = threading.Lock()
+        self._open = threading.Event()
+        self._open.set()
+        self._holds = 0
         self.compiled_ahead = 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Queued compilations wait until the block (and any enclosing one) ends."""
+        with self._lock:
+            self._holds += 1
+            self._open.clear()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds -= 1
+                if self._holds == 0:
+                    self._open.set()
+
+    def _gated(self, fn: Callable[[], Any]) -> Any:
+        self._open.wait()
+        return fn()
 
     def submit(self, key: Hashable, fn: Callable[[], Any], name: str = "") -> None:
         """Queue ``fn()`` under `key` (name: how the compile log calls a wait on it)."""
         with self._lock:
             if key not in self._jobs:
-                self._jobs[key] = self._pool.submit(fn)
+                self._jobs[key] = self._pool.submit(self._gated, fn)
                 self._names[key] = name
 
     def pending(self, key: Hashable) -> bool:

@@ -48,7 +48,9 @@ class SplitStep:
     whose `control` runs at boundaries; its `jit` counts each variant's compilation and memory
     footprint (the micro-batch is the leading axis of the first array in ``args``).
     compile_ahead: compile the likely next variants on a background thread at control boundaries
-    (needs ``ta``; module docstring); False: each variant compiles at its first call.
+    (needs ``ta``; module docstring); False: each variant compiles at its first call; "after": as
+    True, but no background compilation starts while the caller's thread compiles (concurrent XLA
+    compilations slow each other: docs/results.md, 2026-11-24).
     pad_to_batch: the loader pads every micro-batch to the bucket of the decided batch
     (`ElasticLoader(pad_to_batch=True)`), so the gradient-noise half batches and the epoch's short
     last step need no variants of their own: only the decided sizes are compiled ahead.
@@ -67,14 +69,15 @@ class SplitStep:
     """
 
     def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
-                 compile_ahead: bool = True, compile_cache: str | Path | bool | None = True,
+                 compile_ahead: bool | str = True, compile_cache: str | Path | bool | None = True,
                  mesh: Any = None, pad_to_batch: bool = False, loader: Any = None,
                  **jit_kwargs: Any) -> None:
         import jax
         from flax import nnx
 
-        if not isinstance(compile_ahead, bool):
-            raise ValueError(f"compile_ahead={compile_ahead!r}: allowed True or False")
+        if not (isinstance(compile_ahead, bool) or (isinstance(compile_ahead, str) and compile_ahead == "after")):
+            raise ValueError(f"compile_ahead={compile_ahead!r}: allowed True, False or 'after'")
+        self._hold_ahead = compile_ahead == "after"
         if not isinstance(pad_to_batch, bool):
             raise ValueError(f"pad_to_batch={pad_to_batch!r}: allowed True or False")
         self.pad_to_batch = pad_to_batch
@@ -443,7 +446,11 @@ class _Bound:
                 def hook() -> None:
                     self.last_sig = sig
                     o.prepare(o.ta.controller.decision.step)
-            exe = self.step_for(self.key).compile(leaves, *args, after_lowering=hook)
+            if o.ahead is not None and o._hold_ahead:
+                with o.ahead.hold():
+                    exe = self.step_for(self.key).compile(leaves, *args, after_lowering=hook)
+            else:
+                exe = self.step_for(self.key).compile(leaves, *args, after_lowering=hook)
         return exe
 
     def __call__(self, *args: Any) -> Any:

@@ -166,9 +166,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--devices", type=int, default=None,
                    help="JAX: data parallel over the first N devices, each batch split across them (default: "
                         "all; batch sizes must divide by N; triaccel.backends.jax.sharding)")
-    p.add_argument("--compile-ahead", choices=["on", "off"], default="on",
+    p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="on",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
-                        "down/up, noise half batch, next precision policy) on a background thread (default on); "
+                        "down/up, noise half batch, next precision policy) on a background thread (default on; "
+                        "after: no background compilation while the loop's thread compiles); "
                         "not used by --method local (its blocks compile in place: measured faster)")
     p.add_argument("--pad-floor", default="off", metavar="off|largest|N",
                    help="JAX: pad every micro-batch at least to N samples' bucket ('largest': the largest batch "
@@ -228,7 +229,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         test_subset=a.test_subset if a.test_subset is not None else (None if gpu else 512),
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
-        compile_cache=a.compile_cache, compile_ahead=a.compile_ahead == "on", cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
+        compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
         compile_shapes=a.compile_shapes, pad_floor=a.pad_floor,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
