@@ -1,20 +1,6 @@
 # cold JAX runs, seed 0, each on empty caches: AMP bs 192; triaccel with --compile-ahead on, after, and after with --pad-floor largest
 # usage (device tool): R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg; bash $R/benchmarks/device/jax_after.sh  (prints one line per run; summaries to $OUT)
-D=/tmp/data/cifar10-jpeg; mkdir -p /tmp/runs
-run() {  # name cache extra...
-  name=$1; cache=$2; shift 2
-  TRIACCEL_CACHE=$cache timeout 200 python3 -m examples.cifar.train --backend jax --model resnet18 --epochs 10 --data $D --seed 0 --no-progress --compile-cache $cache/jax --out /tmp/runs/$name "$@" > /tmp/runs/$name.log 2>&1; cp /tmp/runs/$name/summary.json $OUT/$name.json; tail -4 /tmp/runs/$name.log >> $OUT/all.log; grep -i "warn\|error" /tmp/runs/$name.log | head -3
-  python3 - "/tmp/runs/$name" "$name" <<'PY'
-import json, sys, glob
-f = glob.glob(sys.argv[1] + "/**/summary.json", recursive=True) + glob.glob(sys.argv[1] + "/summary.json")
-if not f: print(sys.argv[2], "no summary"); sys.exit()
-s = json.load(open(f[0]))
-e = s.get("epoch_seconds", [])
-cl = [(round(x["critical"]["seconds"], 1), round(x["background"]["seconds"], 1)) for x in s.get("compile_log", {}).get("epochs", [])[:3]]
-print(f"{sys.argv[2]:<14} acc {s.get('final_acc')} train_s {sum(e):.1f} epochs {[round(x,1) for x in e]} "
-      f"peak {s.get('peak_alloc_bytes', 0) / 2**30:.2f} GiB compile {cl} batch {s.get('final_batch')}")
-PY
-}
+source "$(dirname "${BASH_SOURCE[0]}")/jax_run.sh"
 run amp-cold /tmp/c_amp --method amp --batch 192
 run tri-on-cold /tmp/c_on --method triaccel --budget 4GiB
 run tri-after-cold /tmp/c_after --method triaccel --budget 4GiB --compile-ahead after
