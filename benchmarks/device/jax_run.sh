@@ -16,4 +16,3 @@ print(f"{sys.argv[2]:<14} acc {s.get('final_acc')} train_s {sum(e):.1f} epochs {
       f"peak {s.get('peak_alloc_bytes', 0) / 2**30:.2f} GiB compile {cl} batch {s.get('final_batch')}")
 PY
 }
-run amp-cold /tmp/c_amp --method amp --batch 192
