@@ -538,6 +538,10 @@ def test_pad_floor_rejects_bad_values(bad):
 
     with pytest.raises(ValueError, match="pad_floor"):
         ElasticLoader({"id": np.arange(40)}, batch_size=8, buckets=(8, 16, 32), pad_floor=bad)
+    loader = ElasticLoader({"id": np.arange(40)}, batch_size=8, pad_floor=64)   # no buckets yet
+    with pytest.raises(ValueError, match="pad_floor=64"):
+        loader.set_buckets((8, 16, 32))    # e.g. the controller's, taken by elastic_step
+    assert loader.buckets is None                  # left as it was
 
 
 def test_noise_step_compiled_ahead_leaves_nothing_to_compile_for_the_caller():

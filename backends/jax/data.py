@@ -151,18 +151,21 @@ class ElasticLoader(ElasticIndexLoader):
         self.transform = transform
         self.device = device
         self.pad_to_batch = pad_to_batch
-        if pad_floor is not None:
-            pad_floor = check_batch_size("pad_floor", pad_floor)
-            if self.buckets is not None and pad_floor > self.buckets[-1]:
-                raise ValueError(f"pad_floor={pad_floor}: exceeds the largest bucket {self.buckets[-1]}; "
-                                 f"allowed None or [1, {self.buckets[-1]}]")
-        self.pad_floor = pad_floor
+        self.pad_floor = None if pad_floor is None else check_batch_size("pad_floor", pad_floor)
+        self._check_floor(self.buckets)
         self.seed = seed
         self.shapes_served: set[int] = set()   # padded micro-batch sizes handed out (compile count)
         self._masks: dict[tuple[int, int], jax.Array] = {}   # (samples, bucket) -> mask on `device`
 
     def set_buckets(self, buckets: Sequence[int] | None) -> None:
-        self.buckets = _check_buckets(buckets)
+        buckets = _check_buckets(buckets)
+        self._check_floor(buckets)
+        self.buckets = buckets
+
+    def _check_floor(self, buckets: tuple[int, ...] | None) -> None:
+        if self.pad_floor is not None and buckets is not None and self.pad_floor > buckets[-1]:
+            raise ValueError(f"pad_floor={self.pad_floor}: exceeds the largest bucket {buckets[-1]}; "
+                             f"allowed None or [1, {buckets[-1]}]")
 
     def bucket_for(self, n: int) -> int:
         """The padded size of a micro-batch of n samples: the smallest bucket >= n (n without buckets)."""
