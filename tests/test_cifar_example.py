@@ -40,6 +40,17 @@ def test_triaccel_demo_runs_and_writes_log_and_plots(tmp_path, backend):
     assert json.loads((out / "summary.json").read_text())["options"]["backend"] == backend
 
 
+def test_jax_demo_with_a_pad_floor_and_compilations_after_the_loops(tmp_path):
+    """--pad-floor largest --compile-ahead after run end to end, every image once, and are recorded
+    in the summary (the floor's padding itself: the loader and SplitStep tests)."""
+    summary, out = _run(tmp_path, "--backend", "jax", "--method", "triaccel", "--pad-floor", "largest",
+                        "--compile-ahead", "after", "--batch-max", "64", "--set", "min_dwell=0")
+    steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["type"] == "step"]
+    assert sum(r["samples"] for r in steps) == 192 and 0.0 <= summary["final_acc"] <= 1.0
+    assert summary["options"]["pad_floor"] == "largest" and summary["options"]["compile_ahead"] == "after"
+
+
 @pytest.mark.parametrize("method", ["fp32", "amp"])
 def test_baselines_run(tmp_path, method):
     summary, out = _run(tmp_path, "--backend", "torch", "--method", method)
@@ -54,6 +65,12 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     with pytest.raises(SystemExit):   # the compilation cache is JAX's
         train.parse_args(["--backend", "torch", "--compile-cache", str(tmp_path)])
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
+    for bad in (["--backend", "torch", "--pad-floor", "384"], ["--backend", "jax", "--pad-floor", "0"],
+                ["--backend", "jax", "--pad-floor", "big"], ["--backend", "jax", "--compile-ahead", "later"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
+    jax_opts = train.parse_args(["--backend", "jax", "--pad-floor", "largest", "--compile-ahead", "after"])
+    assert jax_opts.pad_floor == "largest" and jax_opts.compile_ahead == "after"
     with pytest.raises(SystemExit):   # shapes of a compiled model only
         train.parse_args(["--compile-shapes", "buckets"])
     assert train.parse_args(["--compile", "reduce-overhead", "--compile-shapes", "buckets"]).compile_shapes == "buckets"
