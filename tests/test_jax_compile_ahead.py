@@ -155,6 +155,29 @@ def test_hold_keeps_queued_compilations_from_starting():
         ahead.close()
 
 
+def test_ungated_job_runs_until_it_waits_for_the_hold():
+    """gated=False: the job starts inside a hold (its lowering, say) and stops at wait_open()
+    until the hold ends (its XLA compilation)."""
+    from triaccel.backends.jax.compile_ahead import AheadCompiler
+
+    ahead = AheadCompiler(nice=0)
+    lowered, compiled = threading.Event(), threading.Event()
+
+    def job():
+        lowered.set()
+        ahead.wait_open()
+        compiled.set()
+        return "exe"
+
+    try:
+        with ahead.hold():
+            ahead.submit("k", job, gated=False)
+            assert lowered.wait(5) and not compiled.wait(0.2)
+        assert ahead.take("k") == "exe" and compiled.is_set()
+    finally:
+        ahead.close()
+
+
 def test_compile_ahead_after_gives_the_same_steps_and_uses_the_background():
     """compile_ahead="after": the step's first compilation holds the queue; the variants it queued
     are then compiled in the background and taken, with the losses of compile_ahead=True."""
@@ -270,9 +293,12 @@ class _Recorder:
     def __init__(self):
         self.names, self.keys = [], set()
 
-    def submit(self, key, fn, name=""):
+    def submit(self, key, fn, name="", gated=True):
         self.names.append(name)
         self.keys.add(key)
+
+    def wait_open(self):
+        pass
 
     def pending(self, key):
         return key in self.keys

@@ -53,8 +53,10 @@ class AheadCompiler:
     still waiting in the queue, which is then cancelled so that the caller compiles it itself).
     A compilation that failed in the background is forgotten (None): the caller's own compilation
     then raises the error where it belongs. ``compiled_ahead`` counts those taken from the thread.
-    Inside `hold()` no queued compilation starts (one already running goes on): a caller compiling
-    on its own thread has the CPU and the GPU's autotuning to itself.
+    Inside `hold()` no queued job starts (one already running goes on), and a job queued with
+    ``gated=False`` runs until it calls `wait_open()` (e.g. between its lowering, Python work that
+    overlaps an XLA compilation well, and its own XLA compilation): a caller compiling on its own
+    thread has XLA's compiler and the GPU's autotuning to itself.
     """
 
     def __init__(self, nice: int = 10) -> None:
@@ -87,15 +89,21 @@ class AheadCompiler:
                 if self._holds == 0:
                     self._open.set()
 
+    def wait_open(self) -> None:
+        """Block while a `hold()` is in force (for a job's own use; never call it inside a hold)."""
+        self._open.wait()
+
     def _gated(self, fn: Callable[[], Any]) -> Any:
         self._open.wait()
         return fn()
 
-    def submit(self, key: Hashable, fn: Callable[[], Any], name: str = "") -> None:
-        """Queue ``fn()`` under `key` (name: how the compile log calls a wait on it)."""
+    def submit(self, key: Hashable, fn: Callable[[], Any], name: str = "", gated: bool = True) -> None:
+        """Queue ``fn()`` under `key` (name: how the compile log calls a wait on it). gated: the job
+        starts only outside a `hold()`; False: it starts when the thread is free and calls
+        `wait_open()` itself where a hold must stop it."""
         with self._lock:
             if key not in self._jobs:
-                self._jobs[key] = self._pool.submit(self._gated, fn)
+                self._jobs[key] = self._pool.submit(self._gated, fn) if gated else self._pool.submit(fn)
                 self._names[key] = name
 
     def pending(self, key: Hashable) -> bool:

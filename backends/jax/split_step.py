@@ -49,8 +49,9 @@ class SplitStep:
     footprint (the micro-batch is the leading axis of the first array in ``args``).
     compile_ahead: compile the likely next variants on a background thread at control boundaries
     (needs ``ta``; module docstring); False: each variant compiles at its first call; "after": as
-    True, but no background compilation starts while the caller's thread compiles (concurrent XLA
-    compilations slow each other: docs/results.md, 2026-11-24).
+    True, but no background XLA compilation runs while the caller's thread compiles (the step's
+    variants and bound functions are traced and lowered meanwhile; concurrent XLA compilations slow
+    each other: docs/results.md, 2026-11-24).
     pad_to_batch: the loader pads every micro-batch to the bucket of the decided batch
     (`ElasticLoader(pad_to_batch=True)`), so the gradient-noise half batches and the epoch's short
     last step need no variants of their own: only the decided sizes are compiled ahead.
@@ -329,7 +330,9 @@ class SplitStep:
         leaves = [abstract(x) for x in (self._leaves if b.pos is None else [self._leaves[i] for i in b.pos])]
         batched = next((a for a in args if hasattr(a, "shape") and len(a.shape) > 0), None)
         name = f"{b.name}@{batched.shape[0]}" if batched is not None else b.name
-        self.ahead.submit(job, functools.partial(b.step_for(key).compile, leaves, *args), name=name)
+        # lowered at once (Python: it overlaps a caller's XLA compilation well), compiled outside a hold
+        self.ahead.submit(job, functools.partial(b.step_for(key).compile, leaves, *args,
+                                                 after_lowering=self.ahead.wait_open), name=name, gated=False)
         return 1
 
     def _keys_for(self, policy: Any, bound: Sequence["_Bound"]) -> list[Any]:
