@@ -25,6 +25,7 @@ the critical path. The persistent compilation cache is on by default (`compile_c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -449,10 +450,7 @@ class _Bound:
                 def hook() -> None:
                     self.last_sig = sig
                     o.prepare(o.ta.controller.decision.step)
-            if o.ahead is not None and o._hold_ahead:
-                with o.ahead.hold():
-                    exe = self.step_for(self.key).compile(leaves, *args, after_lowering=hook)
-            else:
+            with o.ahead.hold() if o.ahead is not None and o._hold_ahead else contextlib.nullcontext():
                 exe = self.step_for(self.key).compile(leaves, *args, after_lowering=hook)
         return exe
 

@@ -168,7 +168,8 @@ def compile_model(model: nn.Module, optimizer: Any = None, *, mode: str | None =
             sizes = frozenset(static_batches)
         except TypeError:
             sizes = frozenset()
-        if isinstance(static_batches, (str, bytes)) or not sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes):
+        ints = all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes)
+        if isinstance(static_batches, (str, bytes)) or not sizes or not ints:
             raise ValueError(f"static_batches={static_batches!r}: allowed a non-empty collection of ints >= 1")
         if dynamic_batch:
             raise ValueError("dynamic_batch=True with static_batches: the listed sizes are compiled specialised, "

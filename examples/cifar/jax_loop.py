@@ -120,7 +120,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     # memory must leave the state intact for its retry. The update sees only the parameters' state
     # and the optimizer, not the model's graph: a new precision policy does not recompile it.
     # Every micro-batch is padded to the decided batch's bucket (the noise halves, the epoch's short
-    # last step): only the decided sizes are step variants, all compiled ahead. The update and the
+    # last step), or to --pad-floor's when larger: only those sizes are step variants, all compiled ahead. The update and the
     # evaluation (once per policy) are compiled in the background too, from the shapes they will see.
     cache = False if opts.compile_cache == "off" else (opts.compile_cache or True)
     buckets = cfg.batch_buckets or ()
