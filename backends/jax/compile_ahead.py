@@ -46,7 +46,7 @@ def abstract(x: Any, batch: int | None = None, new_batch: int | None = None) -> 
 
 
 class AheadCompiler:
-    """Background threads (one by default) running queued compilations, each under a hashable key.
+    """One background thread running queued compilations, each under a hashable key.
 
     `submit(key, fn)` queues ``fn()`` (returning an executable) unless the key is queued or done;
     `take(key)` returns its result (waiting while it compiles; None when it was never queued or was
@@ -59,16 +59,13 @@ class AheadCompiler:
     thread has XLA's compiler and the GPU's autotuning to itself.
     """
 
-    def __init__(self, nice: int = 10, workers: int = 1) -> None:
-        """nice: the background threads' scheduling niceness increment (Linux: per thread, inherited
-        by the threads XLA's compiler starts from them), so that the training loop's thread keeps
-        the CPU when compilation saturates the cores; 0 leaves it as is. workers: how many queued
-        compilations run at once (in queue order), 1 to 16."""
+    def __init__(self, nice: int = 10) -> None:
+        """nice: the background thread's scheduling niceness increment (Linux: per thread, inherited
+        by the threads XLA's compiler starts from it), so that the training loop's thread keeps
+        the CPU when compilation saturates the cores; 0 leaves it as is."""
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             raise ValueError(f"nice={nice!r}: allowed an integer in [0, 19]")
-        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 16:
-            raise ValueError(f"workers={workers!r}: allowed an integer in [1, 16]")
-        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=BACKGROUND_THREAD_PREFIX,
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=BACKGROUND_THREAD_PREFIX,
                                            initializer=_lower_priority, initargs=(nice,))
         self._jobs: dict[Hashable, cf.Future[Any]] = {}
         self._names: dict[Hashable, str] = {}

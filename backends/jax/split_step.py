@@ -59,8 +59,6 @@ class SplitStep:
     loader: optional, the `ElasticLoader` that feeds the step: sizes compiled ahead are padded as
     its ``pad_floor`` (read at each preparation) pads the micro-batches, so no variant below the
     floor is compiled.
-    compile_workers: background compilations run at once (1 to 16; `AheadCompiler` ``workers``):
-    several let the larger batch buckets compile beside each other instead of one after another.
     compile_cache: JAX's persistent compilation cache: True (default) -> ``<cache>/jax`` unless
     the user set a folder, a folder, or False/None -> off (`enable_compilation_cache`).
     mesh: data parallelism (`sharding.data_mesh`; default: ``ta.mesh``): the state is replicated
@@ -75,7 +73,7 @@ class SplitStep:
     def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
                  compile_ahead: bool | str = True, compile_cache: str | Path | bool | None = True,
                  mesh: Any = None, pad_to_batch: bool = False, loader: Any = None,
-                 compile_workers: int = 1, **jit_kwargs: Any) -> None:
+                 **jit_kwargs: Any) -> None:
         import jax
         from flax import nnx
 
@@ -89,7 +87,7 @@ class SplitStep:
         self._nnx, self._tree_util = nnx, jax.tree_util
         self.objects, self.ta = (model, optimizer), ta
         self.compile_cache = enable_compilation_cache(compile_cache)
-        self.ahead: AheadCompiler | None = AheadCompiler(workers=compile_workers) if compile_ahead else None
+        self.ahead: AheadCompiler | None = AheadCompiler() if compile_ahead else None
         self._prepare_after_first_call = False
         self._also: list[tuple[str, Callable[[], Any]]] = []   # compile_in_background before the first call
         self.mesh = mesh if mesh is not None else getattr(ta, "mesh", None)

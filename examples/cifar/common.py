@@ -65,7 +65,6 @@ class RunOptions:
     progress: bool = True
     compile_cache: str | None = None  # JAX: persistent compilation cache folder; None: <cache>/jax; "off"
     compile_ahead: bool | str = True  # JAX: compile the likely next step variants on a background thread (not local); "after": not beside the loop's own compilations
-    compile_workers: int = 1          # JAX: background compilations at once (train.py --compile-workers)
     pad_floor: str = "off"            # JAX: off | largest | N: pad micro-batches at least to this bucket (train.py)
     cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)
     memory_format: str = "auto"       # torch on CUDA: channels_last | contiguous | auto (see channels_last())

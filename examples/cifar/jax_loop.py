@@ -131,7 +131,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                            pad_floor=pad_floor, buckets=cfg.batch_buckets,
                            device=None if mesh is None else batch_sharding(mesh))
     split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=(), compile_ahead=opts.compile_ahead,
-                      compile_workers=opts.compile_workers, compile_cache=cache, mesh=mesh, pad_to_batch=True, loader=loader)
+                      compile_cache=cache, mesh=mesh, pad_to_batch=True, loader=loader)
     params = nnx.state(model, nnx.Param)
     sharding = jax.sharding.SingleDeviceSharding(dev) if mesh is None else place
     grads_like = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding), params)

@@ -171,8 +171,6 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "down/up, noise half batch, next precision policy) on a background thread (default on; "
                         "after: no background compilation while the loop's thread compiles); "
                         "not used by --method local (its blocks compile in place: measured faster)")
-    p.add_argument("--compile-workers", type=int, default=1, metavar="N",
-                   help="JAX, with --compile-ahead on/after: N background compilations at once (1-16; default 1)")
     p.add_argument("--pad-floor", default="off", metavar="off|largest|N",
                    help="JAX: pad every micro-batch at least to N samples' bucket ('largest': the largest batch "
                         "bucket <= --batch-max), so a climbing batch runs at one compiled shape (copies of its "
@@ -201,10 +199,6 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                 "it; saved-tensor hooks run eagerly)")
     if a.compile_cache is not None and a.backend != "jax":
         p.error(f"--compile-cache={a.compile_cache!r}: only for --backend jax")
-    if not 1 <= a.compile_workers <= 16 or (a.compile_workers != 1 and (
-            a.backend != "jax" or a.method == "local" or a.compile_ahead == "off")):
-        p.error(f"--compile-workers={a.compile_workers}: allowed 1-16, other than 1 only for --backend jax "
-                "with --compile-ahead on or after (not --method local)")
     if a.pad_floor != "off" and (a.backend != "jax" or a.method == "local" or not (
             a.pad_floor == "largest" or (a.pad_floor.isdigit() and int(a.pad_floor) >= 1))):
         p.error(f"--pad-floor={a.pad_floor}: allowed off, largest or an integer >= 1, only for --backend jax "
@@ -236,7 +230,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, compile_workers=a.compile_workers,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
