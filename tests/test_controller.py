@@ -98,6 +98,30 @@ def test_observation_errors_name_the_argument():
         Controller(paper_config(), [])
 
 
+def test_moment_rows_fold_as_single_calls_bit_for_bit():
+    """A boundary's block of rows gives the EMA (and every later decision) that as many single
+    calls give, to the bit; bad shapes and non-finite rows are refused by name."""
+    rng = np.random.default_rng(3)
+    n, L = 50, len(LAYERS)
+    counts = rng.integers(1, 5000, size=L).astype(float)
+    sums = rng.normal(0, 1e-2, size=(n, L)) * counts
+    sumsqs = sums**2 / counts + rng.uniform(1e-8, 1e-3, size=(n, L)) * counts
+    one, block = Controller(paper_config(), LAYERS), Controller(paper_config(), LAYERS)
+    for step in range(n):
+        one.observe_grad_moments(step, sums[step], sumsqs[step], counts)
+    block.observe_grad_moments_rows(list(range(n)), sums, sumsqs, counts)
+    assert np.array_equal(one._precision.ema, block._precision.ema)
+    assert summary(drive(one, 120, start=n)) == summary(drive(block, 120, start=n))
+    with pytest.raises(ValueError, match=r"sums, sumsqs: expected shape \(2, 4\)"):
+        block.observe_grad_moments_rows([0, 1], sums[:3], sumsqs[:3], counts)
+    with pytest.raises(ValueError, match="counts"):
+        block.observe_grad_moments_rows([0], sums[:1], sumsqs[:1], counts[:2])
+    bad = sumsqs[:2].copy()
+    bad[1, 2] = np.inf
+    with pytest.raises(ValueError, match="finite"):
+        block.observe_grad_moments_rows([0, 1], sums[:2], bad, counts)
+
+
 def test_telemetry_jsonl(tmp_path):
     ctl = Controller(paper_config(t_ctrl=5, t_curv=10, warmup_steps=5), LAYERS)
     drive(ctl, 30)

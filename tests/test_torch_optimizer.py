@@ -380,8 +380,8 @@ def test_unguarded_nonfinite_is_reported_at_flush() -> None:
     cfg = CFG.replace(curvature="off", adaptive_precision=False, base_precision="bf16")
     opt = wrap(torch.optim.Adam(model.parameters(), lr=1e-3), model, cfg)   # non-fused: no guard
     observed: list[int] = []
-    feed = opt.controller.observe_grad_moments
-    opt.controller.observe_grad_moments = lambda step, *a: (observed.append(step), feed(step, *a))
+    feed = opt.controller.observe_grad_moments_rows
+    opt.controller.observe_grad_moments_rows = lambda steps, *a: (observed.extend(steps), feed(steps, *a))
     _train(opt, model, x, y, 2)
     _poison_step(opt, model, x, y)
     assert not model.conv2.weight.isfinite().all()   # not protected: as under AMP-bf16

@@ -166,6 +166,22 @@ class Controller:
                                     self._vector("counts", counts))
         self.observe_grad_variance(step, var)
 
+    def observe_grad_moments_rows(self, steps: Sequence[int], sums: Any, sumsqs: Any, counts: Any) -> None:
+        """`observe_grad_moments` for n steps at once, in order: sums and sumsqs (n, L), counts (L,)
+        (the same for every row). The same EMA, folded row by row, as n single calls; the checks
+        and the variances run once over the block (a control boundary feeds t_ctrl rows)."""
+        L = len(self.layers)
+        s, q = np.asarray(sums, dtype=np.float64), np.asarray(sumsqs, dtype=np.float64)
+        if s.shape != (len(steps), L) or q.shape != s.shape:
+            raise ValueError(f"sums, sumsqs: expected shape ({len(steps)}, {L}) (one row per step, one "
+                             f"value per layer), got {s.shape} and {q.shape}")
+        var = variance_from_moments(s, q, np.broadcast_to(self._vector("counts", counts), s.shape))
+        if not np.isfinite(var).all():
+            raise ValueError("sums, sumsqs: must give finite variances (a step with non-finite gradients "
+                             "is skipped, not observed)")
+        for v in var:
+            self._precision.observe(v)
+
     def observe_curvature(self, step: int, eigvals: Any) -> None:
         """Top-k eigenvalues per layer, shape (L, top_k); LR scales follow at the next boundary.
 

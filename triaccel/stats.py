@@ -51,20 +51,22 @@ def feed_statistics(controller: Any, steps: Sequence[int], stats: np.ndarray, te
     steps: (n,) the rows' optimizer steps, in order. stats: (n, T, 3) per-tensor (sum, sum of
     squares, non-finite count) of each step's unscaled gradient. tensor_layer / tensor_numel: (T,)
     layer index and element count per tensor. loss_scale: the loss scale the rows ran under, None
-    while no loss scaling is on. A finite row -> `observe_grad_moments`; a row with non-finite
-    values -> `observe_nonfinite` with its per-layer counts (the evidence precision law's input);
-    then the loss scale -> `observe_loss_scale`. Returns (n,) bool: the rows that were non-finite.
+    while no loss scaling is on. The finite rows -> `observe_grad_moments_rows` (as many
+    `observe_grad_moments` calls); a row with non-finite values -> `observe_nonfinite` with its
+    per-layer counts (the evidence precision law's input); then the loss scale -> `observe_loss_scale`. Returns (n,) bool: the rows that were non-finite.
     """
     s = np.asarray(stats, dtype=np.float64)
     L = len(controller.layers)
     per_layer = group_by_layer(np.moveaxis(s, -2, -1), tensor_layer, L)    # (n, 3, L)
     counts = group_by_layer(tensor_numel, tensor_layer, L)
     bad = per_layer[:, 2].sum(axis=-1) > 0
-    for i, step in enumerate(steps):
-        if bad[i]:
-            controller.observe_nonfinite(step, per_layer[i, 2], loss_scaled=loss_scale is not None)
-        else:
-            controller.observe_grad_moments(step, per_layer[i, 0], per_layer[i, 1], counts)
+    # the two kinds of rows feed separate state (the variance EMA, the non-finite evidence): each
+    # kind in step order, the finite rows as one block
+    for i in np.flatnonzero(bad):
+        controller.observe_nonfinite(steps[i], per_layer[i, 2], loss_scaled=loss_scale is not None)
+    good = np.flatnonzero(~bad)
+    if good.size:
+        controller.observe_grad_moments_rows([steps[i] for i in good], per_layer[good, 0], per_layer[good, 1], counts)
     if loss_scale is not None and len(steps):
         controller.observe_loss_scale(steps[-1], loss_scale)
     return bad

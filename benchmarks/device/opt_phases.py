@@ -2,9 +2,10 @@
 SGD), ResNet-18 at batch 96 on CUDA, without a profiler: each phase is wrapped in a perf_counter_ns
 timer (about 0.3 us per timer), and the median over steps is printed.
 
-    python3 benchmarks/device/opt_phases.py [--steps 700 --skip 200]  # on a GPU machine
+    python3 benchmarks/device/opt_phases.py [--steps 700 --skip 200] [--model efficientnet_b0 --batch 384]
 
-Phases (triaccel): step() in all, of which the gradient list, the statistics launch, the inner
+Phases: forward (its autocast region included) and backward (host time: the call returns when
+autograd has launched the last kernel), then (triaccel) step() in all, of which the gradient list, the statistics launch, the inner
 optimizer's step (torch's own wrapper included), the boundary (flush + decide); zero_grad().
 ``tri-nowrap`` calls the wrapper's step without torch's ``Optimizer.step`` profiling wrapper (what
 that wrapper costs). Counters: statistics launches through the full path (new addresses) and
@@ -58,13 +59,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=700)
     ap.add_argument("--skip", type=int, default=200)
+    ap.add_argument("--model", default="resnet18", help="a create_model name (contiguous memory format)")
+    ap.add_argument("--batch", type=int, default=96)
+    ap.add_argument("--ops", type=int, default=0, metavar="N",
+                    help="last (after every timing): torch.profiler over N steps of amp and tri, the ops whose "
+                         "count or self CPU time differ most")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    x, y = batch(dev)
+    x, y = batch(dev, args.batch)
     out: dict[str, dict[str, float]] = {}
     GM = importlib.import_module("triaccel.kernels.grad_moments")
     for variant in ("amp", "tri", "tri-nowrap"):
-        model, sgd, opt, region, backward = loop(variant, dev, x, y)
+        model, sgd, opt, region, backward = loop(variant, dev, x, y, args.model)
         tm = Timer()
         if variant != "amp":
             opt._grad_list = tm.wrap("  grad list", opt._grad_list)
@@ -86,10 +92,14 @@ def main() -> None:
             return f
 
         GM._torch_list, GM._set_base = counted("full path", saved[0]), counted("upload", saved[1])
-        for i in range(args.steps):
+
+        def forward() -> torch.Tensor:
             with region():
-                loss = F.cross_entropy(model(x), y)
-            backward(loss)
+                return F.cross_entropy(model(x), y)
+
+        forward, backward_t = tm.wrap("forward", forward), tm.wrap("backward", backward)
+        for i in range(args.steps):
+            backward_t(forward())
             step()
             zero(set_to_none=True)
             tm.end_step(i >= args.skip)
@@ -111,7 +121,7 @@ def main() -> None:
         out[variant]["[wall us per step]"] = wall_us
     # one FixedMoments call on ResNet-18's gradients (no optimizer), its parts timed, in two contexts
     torch.manual_seed(0)
-    model = create_model("resnet18").to(dev)
+    model = create_model(args.model).to(dev)
     params = list(model.parameters())
     fm, buf = GM.FixedMoments(), torch.empty(len(params), 3, device=dev)
     D = importlib.import_module("triaccel.kernels._dispatch")
@@ -165,10 +175,41 @@ def main() -> None:
     torch.cuda.synchronize()
     print(f"# FixedMoments back to back: median {bb.table()['b']:.1f} us")
     names = sorted({k for t in out.values() for k in t}, key=lambda k: (k.strip() != k, k))
-    print(f"# host us per step (median; 'mean' rows: mean) over {args.steps - args.skip} steps, {torch.cuda.get_device_name(0)}")
+    print(f"# {args.model} bs {args.batch}: host us per step (median; 'mean' rows: mean) over {args.steps - args.skip} "
+          f"steps, {torch.cuda.get_device_name(0)}")
     print(f"{'phase':<26}" + "".join(f"{v:>12}" for v in out))
     for k in names:
         print(f"{k:<26}" + "".join(f"{t.get(k, float('nan')):>12.2f}" for t in out.values()))
+    if args.ops:
+        op_diff(args, dev, x, y)
+
+
+def op_diff(args: argparse.Namespace, dev: torch.device, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Per op (torch.profiler, CPU side): calls and self CPU us per step, amp against tri."""
+    from torch.profiler import ProfilerActivity, profile
+
+    per: dict[str, dict[str, tuple[float, float]]] = {}
+    for variant in ("amp", "tri"):
+        model, _, opt, region, backward = loop(variant, dev, x, y, args.model)
+        for i in range(args.skip + args.ops):
+            if i == args.skip:
+                torch.cuda.synchronize()
+                prof = profile(activities=[ProfilerActivity.CPU])
+                prof.__enter__()
+            with region():
+                loss = F.cross_entropy(model(x), y)
+            backward(loss)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        prof.__exit__(None, None, None)
+        per[variant] = {e.key: (e.count / args.ops, e.self_cpu_time_total / args.ops) for e in prof.key_averages()}
+    names = set(per["amp"]) | set(per["tri"])
+    rows = sorted(names, key=lambda k: -abs(per["tri"].get(k, (0, 0))[1] - per["amp"].get(k, (0, 0))[1]))
+    print(f"# ops per step ({args.ops} profiled steps after {args.skip}): calls amp/tri, self CPU us amp/tri, tri - amp")
+    for k in rows[:30]:
+        (ca, ta), (ct, tt) = per["amp"].get(k, (0, 0)), per["tri"].get(k, (0, 0))
+        print(f"{k[:44]:<44} {ca:7.1f} {ct:7.1f} {ta:9.1f} {tt:9.1f} {tt - ta:+9.1f}")
 
 
 if __name__ == "__main__":
