@@ -3,13 +3,13 @@
 # no NCCL kernel over 0.3 ms (host work the second rank adds; docs/results.md, 2026-11-23 08:25Z):
 # torch triaccel 0.75, AMP through the same step 0.83, JAX 0.65. Here the same runs at PER per GPU
 # (default 1024; the step's GPU time grows with the batch, the host's does not). Throughput only: every
-# run's lr is fixed at 0.8 (the demo's rule would give 0.1 x 2048 / 96 = 2.1 on two GPUs), 6 epochs.
+# run's lr is fixed at 0.8 (the demo's rule would give 0.1 x 2048 / 96 = 2.1 on two GPUs), EPOCHS (default 6) epochs.
 #   PER=1024 bash benchmarks/device/scaling_batch.sh        (device tool, kind nvidia-h200-x2, carry [".device"])
 source benchmarks/device/prep.sh; cd /tmp/pkg
-PER=${PER:-1024}
+PER=${PER:-1024}; EPOCHS=${EPOCHS:-6}
 for run in "torch triaccel" "torch amp" "jax triaccel"; do
   set -- $run
-  timeout 180 python3 benchmarks/scaling.py --backend $1 --method $2 --gpus 1,2 --epochs 6 --levers precision \
+  timeout 180 python3 benchmarks/scaling.py --backend $1 --method $2 --gpus 1,2 --epochs $EPOCHS --levers precision \
     --batch $PER --batch-max $PER --data /tmp/data/cifar10-jpeg --timeout 90 \
     --out $OUT/scaling-$1-$2-$PER.json -- --lr 0.8 > $OUT/scaling-$1-$2-$PER.log 2>&1
   echo "== $1 $2, $PER per GPU"; tail -4 $OUT/scaling-$1-$2-$PER.log
