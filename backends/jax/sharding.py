@@ -21,6 +21,11 @@ Several hosts: call `jax.distributed.initialize()` first in every process; `data
 every process's devices, each process runs the same program on the same global indices (same seed),
 and the memory reading is reduced across processes (`MeshMemoryProbe`). Tested on one host only.
 
+`per_device_value_and_grad` is the other choice, torch DDP's: each device runs the forward and
+backward pass on its own part of the batch (BatchNorm's batch statistics are then the device's) and
+only the gradients and the running statistics cross devices, once per step; global statistics cost
+one all-reduce per BatchNorm layer in each pass (76 in a ResNet-18 step; docs/results.md).
+
 A batch size must divide by the number of data shards: `check_config` (the elastic batch's buckets,
 reusing `triaccel.distributed.check_world_divides`) and `check_divides` (one batch) raise ValueError.
 """
@@ -40,8 +45,8 @@ from triaccel.distributed import check_world_divides, tightest_memory
 from .memory import MemoryProbe, MemorySample
 
 __all__ = ["DATA_AXIS", "MeshMemoryProbe", "batch_sharding", "check_config", "check_divides", "data_axis",
-           "data_mesh", "num_shards", "on_every_device", "replicate", "replicated", "shard_batch",
-           "shard_indices", "take"]
+           "data_mesh", "num_shards", "on_every_device", "per_device_value_and_grad", "replicate", "replicated",
+           "shard_batch", "shard_indices", "take"]
 
 DATA_AXIS = "data"
 
@@ -160,24 +165,81 @@ def shard_batch(tree: Any, mesh: Mesh) -> Any:
     return jax.tree_util.tree_map(put, tree)
 
 
+def _shard_map() -> Any:
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:  # jax < 0.6
+        from jax.experimental.shard_map import shard_map
+    return shard_map
+
+
+def _unchecked() -> dict[str, bool]:
+    return {"check_vma": False} if hasattr(jax, "shard_map") else {"check_rep": False}
+
+
+def per_device_value_and_grad(fn: Callable[..., tuple[jax.Array, jax.Array]], mesh: Mesh
+                              ) -> Callable[..., tuple[jax.Array, Any]]:
+    """Data parallel as torch's DistributedDataParallel does it, for use inside a jitted step: every
+    device of `mesh` runs `fn` on its own part of the batch (so BatchNorm normalises by the device's
+    batch statistics, not the global batch's), then one all-reduce sums the gradients and one
+    averages the model's other floating state (BatchNorm's running statistics).
+
+    fn(model, *shard) -> (loss_sum, weight): the sum of the per-sample losses of the device's
+    samples (padding masked out) and their number, scalars. Returns
+    ``call(model, *batch, scale=None) -> (loss, grads)`` with loss = sum over devices of loss_sum /
+    sum of weight, and grads = `nnx.State` of d(scale x loss)/d(nnx.Param) (scale: e.g. a loss
+    scale; None: 1), replicated; the model's non-parameter state is updated in place. `batch`
+    leaves are split along their leading axis over the mesh's data axis (`batch_sharding`); the
+    model is replicated. On one device it equals `nnx.value_and_grad` of the loss."""
+    from flax import nnx
+
+    axis = data_axis(mesh)
+    shard = PartitionSpec(axis)
+
+    def call(model: Any, *batch: Any, scale: Any = None) -> tuple[jax.Array, Any]:
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        factor = jnp.ones((), jnp.float32) if scale is None else jnp.asarray(scale, jnp.float32)
+
+        def local(params: Any, rest: Any, factor: jax.Array, *part: Any) -> tuple[jax.Array, Any, Any]:
+            m = nnx.merge(graphdef, params, rest)
+
+            def lf(m: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+                total, weight = fn(m, *part)
+                return total * factor, (total, weight)
+
+            (_, (total, weight)), grads = nnx.value_and_grad(lf, has_aux=True)(m)
+            weight = jax.lax.psum(weight, axis)
+            loss = jax.lax.psum(total, axis) / jnp.maximum(weight, 1.0)
+            grads = jax.tree_util.tree_map(lambda g: jax.lax.psum(g, axis) / jnp.maximum(weight, 1.0), grads)
+            # running statistics moved by each device's own batch: their mean keeps the copies equal
+            new_rest = jax.tree_util.tree_map(
+                lambda v: jax.lax.pmean(v, axis) if jnp.issubdtype(v.dtype, jnp.floating) else v,
+                nnx.state(m, nnx.Not(nnx.Param)))
+            return loss, grads, new_rest
+
+        rep = PartitionSpec()
+        mapped = _shard_map()(local, mesh=mesh, in_specs=(rep, rep, rep) + (shard,) * len(batch),
+                              out_specs=(rep, rep, rep), **_unchecked())
+        loss, grads, new_rest = mapped(params, rest, factor, *batch)
+        nnx.update(model, new_rest)
+        return loss, grads
+
+    return call
+
+
 def on_every_device(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
     """`fn` run by every device of `mesh` on its whole copy of its (replicated) arguments, inside a
     jitted function: a `jax.shard_map` whose specs are all replicated. For custom calls that XLA's
     automatic partitioning cannot split (jax-triton kernels: their maintainers' route is shard_map);
     the results must be equal on every device (they are returned as replicated, unchecked).
     Keyword arguments are passed through as arrays."""
-    shard_map = getattr(jax, "shard_map", None)
-    if shard_map is None:  # jax < 0.6
-        from jax.experimental.shard_map import shard_map
-
     def call(*args: Any, **kwargs: Any) -> Any:
         names = sorted(kwargs)
 
         def inner(*flat: Any) -> Any:
             return fn(*flat[:len(args)], **dict(zip(names, flat[len(args):])))
 
-        mapped = shard_map(inner, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(),
-                           **({"check_vma": False} if hasattr(jax, "shard_map") else {"check_rep": False}))
+        mapped = _shard_map()(inner, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(),
+                              **_unchecked())
         return mapped(*args, *(kwargs[k] for k in names))
 
     return call

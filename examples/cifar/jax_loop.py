@@ -17,7 +17,8 @@ from triaccel.backends.jax import (SplitStep, TriAccel, augment, find_state, lay
 from triaccel.backends.jax.compile_log import CompileLog, describe
 from triaccel.backends.jax.data import OOM_ERROR_TYPES, ElasticLoader, elastic_step, noise_step_compilations
 from triaccel.backends.jax.models import create_model
-from triaccel.backends.jax.sharding import batch_sharding, check_config, data_mesh, num_shards, replicated
+from triaccel.backends.jax.sharding import (batch_sharding, check_config, data_mesh, num_shards,
+                                            per_device_value_and_grad, replicated)
 from triaccel.flops import FlopShare
 
 from .common import OOMInjector, RunLog, RunOptions, lr_factor, median_last, precision_record
@@ -34,9 +35,15 @@ def _sgd(lr: float, opts: RunOptions) -> optax.GradientTransformation:
     return optax.inject_hyperparams(make)(learning_rate=lr)
 
 
-def _cross_entropy(logits: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+def _cross_entropy_sum(logits: jax.Array, y: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(sum of the real samples' cross-entropies, their number)."""
     ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y)
-    return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+    return (ce * mask).sum(), mask.sum()
+
+
+def _cross_entropy(logits: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+    total, count = _cross_entropy_sum(logits, y, mask)
+    return total / jnp.maximum(count, 1.0)
 
 
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
@@ -96,9 +103,17 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         inner = find_state(opt.opt_state).inner if ta is not None else opt.opt_state
         return inner.hyperparams["learning_rate"]
 
+    # --batch-stats per-device: each device's forward/backward on its own samples (BatchNorm statistics
+    # per device, as torch's DDP), one gradient all-reduce (triaccel.backends.jax.sharding)
+    per_device = (per_device_value_and_grad(lambda m, xb, y, mask: _cross_entropy_sum(m(xb), y, mask), mesh)
+                  if mesh is not None and opts.batch_stats == "per-device" else None)
+
     def grad_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, mask: jax.Array, k: jax.Array):
         xb = prep(x, k)
         scale = loss_scale(opt.opt_state) if ta is not None else jnp.ones((), jnp.float32)
+        if per_device is not None:
+            loss, grads = per_device(model, xb, y, mask, scale=scale)
+            return loss, grads, scale
 
         def lf(m: Any) -> tuple[jax.Array, jax.Array]:
             loss = _cross_entropy(m(xb), y, mask)

@@ -166,6 +166,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--devices", type=int, default=None,
                    help="JAX: data parallel over the first N devices, each batch split across them (default: "
                         "all; batch sizes must divide by N; triaccel.backends.jax.sharding)")
+    p.add_argument("--batch-stats", choices=["global", "per-device"], default="global",
+                   help="JAX on several devices: BatchNorm statistics of the global batch (default: the same "
+                        "results as one device; one all-reduce per BatchNorm layer and pass) or of each device's "
+                        "part, as torch's DDP (one gradient all-reduce per step; "
+                        "sharding.per_device_value_and_grad)")
     p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="on",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
                         "down/up, noise half batch, next precision policy) on a background thread (default on; "
@@ -199,6 +204,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                 "it; saved-tensor hooks run eagerly)")
     if a.compile_cache is not None and a.backend != "jax":
         p.error(f"--compile-cache={a.compile_cache!r}: only for --backend jax")
+    if a.batch_stats != "global" and (a.backend != "jax" or a.method == "local"):
+        p.error(f"--batch-stats={a.batch_stats}: only for --backend jax (not --method local); torch's DDP "
+                "always normalises by each rank's batch")
     if a.pad_floor != "off" and (a.backend != "jax" or a.method == "local" or not (
             a.pad_floor == "largest" or (a.pad_floor.isdigit() and int(a.pad_floor) >= 1))):
         p.error(f"--pad-floor={a.pad_floor}: allowed off, largest or an integer >= 1, only for --backend jax "
@@ -230,7 +238,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"

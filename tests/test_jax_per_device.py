@@ -1,0 +1,117 @@
+"""`sharding.per_device_value_and_grad` on a 2-device CPU mesh: torch DDP's data parallelism in JAX.
+
+Each device's forward and backward run on its own half of the batch (BatchNorm normalises by the
+half's statistics), so the result must equal two single-device computations on the halves, combined:
+the summed losses and gradients over the total weight, the running statistics averaged. And it must
+need fewer all-reduces than the automatic partitioning of the same loss, which reduces every
+BatchNorm layer's statistics in both passes. Run in a subprocess (XLA's host device count is fixed
+when jax starts), as tests/test_jax_sharding.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _worker() -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    from triaccel.backends.jax.sharding import data_mesh, per_device_value_and_grad, shard_batch
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.conv1, self.bn1 = nnx.Conv(3, 4, (3, 3), rngs=rngs), nnx.BatchNorm(4, rngs=rngs)
+            self.conv2, self.bn2 = nnx.Conv(4, 4, (3, 3), rngs=rngs), nnx.BatchNorm(4, rngs=rngs)
+            self.fc = nnx.Linear(4, 5, rngs=rngs)
+
+        def __call__(self, x):
+            h = jax.nn.relu(self.bn1(self.conv1(x)))
+            return self.fc(jax.nn.relu(self.bn2(self.conv2(h))).mean(axis=(1, 2)))
+
+    def ce_sum(m, x, y, mask):
+        ce = optax.softmax_cross_entropy_with_integer_labels(m(x), y)
+        return (ce * mask).sum(), mask.sum()
+
+    mesh = data_mesh(2)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 6, 6, 3)).astype(np.float32)
+    y = rng.integers(0, 5, 8).astype(np.int32)
+    mask = np.array([1, 1, 1, 1, 1, 1, 1, 0], np.float32)   # one padded sample, masked out
+    model, ref = Net(nnx.Rngs(0)), Net(nnx.Rngs(0))
+    per_device = per_device_value_and_grad(ce_sum, mesh)
+    loss, grads = nnx.jit(lambda m, *b: per_device(m, *b, scale=2.0))(model, *shard_batch((x, y, mask), mesh))
+
+    total, parts, stats = 0.0, [], []
+    for half in (slice(0, 4), slice(4, 8)):
+        m = nnx.clone(ref)
+
+        def lf(m):
+            t, w = ce_sum(m, x[half], y[half], mask[half])
+            return t, t
+
+        (_, t), g = nnx.value_and_grad(lf, has_aux=True)(m)
+        total += float(t)
+        parts.append(g)
+        stats.append(nnx.state(m, nnx.BatchStat))
+    weight = float(mask.sum())
+    expect = jax.tree_util.tree_map(lambda a, b: 2.0 * (a + b) / weight, *parts)
+    mean_stats = jax.tree_util.tree_map(lambda a, b: (a + b) / 2, *stats)
+
+    def max_diff(a, b):
+        return max(float(jnp.abs(u - v).max()) for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+    def all_reduces(loss_and_grad) -> int:
+        graphdef, state = nnx.split(Net(nnx.Rngs(0)))
+
+        def f(state, *b):
+            return loss_and_grad(nnx.merge(graphdef, state), *b)
+
+        return jax.jit(f).lower(state, *shard_batch((x, y, mask), mesh)).compile().as_text().count("all-reduce(")
+
+    def global_loss(m, *b):
+        def lf(m):
+            t, w = ce_sum(m, *b)
+            return t / w
+        return nnx.value_and_grad(lf)(m)
+
+    return {"loss": float(loss), "loss_expected": total / weight, "grad_diff": max_diff(grads, expect),
+            "stat_diff": max_diff(nnx.state(model, nnx.BatchStat), mean_stats),
+            "stats_moved": max_diff(nnx.state(model, nnx.BatchStat), nnx.state(ref, nnx.BatchStat)),
+            "replicated": all(l.sharding.is_fully_replicated for l in jax.tree_util.tree_leaves(grads)),
+            "all_reduce_per_device": all_reduces(per_device), "all_reduce_global": all_reduces(global_loss)}
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, __file__], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_equals_the_halves_computed_apart(result):
+    assert result["loss"] == pytest.approx(result["loss_expected"], rel=1e-6)
+    assert result["grad_diff"] < 1e-6 and result["replicated"]
+    assert result["stats_moved"] > 1e-4 and result["stat_diff"] < 1e-7   # running statistics: the halves' mean
+
+
+def test_fewer_all_reduces_than_global_statistics(result):
+    # global: every BatchNorm layer's statistics reduced in the forward and the backward pass
+    assert result["all_reduce_per_device"] < result["all_reduce_global"]
+    assert result["all_reduce_global"] >= 4
+
+
+if __name__ == "__main__":
+    print(json.dumps(_worker()))
