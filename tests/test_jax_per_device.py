@@ -113,5 +113,26 @@ def test_fewer_all_reduces_than_global_statistics(result):
     assert result["all_reduce_global"] >= 4
 
 
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
+
+
+@pytest.mark.skipif(not DATA.exists(), reason=f"CIFAR-10 image folder not found at {DATA}")
+def test_demo_trains_on_two_devices_with_per_device_statistics(tmp_path):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "examples.cifar.train", "--backend", "jax", "--devices", "2", "--batch-stats",
+           "per-device", "--method", "triaccel", "--data", str(DATA), "--epochs", "1", "--train-subset", "192",
+           "--test-subset", "64", "--batch", "32", "--width", "0.125", "--t-ctrl", "2", "--warmup-steps", "2",
+           "--no-progress", "--device", "cpu", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    summary = json.loads((out / "summary.json").read_text())
+    steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert summary["devices"] == 2 and summary["options"]["batch_stats"] == "per-device"
+    assert sum(r["samples"] for r in steps if r["type"] == "step") == 192   # every image once
+    assert 0.0 <= summary["final_acc"] <= 1.0
+
+
 if __name__ == "__main__":
     print(json.dumps(_worker()))
