@@ -11,12 +11,11 @@ when jax starts), as tests/test_jax_sharding.py.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import two_devices
 
 
 def _worker() -> dict:
@@ -93,12 +92,7 @@ def _worker() -> dict:
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, __file__], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return two_devices.worker_result(__file__)
 
 
 def test_equals_the_halves_computed_apart(result):
@@ -118,15 +112,11 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"CIFAR-10 image folder not found at {DATA}")
 def test_demo_trains_on_two_devices_with_per_device_statistics(tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    root = Path(__file__).resolve().parents[1]
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "examples.cifar.train", "--backend", "jax", "--devices", "2", "--batch-stats",
+    two_devices.run(["-m", "examples.cifar.train", "--backend", "jax", "--devices", "2", "--batch-stats",
            "per-device", "--method", "triaccel", "--data", str(DATA), "--epochs", "1", "--train-subset", "192",
            "--test-subset", "64", "--batch", "32", "--width", "0.125", "--t-ctrl", "2", "--warmup-steps", "2",
-           "--no-progress", "--device", "cpu", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+           "--no-progress", "--device", "cpu", "--out", str(out)], timeout=600)
     summary = json.loads((out / "summary.json").read_text())
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert summary["devices"] == 2 and summary["options"]["batch_stats"] == "per-device"

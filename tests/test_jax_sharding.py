@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+import two_devices
 
 STEPS = 6             # FP32 runs: losses and parameters compared tightly
 OOM_CALL = 5          # the micro-batch call that raises RESOURCE_EXHAUSTED (in both FP32 runs: step 3)
@@ -167,12 +166,7 @@ def _worker() -> dict:
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, __file__], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return two_devices.worker_result(__file__)
 
 
 def test_the_two_device_run_is_sharded(result):

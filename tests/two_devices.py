@@ -1,0 +1,26 @@
+"""Helpers for tests that need two JAX devices on the CPU: XLA fixes its host device count when jax
+starts, and the pytest process may have started it already, so such runs happen in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+
+
+def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python args...` from the repository root with two CPU devices; asserts exit status 0."""
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+def worker_result(script: str, timeout: float = 300) -> dict:
+    """The JSON a test module prints on its last line when run as a script with two CPU devices."""
+    return json.loads(run([script], timeout).stdout.strip().splitlines()[-1])
