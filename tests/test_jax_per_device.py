@@ -83,7 +83,18 @@ def _worker() -> dict:
             return t / w
         return nnx.value_and_grad(lf)(m)
 
-    return {"loss": float(loss), "loss_expected": total / weight, "grad_diff": max_diff(grads, expect),
+    def error(f) -> str:
+        try:
+            f()
+        except ValueError as e:
+            return str(e)
+        return ""
+
+    errors = {"mean_loss": error(lambda: nnx.jit(per_device_value_and_grad(
+                  lambda m, x, y, mask: ce_sum(m, x, y, mask)[0] / 4, mesh))(Net(nnx.Rngs(0)), *shard_batch((x, y, mask), mesh))),
+              "not_callable": error(lambda: per_device_value_and_grad("loss", mesh)),
+              "not_a_mesh": error(lambda: per_device_value_and_grad(ce_sum, "data"))}
+    return {"errors": errors, "loss": float(loss), "loss_expected": total / weight, "grad_diff": max_diff(grads, expect),
             "stat_diff": max_diff(nnx.state(model, nnx.BatchStat), mean_stats),
             "stats_moved": max_diff(nnx.state(model, nnx.BatchStat), nnx.state(ref, nnx.BatchStat)),
             "replicated": all(l.sharding.is_fully_replicated for l in jax.tree_util.tree_leaves(grads)),
@@ -99,6 +110,12 @@ def test_equals_the_halves_computed_apart(result):
     assert result["loss"] == pytest.approx(result["loss_expected"], rel=1e-6)
     assert result["grad_diff"] < 1e-6 and result["replicated"]
     assert result["stats_moved"] > 1e-4 and result["stat_diff"] < 1e-7   # running statistics: the halves' mean
+
+
+def test_bad_arguments_are_named(result):
+    assert "fn: must return (loss_sum, weight)" in result["errors"]["mean_loss"]
+    assert result["errors"]["not_callable"].startswith("fn=")
+    assert "jax.sharding.Mesh" in result["errors"]["not_a_mesh"]
 
 
 def test_fewer_all_reduces_than_global_statistics(result):

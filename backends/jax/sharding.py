@@ -192,6 +192,8 @@ def per_device_value_and_grad(fn: Callable[..., tuple[jax.Array, jax.Array]], me
     model is replicated. On one device it equals `nnx.value_and_grad` of the loss."""
     from flax import nnx
 
+    if not callable(fn):
+        raise ValueError(f"fn={fn!r}: expected a callable fn(model, *shard) -> (loss_sum, weight)")
     axis = data_axis(mesh)
     shard = PartitionSpec(axis)
 
@@ -203,7 +205,12 @@ def per_device_value_and_grad(fn: Callable[..., tuple[jax.Array, jax.Array]], me
             m = nnx.merge(graphdef, params, rest)
 
             def lf(m: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-                total, weight = fn(m, *part)
+                out = fn(m, *part)
+                if not (isinstance(out, (tuple, list)) and len(out) == 2
+                        and all(jnp.shape(v) == () for v in out)):
+                    raise ValueError("fn: must return (loss_sum, weight), two scalars (the sum of the device's "
+                                     f"per-sample losses and their number); got {jax.tree_util.tree_map(jnp.shape, out)}")
+                total, weight = out
                 return total * factor, (total, weight)
 
             (_, (total, weight)), grads = nnx.value_and_grad(lf, has_aux=True)(m)
