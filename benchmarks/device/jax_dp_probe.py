@@ -1,0 +1,146 @@
+"""Where a JAX data-parallel step spends its time: ResNet-18 (AMP-bf16 policy, SGD-nesterov) on 1 and N
+devices of one host at a fixed batch per device, one SPMD step through `SplitStep` (as the demo), the
+BatchNorm statistics global or per device (`sharding.per_device_value_and_grad`).
+
+    python3 benchmarks/device/jax_dp_probe.py --per-device 1024 --devices 1 2   # GPU machine, after prep.sh
+
+Per configuration: wall ms per step (steps dispatched back to back, synchronised at both ends), then the
+same steps under CUPTI (torch.profiler sees the kernels JAX launches): per device, the time covered
+by kernels (union of intervals; busy), the sum of the NCCL kernels, and the largest gap between
+kernels. A step whose busy time is well under its wall is held by the host or by waits between the
+devices; one whose busy time grows with N by its collectives. CPU (smoke test, 2 host devices by
+XLA_FLAGS, no CUPTI): `--smoke`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from triaccel import Precision
+from triaccel.backends.jax import SplitStep, layer_map_from_model, precision_policy
+from triaccel.backends.jax.models import create_model
+from triaccel.backends.jax.sharding import data_mesh, per_device_value_and_grad, replicate, shard_batch
+
+
+def _ce_sum(m: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    ce = optax.softmax_cross_entropy_with_integer_labels(m(x).astype(jnp.float32), y)
+    return ce.sum(), jnp.asarray(y.shape[0], jnp.float32)
+
+
+def build(n: int, per_device: int, stats: str, width: float) -> tuple[Any, tuple[Any, Any]]:
+    """(step, (x, y)) on the first n devices."""
+    mesh = data_mesh(n) if n > 1 else None
+    model = create_model("resnet18", num_classes=10, width=width, seed=0)
+    lm = layer_map_from_model(model)
+    precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
+    opt = nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9, nesterov=True), wrt=nnx.Param)
+    local = per_device_value_and_grad(_ce_sum, mesh) if mesh is not None and stats == "per-device" else None
+
+    def body(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        if local is not None:
+            loss, grads = local(model, x, y)
+        else:
+            def lf(m: Any) -> jax.Array:
+                total, count = _ce_sum(m, x, y)
+                return total / count
+            loss, grads = nnx.value_and_grad(lf)(model)
+        opt.update(model, grads)
+        return loss
+
+    step = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n * per_device, 32, 32, 3)).astype(np.float32)
+    y = rng.integers(0, 10, n * per_device).astype(np.int32)
+    batch = shard_batch((x, y), mesh) if mesh is not None else (jax.device_put(x), jax.device_put(y))
+    return step, batch
+
+
+def kernel_times(run: Any, steps: int) -> dict[str, Any]:
+    """Per device (CUPTI): busy ms per step (union of kernel intervals), NCCL ms per step, largest gap ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            events = json.load(fh)["traceEvents"]
+    per: dict[int, list[tuple[float, float, bool]]] = {}
+    for e in events:
+        if e.get("cat") == "kernel" and "dur" in e:
+            dev = int(e.get("args", {}).get("device", 0))
+            per.setdefault(dev, []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), "nccl" in e["name"].lower()))
+    out = {}
+    for dev, ks in sorted(per.items()):
+        ks.sort()
+        busy, gap, end = 0.0, 0.0, None
+        for s, e, _ in ks:
+            if end is None or s > end:
+                gap = max(gap, s - end) if end is not None else gap
+                busy += e - s
+                end = e
+            elif e > end:
+                busy += e - end
+                end = e
+        out[dev] = {"busy_ms": busy / steps / 1e3, "nccl_ms": sum(e - s for s, e, c in ks if c) / steps / 1e3,
+                    "max_gap_ms": gap / 1e3, "kernels": len(ks) / steps}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--per-device", type=int, default=1024)
+    ap.add_argument("--devices", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--stats", nargs="+", choices=["global", "per-device"], default=["global", "per-device"])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--width", type=float, default=1.0)
+    ap.add_argument("--smoke", action="store_true", help="CPU: no CUPTI")
+    args = ap.parse_args()
+    rows = []
+    for n in args.devices:
+        for stats in (args.stats if n > 1 else ["global"]):
+            step, (x, y) = build(n, args.per_device, stats, args.width)
+            for _ in range(5):
+                loss = step(x, y)
+            jax.block_until_ready(loss)
+
+            def run() -> None:
+                out = None
+                for _ in range(args.steps):
+                    out = step(x, y)
+                jax.block_until_ready(out)
+
+            t0 = time.perf_counter()
+            run()
+            wall = (time.perf_counter() - t0) / args.steps * 1e3
+            kt = {} if args.smoke else kernel_times(run, args.steps)
+            rows.append({"devices": n, "stats": stats, "wall_ms": wall, "img_s": n * args.per_device / wall * 1e3,
+                         "per_device": kt})
+    base = next(r["img_s"] for r in rows if r["devices"] == 1) if any(r["devices"] == 1 for r in rows) else None
+    print(f"# ResNet-18 bf16, {args.per_device} per device, {args.steps} steps, {jax.devices()[0].device_kind}")
+    print(f"{'devices':>7} {'stats':>10} {'wall ms':>8} {'img/s':>9} {'eff.':>5}  per device: busy ms, nccl ms, max gap ms, kernels")
+    for r in rows:
+        eff = r["img_s"] / (r["devices"] * base) if base else float("nan")
+        pd = "; ".join(f"d{d}: {v['busy_ms']:.2f}, {v['nccl_ms']:.2f}, {v['max_gap_ms']:.2f}, {v['kernels']:.0f}"
+                       for d, v in r["per_device"].items())
+        print(f"{r['devices']:>7} {r['stats']:>10} {r['wall_ms']:>8.2f} {r['img_s']:>9.0f} {eff:>5.2f}  {pd}")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "jax_dp_probe.json"), "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
