@@ -141,5 +141,15 @@ def test_demo_trains_on_two_devices_with_per_device_statistics(tmp_path):
     assert 0.0 <= summary["final_acc"] <= 1.0
 
 
+def test_dp_probe_smoke(tmp_path):
+    """benchmarks/device/jax_dp_probe.py --smoke: one and two devices, both statistics, one row each."""
+    env_out = {"OUT": str(tmp_path)}
+    two_devices.run(["benchmarks/device/jax_dp_probe.py", "--smoke", "--per-device", "4", "--steps", "1",
+                     "--width", "0.125"], env=env_out)
+    rows = json.loads((tmp_path / "jax_dp_probe.json").read_text())
+    assert [(r["devices"], r["stats"]) for r in rows] == [(1, "global"), (2, "global"), (2, "per-device")]
+    assert all(r["wall_ms"] > 0 and r["img_s"] > 0 for r in rows)
+
+
 if __name__ == "__main__":
     print(json.dumps(_worker()))

@@ -13,10 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
 
 
-def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python args...` from the repository root with two CPU devices; asserts exit status 0."""
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
+def run(args: list[str], timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python args...` from the repository root with two CPU devices (and `env` on top); asserts exit
+    status 0."""
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 
