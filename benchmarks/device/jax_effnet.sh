@@ -1,7 +1,8 @@
 # JAX EfficientNet-B0, seed 0, cold runs on empty caches (one compiled step shape each, or the climb's):
 # triaccel with --pad-floor largest --compile-ahead after, then AMP at static batches given as arguments
 # usage (device tool): R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg; bash $R/benchmarks/device/jax_effnet.sh 384
-# each run limited to LIMIT seconds (default 280); one summary line per run, summaries to $OUT
+# each run limited to LIMIT seconds (default 280); one summary line per run, summaries to $OUT; SUFFIX
+# (e.g. -warm) is appended to the run names: a second call on the same machine then reruns on the caches
 D=/tmp/data/cifar10-jpeg; mkdir -p /tmp/runs; LIMIT=${LIMIT:-280}
 one() {  # name cache demo-args...
   name=$1; cache=$2; shift 2
@@ -15,5 +16,5 @@ print(f"{sys.argv[2]:<18} acc {s['final_acc']} train_s {sum(e):.1f} epochs {[rou
       f"peak {s.get('peak_alloc_bytes', 0) / 2**30:.2f} GiB")
 PY
 }
-one tri-pad-after /tmp/e_tri --method triaccel --budget 4GiB --pad-floor largest --compile-ahead after
-for b in "$@"; do one amp-$b /tmp/e_amp$b --method amp --batch $b; done
+one tri-pad-after${SUFFIX:-} /tmp/e_tri --method triaccel --budget 4GiB --pad-floor largest --compile-ahead after
+for b in "$@"; do one amp-$b${SUFFIX:-} /tmp/e_amp$b --method amp --batch $b; done
