@@ -39,10 +39,11 @@ import os
 import platform
 import socket
 import sys
-import tempfile
 import time
 
 import numpy as np
+
+from _cupti import cuda_trace_events
 
 
 def resnet18_shapes() -> list[tuple[int, ...]]:
@@ -149,18 +150,14 @@ def main() -> None:
         every kernel of the process, so JAX's are timed by the same clock as torch's."""
         if args.smoke:
             return {}
-        from torch.profiler import ProfilerActivity, profile
-
         run(); sync()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+
+        def repeated() -> None:
             for _ in range(reps):
                 run()
             sync()
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "trace.json")
-            prof.export_chrome_trace(path)
-            with open(path) as fh:
-                events = json.load(fh)["traceEvents"]
+
+        events = cuda_trace_events(repeated)
         per: dict[str, float] = {}
         for e in events:
             if e.get("cat") in ("kernel", "gpu_memset") and "dur" in e:

@@ -83,13 +83,7 @@ def _worker() -> dict:
             return t / w
         return nnx.value_and_grad(lf)(m)
 
-    def error(f) -> str:
-        try:
-            f()
-        except ValueError as e:
-            return str(e)
-        return ""
-
+    error = two_devices.value_error
     errors = {"mean_loss": error(lambda: nnx.jit(per_device_value_and_grad(
                   lambda m, x, y, mask: ce_sum(m, x, y, mask)[0] / 4, mesh))(Net(nnx.Rngs(0)), *shard_batch((x, y, mask), mesh))),
               "not_callable": error(lambda: per_device_value_and_grad("loss", mesh)),

@@ -137,13 +137,7 @@ def _worker() -> dict:
                 "traces": split.traces, "compiled_ahead": split.compiled_ahead, "noise": noise,
                 "collectives": collectives}
 
-    def error(fn) -> str:
-        try:
-            fn()
-        except ValueError as exc:
-            return str(exc)
-        return "no error"
-
+    error = two_devices.value_error
     mesh = data_mesh()
     fp32 = dict(base_precision="fp32", adaptive_precision=False)
     out = {"shards": num_shards(mesh), "one": run(None, False, STEPS, OOM_CALL, **fp32),

@@ -25,3 +25,13 @@ def run(args: list[str], timeout: float = 300, env: dict[str, str] | None = None
 def worker_result(script: str, timeout: float = 300) -> dict:
     """The JSON a test module prints on its last line when run as a script with two CPU devices."""
     return json.loads(run([script], timeout).stdout.strip().splitlines()[-1])
+
+
+def value_error(fn) -> str:
+    """The message of the ValueError `fn()` raises ("no error" when it raises none): for workers
+    that report errors in their JSON."""
+    try:
+        fn()
+    except ValueError as exc:
+        return str(exc)
+    return "no error"

@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -68,15 +69,10 @@ def build(n: int, per_device: int, stats: str, width: float) -> tuple[Any, tuple
 
 def kernel_times(run: Any, steps: int) -> dict[str, Any]:
     """Per device (CUPTI): busy ms per step (union of kernel intervals), NCCL ms per step, largest gap ms."""
-    from torch.profiler import ProfilerActivity, profile
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the shared CUPTI reader
+    from _cupti import cuda_trace_events
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as fh:
-            events = json.load(fh)["traceEvents"]
+    events = cuda_trace_events(run)
     per: dict[int, list[tuple[float, float, bool]]] = {}
     for e in events:
         if e.get("cat") == "kernel" and "dur" in e:
