@@ -53,7 +53,8 @@ def feed_statistics(controller: Any, steps: Sequence[int], stats: np.ndarray, te
     layer index and element count per tensor. loss_scale: the loss scale the rows ran under, None
     while no loss scaling is on. The finite rows -> `observe_grad_moments_rows` (as many
     `observe_grad_moments` calls); a row with non-finite values -> `observe_nonfinite` with its
-    per-layer counts (the evidence precision law's input); then the loss scale -> `observe_loss_scale`. Returns (n,) bool: the rows that were non-finite.
+    per-layer counts (the evidence precision law's input); then the loss scale ->
+    `observe_loss_scale`. Returns (n,) bool: the rows that were non-finite.
     """
     s = np.asarray(stats, dtype=np.float64)
     L = len(controller.layers)

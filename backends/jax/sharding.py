@@ -24,7 +24,9 @@ and the memory reading is reduced across processes (`MeshMemoryProbe`). Tested o
 `per_device_value_and_grad` is the other choice, torch DDP's: each device runs the forward and
 backward pass on its own part of the batch (BatchNorm's batch statistics are then the device's) and
 only the gradients and the running statistics cross devices, once per step; global statistics cost
-one all-reduce per BatchNorm layer in each pass (76 in a ResNet-18 step; docs/results.md).
+one all-reduce per BatchNorm layer in each pass (76 in the 2-device ResNet-18 step's HLO on the CPU).
+It is the torch backend's semantics, not a speed-up: two H200s trained at the same rate with either
+(docs/results.md, 2026-11-24).
 
 A batch size must divide by the number of data shards: `check_config` (the elastic batch's buckets,
 reusing `triaccel.distributed.check_world_divides`) and `check_divides` (one batch) raise ValueError.
