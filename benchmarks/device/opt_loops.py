@@ -5,7 +5,6 @@ data and optimizer settings."""
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from typing import Any, Callable
 
@@ -35,6 +34,6 @@ def loop(variant: str, dev: torch.device, x: torch.Tensor, y: torch.Tensor, mode
         return model, sgd, sgd, (lambda: torch.autocast("cuda", dtype=torch.bfloat16)), (lambda loss: loss.backward())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        opt = wrap(sgd, model, dataclasses.replace(CONFIG, batch_init=len(x), batch_max=max(len(x), 1024)),
+        opt = wrap(sgd, model, CONFIG.replace(batch_init=len(x), batch_max=max(len(x), 1024)),
                    curvature_data=(x[:32], y[:32]))
     return model, sgd, opt, opt.autocast, opt.backward
