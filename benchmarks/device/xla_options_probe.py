@@ -1,0 +1,162 @@
+"""What XLA's compiler options cost and buy for a background step compilation (issue 14, cold JAX runs).
+
+    python3 benchmarks/device/xla_options_probe.py                # GPU machine, after prep.sh
+    python3 benchmarks/device/xla_options_probe.py --smoke        # CPU: the mechanics only
+
+The demo's ResNet-18 step (AMP-bf16 policy, SGD-nesterov) on random CIFAR-shaped data. Each option set
+runs in its own process (XLA keeps autotuning results in-process): compile the foreground step at
+--fg (default options), time --steps of it alone; then compile the step at --bg with the option set
+on a background thread while the foreground keeps stepping, and report: the background compilation's
+seconds, the foreground's ms per step during it (against alone), and the --bg step's ms per step
+once compiled. An option set that compiles faster, slows the foreground less and runs its step as
+fast as the default is one to use for triaccel's compilations ahead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+OPTION_SETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "autotune1": {"xla_gpu_autotune_level": 1},
+    "autotune2": {"xla_gpu_autotune_level": 2},
+    "no-triton-gemm": {"xla_gpu_enable_triton_gemm": False},
+    "autotune0": {"xla_gpu_autotune_level": 0},
+}
+
+
+def child(name: str, fg: int, bg: int, steps: int) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    from triaccel import Precision
+    from triaccel.backends.jax import layer_map_from_model, precision_policy
+    from triaccel.backends.jax.models import create_model
+
+    model = create_model("resnet18", num_classes=10, seed=0)
+    lm = layer_map_from_model(model)
+    precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
+    opt = nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9, nesterov=True), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, opt))
+
+    def pure(state: Any, x: Any, y: Any) -> Any:
+        m, o = nnx.merge(graphdef, state)
+
+        def lf(mm: Any) -> Any:
+            logits = mm(x).astype(jnp.float32)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, grads = nnx.value_and_grad(lf)(m)
+        o.update(m, grads)
+        return loss, nnx.state((m, o))
+
+    step = jax.jit(pure, donate_argnums=0)
+    rng = np.random.default_rng(0)
+
+    def batch(n: int) -> tuple[Any, Any]:
+        return (jax.device_put(rng.normal(size=(n, 32, 32, 3)).astype(np.float32)),
+                jax.device_put(rng.integers(0, 10, n).astype(np.int32)))
+
+    xf, yf = batch(fg)
+    t0 = time.perf_counter()
+    exe_fg = step.lower(state, xf, yf).compile()
+    fg_compile = time.perf_counter() - t0
+
+    holder = {"state": state}
+
+    def run(exe: Any, x: Any, y: Any, n: int) -> float:
+        t = time.perf_counter()
+        loss = None
+        for _ in range(n):
+            loss, holder["state"] = exe(holder["state"], x, y)
+        jax.block_until_ready(loss)
+        return (time.perf_counter() - t) / n * 1e3
+
+    run(exe_fg, xf, yf, 5)
+    alone = run(exe_fg, xf, yf, steps)
+    xb, yb = batch(bg)
+    res: dict[str, Any] = {}
+
+    def compile_bg() -> None:
+        t = time.perf_counter()
+        lowered = step.lower(holder["state"], xb, yb)
+        res["lower_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        res["exe"] = lowered.compile(compiler_options=OPTION_SETS[name] or None)
+        res["compile_s"] = time.perf_counter() - t
+
+    th = threading.Thread(target=compile_bg)
+    t0 = time.perf_counter()
+    th.start()
+    done = 0
+    while th.is_alive():
+        run(exe_fg, xf, yf, 10)
+        done += 10
+    beside_wall = time.perf_counter() - t0
+    th.join()
+    exe_bg = res["exe"]
+    run(exe_bg, xb, yb, 5)
+    bg_step = run(exe_bg, xb, yb, steps)
+    return {"options": name, "device": jax.devices()[0].device_kind, "fg": fg, "bg": bg,
+            "fg_compile_s": fg_compile, "fg_ms_alone": alone, "fg_ms_beside": beside_wall / max(done, 1) * 1e3,
+            "fg_steps_beside": done, "bg_lower_s": res["lower_s"], "bg_compile_s": res["compile_s"],
+            "bg_ms": bg_step}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sets", nargs="+", default=list(OPTION_SETS), choices=list(OPTION_SETS))
+    ap.add_argument("--fg", type=int, default=96)
+    ap.add_argument("--bg", type=int, default=384)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--timeout", type=float, default=150.0, help="seconds per option set's process")
+    ap.add_argument("--smoke", action="store_true", help="CPU, small batches, the default set only")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(a.child, a.fg, a.bg, a.steps)), flush=True)
+        return
+    if a.smoke:
+        a.sets, a.fg, a.bg, a.steps = ["default"], 8, 16, 3
+    rows = []
+    for name in a.sets:
+        cmd = [sys.executable, __file__, "--child", name, "--fg", str(a.fg), "--bg", str(a.bg), "--steps", str(a.steps)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{name}: no result within {a.timeout:.0f} s", flush=True)
+            rows.append({"options": name, "error": f"timeout {a.timeout} s"})
+            continue
+        line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
+        if p.returncode != 0 or line is None:
+            print(f"{name}: failed (exit {p.returncode}): {p.stderr[-800:]}", flush=True)
+            rows.append({"options": name, "error": p.stderr[-2000:]})
+            continue
+        rows.append(json.loads(line))
+        print(json.dumps(rows[-1]), flush=True)
+    ok = [r for r in rows if "error" not in r]
+    if ok:
+        print(f"# ResNet-18 bf16 step, {ok[0]['device']}: foreground bs {a.fg}, background compilation at bs {a.bg}")
+        print(f"{'options':<15} {'fg compile s':>12} {'fg ms alone':>11} {'fg ms beside':>12} {'bg lower s':>10} "
+              f"{'bg compile s':>12} {'bg ms':>7}")
+        for r in ok:
+            print(f"{r['options']:<15} {r['fg_compile_s']:>12.1f} {r['fg_ms_alone']:>11.2f} {r['fg_ms_beside']:>12.2f} "
+                  f"{r['bg_lower_s']:>10.1f} {r['bg_compile_s']:>12.1f} {r['bg_ms']:>7.2f}")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "xla_options_probe.json"), "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
