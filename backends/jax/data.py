@@ -25,6 +25,11 @@ samples are replayed at the controller's shrunken size and gradients are accumul
 n_chunk / n_step, so they equal the gradient of the mean loss over the step's samples. At the
 controller's gradient-noise steps (`Controller.is_noise_step`) the step runs as two halves and the
 squared norms of their gradients go to the controller (`triaccel.noise.observe_split_step`).
+
+`InFlight` lets `elastic_step` return while its step still runs on the device, so the host
+prepares the next step meanwhile; an out-of-memory error, which JAX reports only when a result is
+waited for, is then caught at the next call: the state is restored from before the step and its
+samples replayed (see `InFlight`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from triaccel.elastic import (
     ElasticStepReport,
     check_batch_size,
     controlled_step,
+    run_elastic_step,
     memory_pair,
     noise_split,
 )
@@ -51,7 +57,7 @@ from triaccel.noise import observe_split_step
 
 from .sharding import check_divides, shard_indices, take
 
-__all__ = ["ElasticLoader", "ElasticStepResult", "OOM_ERROR_TYPES", "elastic_step", "free_memory",
+__all__ = ["ElasticLoader", "ElasticStepResult", "InFlight", "OOM_ERROR_TYPES", "elastic_step", "free_memory",
            "is_oom", "noise_step_compilations"]
 
 
@@ -320,10 +326,67 @@ def _tensor_layer_fn(tensor_layer: Any, controller: Any) -> Callable[[Any], np.n
     return lambda grads: fixed
 
 
+class InFlight:
+    """One optimizer step left running on the device while the host prepares the next.
+
+    `elastic_step` waits for every micro-batch's results so that an out-of-memory error surfaces
+    inside its retry loop: on jax 0.11 (GPU) such an error is raised when a result is waited for,
+    not by the jitted call (benchmarks/device/jax_oom_probe.py). That wait serialises the host's
+    per-step work with the device's step (the CIFAR demo's ResNet-18 at bs 384 on an H100: 1.72
+    s per epoch with it, 1.12-1.27 s without; docs/results.md). With an `InFlight`, a step of one
+    micro-batch is not waited for; it is checked at the start of the next `elastic_step` call, or
+    by `settle()`. If it ran out of memory, the training state is restored from before it
+    (`restore(snapshot)`), the controller shrinks the batch (`observe_oom`) and the step's samples
+    run again at once as micro-batches of the new size, each waited for, through the same
+    `grad_fn` and `update_fn` with the step's own decision; the step's `ElasticStepResult` then
+    holds the replay's loss, grads, update result and micro-batch sizes, with its OOM counted.
+    Every sample is still trained once. Steps of several micro-batches (noise measurements,
+    replays) wait as before.
+
+    snapshot(): the training state now (e.g. `SplitStep.snapshot`); restore(s): put it back. The
+    step functions must not donate the state (its arrays from before a step must stay valid), and
+    one more generation of it is alive while a step runs. Call `settle()` before anything reads the
+    state or a step's results outside `elastic_step` (a control boundary, evaluation, reading the
+    losses, a checkpoint): a failed step's outputs raise when read. `lagged_ooms`: OOMs found so.
+    """
+
+    def __init__(self, snapshot: Callable[[], Any], restore: Callable[[Any], None]) -> None:
+        if not (callable(snapshot) and callable(restore)):
+            raise ValueError("snapshot, restore: allowed two callables (e.g. SplitStep.snapshot, SplitStep.restore)")
+        self.snapshot, self.restore = snapshot, restore
+        self.lagged_ooms = 0
+        self._pending: tuple[Any, Any, Callable[[], None]] | None = None   # (wait on, state before, replay)
+
+    @property
+    def pending(self) -> bool:
+        """A step is running that no one has waited for yet."""
+        return self._pending is not None
+
+    def settle(self) -> None:
+        """Wait for the step in flight; after an out-of-memory error, restore the state from before
+        it and replay its samples (waiting for each micro-batch). Other errors propagate."""
+        p, self._pending = self._pending, None
+        if p is None:
+            return
+        wait_on, before, replay = p
+        try:
+            jax.block_until_ready(wait_on)
+        except Exception as e:  # XLA's runtime errors have no public OOM type: is_oom reads the status
+            if not is_oom(e):
+                raise
+            del wait_on
+            self.lagged_ooms += 1
+            self.restore(before)
+            replay()
+
+    def _leave(self, wait_on: Any, before: Any, replay: Callable[[], None]) -> None:
+        self._pending = (wait_on, before, replay)
+
+
 def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any, jax.Array], Any],
                  step: int, *, has_aux: bool = False, probe: Any = None,
                  update_fn: Callable[[Any, Any], Any] | None = None, tensor_layer: Any = None,
-                 grad_scale: Any = None) -> ElasticStepResult:
+                 grad_scale: Any = None, in_flight: InFlight | None = None) -> ElasticStepResult:
     """One optimizer step over the controller's logical batch, surviving out-of-memory errors.
 
     grad_fn(batch, mask) -> (loss, grads), or ((loss, aux), grads) with has_aux=True, as from
@@ -347,7 +410,14 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     ValueError at a noise step). grad_scale: the loss scale the grads from grad_fn carry (FP16 loss
     scaling, e.g. `loss_scale(opt_state)` multiplied into the loss): a float, a 0-d array or a
     callable returning one, read at the end of the step (before update_fn); None = 1.
+    in_flight: an `InFlight`: the step in flight before this one is settled first, and this step,
+    if it runs as one micro-batch, is left running (see `InFlight`).
     """
+    if in_flight is not None:
+        if update_fn is None:
+            raise ValueError("in_flight: needs update_fn (a step replayed after a late OOM runs its update again)")
+        in_flight.settle()
+        before = in_flight.snapshot()
     cfg = getattr(controller, "config", None)
     cfg_buckets = getattr(cfg, "batch_buckets", None)
     if loader.buckets is None and cfg_buckets is not None:
@@ -360,14 +430,21 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     layer_of = _tensor_layer_fn(tensor_layer, controller) if measure else None
     acc: dict[str, Any] = {}
     sq: list[jax.Array] = []   # per successful micro-batch of a noise step: (T,) squared norms
+    chunks: list[np.ndarray] = []
+    wait = [in_flight is None]
+    unwaited = [False]   # the step ran as one micro-batch nobody waited for: it is left in flight
 
     def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
         # the decision in force now: an OOM earlier in this step has shrunk it
         pad_to = getattr(getattr(controller, "decision", None), "batch_size", loader.batch_size) \
             if loader.pad_to_batch else None
+        chunks.append(chunk)
         out, grads = grad_fn(*loader.fetch(chunk, pad_to=pad_to))
         loss, aux = out if has_aux else (out, None)
-        jax.block_until_ready((loss, grads))
+        if wait[0] or measure or weight != 1.0 or len(chunks) > 1:
+            jax.block_until_ready((loss, grads))
+        else:
+            unwaited[0] = True
         # Skipped for a whole batch (weight 1), the common step.
         scaled = grads if weight == 1.0 else _scale_tree(grads, weight)
         acc["grads"] = scaled if "grads" not in acc else _add_trees(acc["grads"], scaled)
@@ -402,6 +479,29 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
                              is_oom=is_oom, free_memory=free_and_unpad, read_memory=read_memory,
                              split=split)
     result.end_of_epoch = loader.end_of_epoch
+    if in_flight is not None and unwaited[0]:
+        indices = chunks[0]
+
+        def replay() -> None:
+            # as an OOM inside the step: shrink, run the step's samples at the new size, same decision
+            wait[0] = True
+            acc.clear()
+            chunks.clear()
+            free_and_unpad()
+            shrunk = controller.observe_oom(step).batch_size
+            report = run_elastic_step(indices, micro_batch=shrunk, run_micro=run_micro, is_oom=is_oom,
+                                      on_oom=lambda: controller.observe_oom(step).batch_size,
+                                      free_memory=free_and_unpad)
+            again = finish(result.decision, report)
+            loader.apply(controller.decision)
+            loader.stats["ooms"] += 1 + report.ooms
+            loader.stats["replayed"] += len(indices) + report.replayed
+            for name in ("grads", "loss", "aux", "updated", "micro_sizes"):
+                setattr(result, name, getattr(again, name))
+            result.ooms += 1 + report.ooms
+            result.replayed += len(indices) + report.replayed
+
+        in_flight._leave((result.loss, in_flight.snapshot()), before, replay)
     return result
 
 

@@ -138,6 +138,22 @@ class SplitStep:
         for b in self._bound:
             b.locate()
 
+    def snapshot(self) -> tuple[Any, list[Any]]:
+        """The current state as it is (its structure and flat leaves; no copy): `restore` takes it
+        back while the arrays are alive and not donated (`data.InFlight` uses the pair)."""
+        return self._treedef, self._leaves
+
+    def restore(self, snapshot: tuple[Any, list[Any]]) -> None:
+        """Put back a `snapshot` of this step's state (same structure: no re-split since)."""
+        treedef, leaves = snapshot
+        if treedef is not self._treedef or len(leaves) != len(self._leaves):
+            raise ValueError("snapshot: the state was split again since it was taken (a new precision policy "
+                             "or structure); settle steps in flight before a control boundary")
+        if any(getattr(a, "is_deleted", lambda: False)() for a in leaves):
+            raise ValueError("snapshot: some of its arrays were donated to a later call; build the step with "
+                             "donate_argnums=() to restore its state")
+        self._leaves = list(leaves)
+
     def _variable_leaves(self, tree: Any) -> list[Any]:
         """The `nnx.Variable`s of `tree` (an `nnx.State` or a pytree holding Variables), in leaf order."""
         nnx = self._nnx

@@ -15,7 +15,7 @@ from triaccel import Controller, Precision
 from triaccel.backends.jax import (SplitStep, TriAccel, augment, find_state, layer_flops, layer_map_from_model,
                                    loss_scale, precision_policy)
 from triaccel.backends.jax.compile_log import CompileLog, describe
-from triaccel.backends.jax.data import OOM_ERROR_TYPES, ElasticLoader, elastic_step, noise_step_compilations
+from triaccel.backends.jax.data import OOM_ERROR_TYPES, ElasticLoader, InFlight, elastic_step, noise_step_compilations
 from triaccel.backends.jax.models import create_model
 from triaccel.backends.jax.sharding import (batch_sharding, check_config, data_mesh, num_shards,
                                             per_device_value_and_grad, replicated)
@@ -147,6 +147,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                            device=None if mesh is None else batch_sharding(mesh))
     split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=(), compile_ahead=opts.compile_ahead,
                       compile_cache=cache, mesh=mesh, pad_to_batch=True, loader=loader)
+    # One step left running while the host prepares the next (no donation above keeps the state it
+    # may have to be restored to); settled before anything reads the state or the losses.
+    in_flight = InFlight(split.snapshot, split.restore) if opts.in_flight == "on" else None
     params = nnx.state(model, nnx.Param)
     sharding = jax.sharding.SingleDeviceSharding(dev) if mesh is None else place
     grads_like = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding), params)
@@ -187,7 +190,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     setup_seconds = time.perf_counter() - t_start
     for epoch in range(opts.epochs):
         t0 = time.perf_counter()
-        losses: list[jax.Array] = []
+        losses: list[Any] = []   # the steps' results
         records: list[dict[str, Any]] = []
         bar = progress(total=len(data.train_x), desc=f"epoch {epoch + 1}/{opts.epochs}")
         while True:
@@ -195,6 +198,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             lr = jax.device_put(np.float32(lr_now), place)
             if ta is not None:
                 curv = None
+                if in_flight is not None and (controller.is_control_step(step) or controller.is_curvature_step(step)):
+                    in_flight.settle()   # the boundary reads the state
                 if controller.is_curvature_step(step):  # augmented, as the training batches (and torch's)
                     idx = rng.choice(len(data.train_x), cfg.b_curv, replace=False)
                     curv_key, k = jax.random.split(curv_key)
@@ -202,12 +207,12 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                 split.control(step, batch=curv)
             inject.arm(step)
             res = elastic_step(loader, controller, lambda b, m: micro(b[0], b[1], m), step,
-                               update_fn=lambda g, d: update(g, lr),
+                               update_fn=lambda g, d, lr=lr: update(g, lr),
                                tensor_layer=lm if ta is not None else None,
-                               grad_scale=lambda: grad_scale[0])
+                               grad_scale=lambda: grad_scale[0], in_flight=in_flight)
             seen += res.samples
             flops.add(res.decision.precisions if static_prec is None else static_prec, res.samples)
-            losses.append(res.loss)
+            losses.append(res)   # a late OOM's replay replaces the step's loss: read at the epoch's end
             bar.update(res.samples)
             # Step records are written at the epoch's end: reading the loss now would sync the host.
             records.append(dict(step=step, epoch=epoch, batch_size=res.decision.batch_size, samples=res.samples,
@@ -216,7 +221,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             step += 1
             if res.end_of_epoch:
                 break
-        jax.block_until_ready(losses[-1])
+        if in_flight is not None:
+            in_flight.settle()
+        jax.block_until_ready(losses[-1].loss)
         epoch_times.append(time.perf_counter() - t0)
         compiles["epochs"].append(clog.window())
         bar.close()
@@ -226,7 +233,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         acc = correct / len(data.test_x)
         accs.append(acc)
         # one transfer per loss, no compilation (a stack of them compiled once per step count)
-        step_losses = np.asarray(jax.device_get(losses), dtype=np.float64).tolist()
+        step_losses = np.asarray(jax.device_get([r.loss for r in losses]), dtype=np.float64).tolist()
         log.end_epoch(controller, epoch, records, step_losses, acc, epoch_times[-1], step, flop_share=flops.shares())
         eval_times.append(time.perf_counter() - t_eval)
         compiles["evals"].append(clog.window())   # evaluation and the epoch's records
@@ -243,6 +250,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             "s_per_epoch_median_last5": median_last(epoch_times),
             "peak_alloc_bytes": stats.get("peak_bytes_in_use"), "steps": step,
             "final_batch": controller.decision.batch_size, "device": str(dev), "injected_ooms": inject.injected,
+            "late_ooms": in_flight.lagged_ooms if in_flight is not None else 0,
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": getattr(dev, "device_kind", str(dev)),
             "devices": 1 if mesh is None else num_shards(mesh),

@@ -176,6 +176,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "down/up, noise half batch, next precision policy) on a background thread (default on; "
                         "after: no background compilation while the loop's thread compiles); "
                         "not used by --method local (its blocks compile in place: measured faster)")
+    p.add_argument("--in-flight", choices=["on", "off"], default="on",
+                   help="JAX: leave each optimizer step running on the device while the host prepares the next "
+                        "(default on; an out-of-memory error, which JAX reports only when a result is waited for, "
+                        "then restores the state and replays that step's samples: data.InFlight); off: wait for "
+                        "every step")
     p.add_argument("--pad-floor", default="off", metavar="off|largest|N",
                    help="JAX: pad every micro-batch at least to N samples' bucket ('largest': the largest batch "
                         "bucket <= --batch-max), so a climbing batch runs at one compiled shape (copies of its "
@@ -238,7 +243,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, in_flight=a.in_flight,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"

@@ -1,0 +1,158 @@
+"""`InFlight`: a JAX elastic step left running on the device, checked at the next call; a late
+out-of-memory error restores the state and replays the step's samples, as an OOM inside the step."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from triaccel import Controller
+from triaccel.backends.jax import SplitStep
+from triaccel.backends.jax.data import InFlight, elastic_step
+from test_elastic_jax import Harness, make_cfg, oom_error
+
+
+class _Failed:
+    """A result whose computation failed on the device: waiting for it raises (jax 0.11 reports a
+    device OOM at the wait, not at the call; benchmarks/device/jax_oom_probe.py)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def block_until_ready(self):
+        raise self.error
+
+
+class Lagged(Harness):
+    """Harness whose grad calls in `late_calls` fail on the device: the step returns, and the state
+    after it holds a result that raises when waited for."""
+
+    def __init__(self, cfg, late_calls=(), late_error=None, **kw):
+        super().__init__(cfg, **kw)
+        self.late_calls, self.late_error = set(late_calls), late_error or oom_error()
+        self.failed = None
+        self.in_flight = InFlight(lambda: (self.params, self.failed), self._restore)
+
+    def _restore(self, snap):
+        self.params, self.failed = snap
+
+    def grad_fn(self, batch, mask):
+        out = super().grad_fn(batch, mask)
+        if self.calls in self.late_calls:
+            self.failed = _Failed(self.late_error)
+        return out
+
+    def step(self, step):
+        return elastic_step(self.loader, self.ctl, self.grad_fn, step, update_fn=self.update,
+                            in_flight=self.in_flight)
+
+
+def run(h, steps):
+    trace = []
+    for s in range(steps):
+        res = h.step(s)
+        trace.append(res)
+    return trace
+
+
+def test_late_oom_equals_an_oom_inside_the_step():
+    cfg = make_cfg(batch_init=32, batch_buckets=(8, 16, 24, 32, 48, 64), t_ctrl=1000)
+    sync = Harness(cfg, oom_calls={4})
+    sync_trace = [elastic_step(sync.loader, sync.ctl, sync.grad_fn, s, update_fn=sync.update) for s in range(8)]
+    late = Lagged(cfg, late_calls={4})
+    late_trace = run(late, 8)
+    assert late.in_flight.pending
+    late.in_flight.settle()
+    assert not late.in_flight.pending and late.in_flight.lagged_ooms == 1
+    for k in sync.params:   # the same gradients in the same order: the failed step was undone
+        np.testing.assert_array_equal(np.asarray(late.params[k]), np.asarray(sync.params[k]))
+    assert late.failed is None
+    # the failed step (index 3) reports what its replay ran, as the synchronous OOM's step does
+    assert late_trace[3].micro_sizes == sync_trace[3].micro_sizes == [16, 16]
+    assert late_trace[3].ooms == sync_trace[3].ooms == 1
+    assert late_trace[3].replayed == sync_trace[3].replayed == 32
+    np.testing.assert_allclose(float(late_trace[3].loss), float(sync_trace[3].loss), rtol=1e-6)
+    assert [r.decision.batch_size for r in late_trace] == [r.decision.batch_size for r in sync_trace]
+    assert late.loader.stats["ooms"] == sync.loader.stats["ooms"] == 1
+    for key in ("samples", "replayed", "steps"):
+        assert late.loader.stats[key] == sync.loader.stats[key]
+
+
+def test_every_sample_once_per_epoch_with_late_ooms():
+    cfg = make_cfg(batch_init=32, t_ctrl=1000)
+    h = Lagged(cfg, late_calls={3, 9})
+    ref = Harness(cfg, oom_calls={3, 9})
+    step = 0
+    while True:
+        res = h.step(step)
+        r2 = elastic_step(ref.loader, ref.ctl, ref.grad_fn, step, update_fn=ref.update)
+        assert res.epoch == r2.epoch
+        step += 1
+        if res.end_of_epoch and res.epoch == 1:
+            break
+    h.in_flight.settle()
+    assert h.in_flight.lagged_ooms == 2 and h.loader.stats["ooms"] == 2
+    assert h.loader.stats["samples"] == ref.loader.stats["samples"] == 2 * 150
+    for k in ref.params:
+        np.testing.assert_array_equal(np.asarray(h.params[k]), np.asarray(ref.params[k]))
+
+
+def test_no_oom_same_as_waiting_and_split_steps_wait():
+    cfg = make_cfg(batch_init=32, t_ctrl=1000)
+    ref = Harness(cfg)
+    for s in range(5):
+        elastic_step(ref.loader, ref.ctl, ref.grad_fn, s, update_fn=ref.update)
+    h = Lagged(cfg)
+    run(h, 5)
+    assert h.in_flight.pending
+    h.in_flight.settle()
+    h.in_flight.settle()   # nothing in flight: no-op
+    for k in ref.params:
+        np.testing.assert_array_equal(np.asarray(h.params[k]), np.asarray(ref.params[k]))
+    # a step that survived an OOM inside it ran as several micro-batches, each waited for
+    h2 = Lagged(cfg, oom_calls={1})
+    res = h2.step(0)
+    assert res.ooms == 1 and len(res.micro_sizes) == 2 and not h2.in_flight.pending
+
+
+def test_other_errors_propagate_and_bad_input():
+    cfg = make_cfg(batch_init=32, t_ctrl=1000)
+    h = Lagged(cfg, late_calls={1}, late_error=RuntimeError("INTERNAL: device lost"))
+    h.step(0)
+    with pytest.raises(RuntimeError, match="device lost"):
+        h.step(1)
+    with pytest.raises(ValueError, match="snapshot, restore"):
+        InFlight(None, lambda s: None)
+    with pytest.raises(ValueError, match="update_fn"):
+        elastic_step(h.loader, h.ctl, h.grad_fn, 2, in_flight=h.in_flight)
+
+
+def test_split_step_snapshot_restore():
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    def body(m, o, x):
+        loss, g = nnx.value_and_grad(lambda mm: jnp.sum(mm(x) ** 2))(m)
+        o.update(m, g)
+        return loss
+
+    split = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, donate_argnums=())
+    x = jnp.ones((4, 3))
+    split(x)
+    snap = split.snapshot()
+    l1 = float(split(x))
+    split.restore(snap)
+    assert float(split(x)) == l1            # the same step again from the restored state
+    split.resplit()
+    with pytest.raises(ValueError, match="split again"):
+        split.restore(snap)
+    donating = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False)
+    donating(x)
+    old = donating.snapshot()
+    donating(x)
+    with pytest.raises(ValueError, match="donated"):
+        donating.restore(old)
