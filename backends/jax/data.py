@@ -334,14 +334,15 @@ class InFlight:
     not by the jitted call (benchmarks/device/jax_oom_probe.py). That wait serialises the host's
     per-step work with the device's step (the CIFAR demo's ResNet-18 at bs 384 on an H100: 1.72
     s per epoch with it, 1.12-1.27 s without; docs/results.md). With an `InFlight`, a step of one
-    micro-batch is not waited for; it is checked at the start of the next `elastic_step` call, or
-    by `settle()`. If it ran out of memory, the training state is restored from before it
-    (`restore(snapshot)`), the controller shrinks the batch (`observe_oom`) and the step's samples
-    run again at once as micro-batches of the new size, each waited for, through the same
-    `grad_fn` and `update_fn` with the step's own decision; the step's `ElasticStepResult` then
-    holds the replay's loss, grads, update result and micro-batch sizes, with its OOM counted.
-    Every sample is still trained once. Steps of several micro-batches (noise measurements,
-    replays) wait as before.
+    micro-batch is not waited for: the next `elastic_step` call waits for it once its own first
+    micro-batch is queued behind it (so the device always has the next step), or `settle()` does.
+    If it ran out of memory, the training state is restored from before it (`restore(snapshot)`),
+    the controller shrinks the batch (`observe_oom`) and the step's samples run again at once as
+    micro-batches of the new size, each waited for, through the same `grad_fn` and `update_fn`
+    with the step's own decision; its `ElasticStepResult` then holds the replay's loss, grads,
+    update result and micro-batch sizes, with the OOM counted. The step that found it runs its
+    micro-batch again from the restored state, at the new size. Every sample is still trained
+    once. Steps of several micro-batches (noise measurements, OOM retries) wait as before.
 
     snapshot(): the training state now (e.g. `SplitStep.snapshot`); restore(s): put it back. The
     step functions must not donate the state (its arrays from before a step must stay valid), and
@@ -362,12 +363,12 @@ class InFlight:
         """A step is running that no one has waited for yet."""
         return self._pending is not None
 
-    def settle(self) -> None:
+    def settle(self) -> bool:
         """Wait for the step in flight; after an out-of-memory error, restore the state from before
-        it and replay its samples (waiting for each micro-batch). Other errors propagate."""
+        it and replay its samples (waiting for each micro-batch): True then. Other errors propagate."""
         p, self._pending = self._pending, None
         if p is None:
-            return
+            return False
         wait_on, before, replay = p
         try:
             jax.block_until_ready(wait_on)
@@ -378,6 +379,8 @@ class InFlight:
             self.lagged_ooms += 1
             self.restore(before)
             replay()
+            return True
+        return False
 
     def _leave(self, wait_on: Any, before: Any, replay: Callable[[], None]) -> None:
         self._pending = (wait_on, before, replay)
@@ -410,14 +413,12 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     ValueError at a noise step). grad_scale: the loss scale the grads from grad_fn carry (FP16 loss
     scaling, e.g. `loss_scale(opt_state)` multiplied into the loss): a float, a 0-d array or a
     callable returning one, read at the end of the step (before update_fn); None = 1.
-    in_flight: an `InFlight`: the step in flight before this one is settled first, and this step,
-    if it runs as one micro-batch, is left running (see `InFlight`).
+    in_flight: an `InFlight`: the step in flight before this one is settled once this step's first
+    micro-batch is queued, and this step, if it runs as one micro-batch, is left running.
     """
-    if in_flight is not None:
-        if update_fn is None:
-            raise ValueError("in_flight: needs update_fn (a step replayed after a late OOM runs its update again)")
-        in_flight.settle()
-        before = in_flight.snapshot()
+    if in_flight is not None and update_fn is None:
+        raise ValueError("in_flight: needs update_fn (a step replayed after a late OOM runs its update again)")
+    before = [in_flight.snapshot()] if in_flight is not None else None   # the state before this step
     cfg = getattr(controller, "config", None)
     cfg_buckets = getattr(cfg, "batch_buckets", None)
     if loader.buckets is None and cfg_buckets is not None:
@@ -433,6 +434,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     chunks: list[np.ndarray] = []
     wait = [in_flight is None]
     unwaited = [False]   # the step ran as one micro-batch nobody waited for: it is left in flight
+    unmeasured = [False]   # a late OOM of the previous step re-ran part of this one: no noise reading
 
     def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
         # the decision in force now: an OOM earlier in this step has shrunk it
@@ -440,6 +442,17 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             if loader.pad_to_batch else None
         chunks.append(chunk)
         out, grads = grad_fn(*loader.fetch(chunk, pad_to=pad_to))
+        if in_flight is not None and in_flight.settle():
+            # the previous step ran out of memory and was replayed from the state before it; this
+            # micro-batch was computed from the failed state: run it again, at the shrunk size
+            del out, grads
+            before[0] = in_flight.snapshot()
+            wait[0] = unmeasured[0] = True
+            again = run_elastic_step(chunk, micro_batch=controller.decision.batch_size,
+                                     run_micro=lambda sub, w: run_micro(sub, weight * w), is_oom=is_oom,
+                                     on_oom=lambda: controller.observe_oom(step).batch_size,
+                                     free_memory=free_and_unpad)
+            return again.weighted_sum()
         loss, aux = out if has_aux else (out, None)
         if wait[0] or measure or weight != 1.0 or len(chunks) > 1:
             jax.block_until_ready((loss, grads))
@@ -454,7 +467,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         return loss
 
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
-        if measure and len(report.sizes) >= 2:
+        if measure and len(report.sizes) >= 2 and not unmeasured[0]:
             _observe_noise(controller, step, report, sq, acc["grads"], layer_of, grad_scale)
         updated = update_fn(acc["grads"], decision) if update_fn is not None else None
         return ElasticStepResult(grads=acc["grads"], loss=jnp.asarray(report.weighted_sum()),
@@ -501,7 +514,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             result.ooms += 1 + report.ooms
             result.replayed += len(indices) + report.replayed
 
-        in_flight._leave((result.loss, in_flight.snapshot()), before, replay)
+        in_flight._leave((result.loss, in_flight.snapshot()), before[0], replay)
     return result
 
 

@@ -78,6 +78,24 @@ def train(arrays: dict, in_flight: bool, epochs: int) -> dict:
             "samples_per_epoch": per_epoch, "batches": sizes, "steps": step, "w": w}
 
 
+def fill(free_mib: int) -> list:
+    """Hold all device memory but about `free_mib` MiB: blocks of 1 GiB, then of 32 MiB, until an
+    allocation fails, then release 32 MiB blocks (one allocation of the whole would need one free
+    region that large)."""
+    held: list = []
+    for size in (2**30, 32 * 2**20):
+        while True:
+            try:
+                held.append(jnp.ones((size // 4,), jnp.float32).block_until_ready())
+            except Exception:  # the allocator's RESOURCE_EXHAUSTED
+                break
+            if size == 2**30 and len(held) > 200:
+                break
+    for _ in range(max(1, free_mib // 32)):
+        held.pop()
+    return held
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--free", type=int, default=160, help="MiB left free on the device")
@@ -88,9 +106,7 @@ def main() -> None:
     arrays = {"x": jax.device_put(rng.normal(size=(N, D)).astype(np.float32)),
               "id": jax.device_put(np.arange(N, dtype=np.int32))}
     warm()
-    limit = (dev.memory_stats() or {}).get("bytes_limit")
-    in_use = (dev.memory_stats() or {}).get("bytes_in_use", 0)
-    held = jnp.ones(((limit - in_use - a.free * 2**20) // 4,), jnp.float32).block_until_ready()
+    held = fill(a.free)
     rows = {name: train(arrays, name == "in flight", a.epochs) for name in ("waiting", "in flight")}
     del held
     same = bool(np.array_equal(rows["waiting"]["w"], rows["in flight"]["w"]))
