@@ -27,22 +27,29 @@ class _Failed:
         raise self.error
 
 
+class _Ready:
+    """A finished result (the harness's state keeps one leaf per program output)."""
+
+    def block_until_ready(self):
+        return self
+
+
 class Lagged(Harness):
-    """Harness whose grad calls in `late_calls` fail on the device: the step returns, and the state
-    after it holds a result that raises when waited for."""
+    """Harness whose steps ending with grad call number in `late_calls` fail on the device: the step
+    returns, and its update leaves in the state a result that raises when waited for."""
 
     def __init__(self, cfg, late_calls=(), late_error=None, **kw):
         super().__init__(cfg, **kw)
         self.late_calls, self.late_error = set(late_calls), late_error or oom_error()
-        self.failed = None
+        self.failed = _Ready()
         self.in_flight = InFlight(lambda: (self.params, self.failed), self._restore)
 
     def _restore(self, snap):
         self.params, self.failed = snap
 
-    def grad_fn(self, batch, mask):
-        out = super().grad_fn(batch, mask)
-        if self.calls in self.late_calls:
+    def update(self, grads, decision):
+        out = super().update(grads, decision)
+        if self.calls in self.late_calls:   # the step's programs failed: their outputs raise when waited for
             self.failed = _Failed(self.late_error)
         return out
 
@@ -78,7 +85,8 @@ def test_late_oom_trains_the_same_steps_as_an_oom_inside_the_step():
     late = Lagged(cfg, late_calls={4})
     late_trace = run(late, 8)
     late.in_flight.settle()   # (after the shrink every step runs as two micro-batches: waited for)
-    assert not late.in_flight.pending and late.in_flight.lagged_ooms == 1 and late.failed is None
+    assert not late.in_flight.pending and late.in_flight.lagged_ooms == 1
+    assert isinstance(late.failed, _Ready)
     _close(late.params, sync.params)   # the failed step was undone, its samples trained once
     # the failed step (index 3) reports what its replay ran, as the step with the OOM inside does
     assert late_trace[3].micro_sizes == sync_trace[3].micro_sizes == [16, 16]

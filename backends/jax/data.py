@@ -435,6 +435,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     wait = [in_flight is None]
     unwaited = [False]   # the step ran as one micro-batch nobody waited for: it is left in flight
     unmeasured = [False]   # a late OOM of the previous step re-ran part of this one: no noise reading
+    marker: list[Any] = []   # an output of the step's update, waited for with its loss
 
     def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
         # the decision in force now: an OOM earlier in this step has shrunk it
@@ -469,7 +470,13 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
         if measure and len(report.sizes) >= 2 and not unmeasured[0]:
             _observe_noise(controller, step, report, sq, acc["grads"], layer_of, grad_scale)
+        pre = jax.tree_util.tree_leaves(in_flight.snapshot()) if in_flight is not None else None
         updated = update_fn(acc["grads"], decision) if update_fn is not None else None
+        if pre is not None:
+            # one output of the update's program stands for all of them (a failed program fails every
+            # output); waiting on each of a few hundred state arrays cost the host per step
+            post = jax.tree_util.tree_leaves(in_flight.snapshot())
+            marker[:] = [b for a, b in zip(pre, post) if a is not b][-1:]
         return ElasticStepResult(grads=acc["grads"], loss=jnp.asarray(report.weighted_sum()),
                                  aux=acc.get("aux"), updated=updated,
                                  **ElasticStepOutcome.fields(report, decision, loader.epoch))
@@ -514,7 +521,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             result.ooms += 1 + report.ooms
             result.replayed += len(indices) + report.replayed
 
-        in_flight._leave((result.loss, in_flight.snapshot()), before[0], replay)
+        in_flight._leave((result.loss, marker), before[0], replay)
     return result
 
 
