@@ -4,6 +4,7 @@ and the padding that keeps the noise halves and short steps at the full step's s
 
 import os
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -609,3 +610,36 @@ def test_gather_compiled_ahead_leaves_nothing_to_compile_for_the_caller():
     assert x.shape == (8, 3) and np.asarray(y)[:6].tolist() == list(range(10, 16))
     assert "jit(_gather)" not in {r.name for r in log.records if r.kind == "compile"}
     assert ElasticLoader({"x": np.ones((4, 2))}, batch_size=2).gather_compilations([2]) == []   # host arrays
+
+
+def test_quiet_waits_for_a_running_compilation_and_holds_the_rest():
+    from triaccel.backends.jax.compile_ahead import AheadCompiler
+
+    ahead = AheadCompiler(nice=0)
+    events = []
+    started = threading.Event()
+
+    def compiling():
+        started.set()
+        time.sleep(0.3)
+        events.append("first done")
+        return 1
+
+    def lowering_then_compiling():   # gated=False: lowers freely, stops at wait_open under a hold
+        events.append("second lowering")
+        ahead.wait_open()
+        events.append("second compiling")
+        return 2
+
+    ahead.submit("first", compiling)
+    assert started.wait(5)
+    ahead.submit("second", lowering_then_compiling, gated=False)
+    with ahead.quiet():
+        events.append("quiet")
+        time.sleep(0.2)
+    assert events.index("first done") < events.index("quiet")   # the running compilation finished first
+    assert ahead.take("second") == 2
+    assert events.index("second compiling") > events.index("quiet")
+    with ahead.quiet():   # nothing running: enters at once
+        pass
+    ahead.close()

@@ -3,6 +3,8 @@ out-of-memory error restores the state and replays the step's samples, as an OOM
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,11 +40,11 @@ class Lagged(Harness):
     """Harness whose steps ending with grad call number in `late_calls` fail on the device: the step
     returns, and its update leaves in the state a result that raises when waited for."""
 
-    def __init__(self, cfg, late_calls=(), late_error=None, **kw):
+    def __init__(self, cfg, late_calls=(), late_error=None, quiet=None, **kw):
         super().__init__(cfg, **kw)
         self.late_calls, self.late_error = set(late_calls), late_error or oom_error()
         self.failed = _Ready()
-        self.in_flight = InFlight(lambda: (self.params, self.failed), self._restore)
+        self.in_flight = InFlight(lambda: (self.params, self.failed), self._restore, quiet=quiet)
 
     def _restore(self, snap):
         self.params, self.failed = snap
@@ -116,6 +118,33 @@ def test_every_sample_once_per_epoch_with_late_ooms():
     assert h.in_flight.lagged_ooms == 1 and h.loader.stats["ooms"] == ref.loader.stats["ooms"] == 1
     assert h.loader.stats["samples"] == ref.loader.stats["samples"] == 2 * 150
     _close(h.params, ref.params)
+
+
+def test_with_quiet_the_replay_first_tries_the_same_size():
+    """An OOM beside a background compilation may be transient: in `quiet` (no compilation beside
+    it) the step is replayed at its own size, and the batch shrinks only if that fails again."""
+    cfg = _accumulating()
+    entered = []
+
+    @contextlib.contextmanager
+    def quiet():
+        entered.append(True)
+        yield
+
+    h = Lagged(cfg, late_calls={4}, quiet=quiet)
+    trace = run(h, 6)
+    h.in_flight.settle()
+    assert entered == [True] and h.in_flight.lagged_ooms == 1
+    assert trace[3].ooms == 1 and trace[3].micro_sizes == [32] and h.ctl.decision.batch_size == 32
+    ref = Harness(cfg)   # no OOM at all: the same steps
+    for s in range(6):
+        elastic_step(ref.loader, ref.ctl, ref.grad_fn, s, update_fn=ref.update)
+    _close(h.params, ref.params)
+    # failing again at the same size, it shrinks as without quiet
+    h2 = Lagged(cfg, late_calls={4}, oom_calls={6}, quiet=quiet)
+    trace2 = run(h2, 6)
+    h2.in_flight.settle()
+    assert trace2[3].micro_sizes == [16, 16] and trace2[3].ooms == 2 and h2.ctl.decision.batch_size == 16
 
 
 def test_no_oom_same_as_waiting_and_split_steps_wait():

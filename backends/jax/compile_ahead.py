@@ -73,6 +73,8 @@ class AheadCompiler:
         self._open = threading.Event()
         self._open.set()
         self._holds = 0
+        self._compiling = 0   # jobs past the gate (their XLA compilation, with its autotuning, may run)
+        self._idle = threading.Condition(self._lock)
         self.compiled_ahead = 0
 
     @contextlib.contextmanager
@@ -91,11 +93,36 @@ class AheadCompiler:
 
     def wait_open(self) -> None:
         """Block while a `hold()` is in force (for a job's own use; never call it inside a hold)."""
-        self._open.wait()
+        while True:
+            self._open.wait()
+            with self._lock:   # checked under the lock that `hold` takes: no hold slips in between
+                if self._holds == 0:
+                    self._compiling += 1
+                    return
 
     def _gated(self, fn: Callable[[], Any]) -> Any:
-        self._open.wait()
+        self.wait_open()
         return fn()
+
+    def _job(self, fn: Callable[[], Any], gated: bool) -> Any:
+        with self._lock:
+            before = self._compiling
+        try:
+            return self._gated(fn) if gated else fn()
+        finally:
+            with self._lock:   # the job passed the gate (wait_open) at most once
+                self._compiling = before
+                self._idle.notify_all()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Inside the block no background XLA compilation runs: queued jobs wait (as in `hold()`) and
+        one already compiling is waited for first. Its autotuning takes device memory from the
+        pool the training step allocates from (e.g. before replaying a step that ran out of memory)."""
+        with self.hold():
+            with self._lock:
+                self._idle.wait_for(lambda: self._compiling == 0)
+            yield
 
     def submit(self, key: Hashable, fn: Callable[[], Any], name: str = "", gated: bool = True) -> None:
         """Queue ``fn()`` under `key` (name: how the compile log calls a wait on it). gated: the job
@@ -103,7 +130,7 @@ class AheadCompiler:
         `wait_open()` itself where a hold must stop it."""
         with self._lock:
             if key not in self._jobs:
-                self._jobs[key] = self._pool.submit(self._gated, fn) if gated else self._pool.submit(fn)
+                self._jobs[key] = self._pool.submit(self._job, fn, gated)
                 self._names[key] = name
 
     def pending(self, key: Hashable) -> bool:

@@ -344,6 +344,10 @@ class InFlight:
     micro-batch again from the restored state, at the new size. Every sample is still trained
     once. Steps of several micro-batches (noise measurements, OOM retries) wait as before.
 
+    quiet: optional, a context-manager factory under which the replay runs with no background
+    compilation beside it (`SplitStep.quiet`: XLA's autotuning takes device memory from the same
+    pool, so an OOM beside it may be transient); the replay then first tries the step's own size
+    and shrinks only if that fails again. Without it the batch shrinks at once.
     snapshot(): the training state now (e.g. `SplitStep.snapshot`); restore(s): put it back. The
     step functions must not donate the state (its arrays from before a step must stay valid), and
     one more generation of it is alive while a step runs. Call `settle()` before anything reads the
@@ -351,10 +355,13 @@ class InFlight:
     losses, a checkpoint): a failed step's outputs raise when read. `lagged_ooms`: OOMs found so.
     """
 
-    def __init__(self, snapshot: Callable[[], Any], restore: Callable[[Any], None]) -> None:
+    def __init__(self, snapshot: Callable[[], Any], restore: Callable[[Any], None],
+                 quiet: Callable[[], Any] | None = None) -> None:
         if not (callable(snapshot) and callable(restore)):
             raise ValueError("snapshot, restore: allowed two callables (e.g. SplitStep.snapshot, SplitStep.restore)")
-        self.snapshot, self.restore = snapshot, restore
+        if quiet is not None and not callable(quiet):
+            raise ValueError(f"quiet: allowed None or a callable returning a context manager, got {type(quiet).__name__}")
+        self.snapshot, self.restore, self.quiet = snapshot, restore, quiet
         self.lagged_ooms = 0
         self._pending: tuple[Any, Any, Callable[[], None]] | None = None   # (wait on, state before, replay)
 
@@ -378,7 +385,11 @@ class InFlight:
             del wait_on
             self.lagged_ooms += 1
             self.restore(before)
-            replay()
+            if self.quiet is None:
+                replay(shrink_first=True)
+            else:
+                with self.quiet():
+                    replay(shrink_first=False)
             return True
         return False
 
@@ -502,14 +513,14 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     if in_flight is not None and unwaited[0]:
         indices = chunks[0]
 
-        def replay() -> None:
-            # as an OOM inside the step: shrink, run the step's samples at the new size, same decision
+        def replay(shrink_first: bool) -> None:
+            # as an OOM inside the step: (shrink,) run the step's samples again, same decision
             wait[0] = True
             acc.clear()
             chunks.clear()
             free_and_unpad()
-            shrunk = controller.observe_oom(step).batch_size
-            report = run_elastic_step(indices, micro_batch=shrunk, run_micro=run_micro, is_oom=is_oom,
+            size = controller.observe_oom(step).batch_size if shrink_first else len(indices)
+            report = run_elastic_step(indices, micro_batch=size, run_micro=run_micro, is_oom=is_oom,
                                       on_oom=lambda: controller.observe_oom(step).batch_size,
                                       free_memory=free_and_unpad)
             again = finish(result.decision, report)

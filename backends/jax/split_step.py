@@ -377,6 +377,12 @@ class SplitStep:
             self.ahead.submit(("also", name), fn, name=name)
         return True
 
+    def quiet(self) -> Any:
+        """A context in which no background XLA compilation runs (`AheadCompiler.quiet`: a running
+        one is waited for, queued ones wait): its autotuning takes device memory from the pool the
+        step allocates from. `data.InFlight(quiet=...)` replays a step that ran out of memory in it."""
+        return self.ahead.quiet() if self.ahead is not None else contextlib.nullcontext()
+
     def wait_compiled(self) -> None:
         """Block until the queued background compilations are done (tests, benchmarks)."""
         if self.ahead is not None:

@@ -1,7 +1,7 @@
 # The JAX demo with a step in flight (--in-flight on) and waiting for every step (off, the default).
 # usage (device tool): R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg; bash $R/benchmarks/device/jax_in_flight.sh ab|r18
 #   ab:  EPOCHS (default 3) epochs, seed 0, AMP bs 384 and triaccel --levers precision at bs 384, each on and off (own compile caches)
-#   r18: 10 epochs, seed 0, cold: AMP bs 192 and triaccel from its defaults (--budget 4GiB), both --in-flight on
+#   r18: 10 epochs, seed 0, cold: AMP bs 192 and triaccel from its defaults (--budget 4GiB), both --in-flight on, then triaccel off
 D=/tmp/data/cifar10-jpeg; mkdir -p /tmp/runs
 one() { name=$1; shift; timeout 220 python3 -m examples.cifar.train --backend jax --model resnet18 --data $D --seed 0 --no-progress --compile-cache /tmp/cc/$name --out /tmp/runs/$name "$@" > $OUT/$name.log 2>&1; cp /tmp/runs/$name/summary.json $OUT/$name.json; python3 -c "
 import json; s=json.load(open('/tmp/runs/$name/summary.json'))
@@ -12,5 +12,6 @@ ab)
   for f in on off; do one tri384-$f --method triaccel --levers precision --batch 384 --batch-max 384 --epochs ${EPOCHS:-3} --in-flight $f; done ;;
 r18)
   one amp192 --method amp --batch 192 --epochs 10 --in-flight on
-  one tri --method triaccel --budget 4GiB --epochs 10 --in-flight on ;;
+  one tri --method triaccel --budget 4GiB --epochs 10 --in-flight on
+  one tri-off --method triaccel --budget 4GiB --epochs 10 --in-flight off ;;
 esac
