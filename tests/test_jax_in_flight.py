@@ -147,6 +147,25 @@ def test_with_quiet_the_replay_first_tries_the_same_size():
     assert trace2[3].micro_sizes == [16, 16] and trace2[3].ooms == 2 and h2.ctl.decision.batch_size == 16
 
 
+def test_waiting_step_retries_inside_quiet_after_an_oom():
+    events = []
+
+    @contextlib.contextmanager
+    def quiet():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    cfg = _accumulating()
+    h = Harness(cfg, oom_calls={2, 3})   # two OOMs in step 1: quiet entered once, left at its end
+    r0 = elastic_step(h.loader, h.ctl, h.grad_fn, 0, update_fn=h.update, quiet=quiet)
+    assert r0.ooms == 0 and events == []
+    r1 = elastic_step(h.loader, h.ctl, h.grad_fn, 1, update_fn=h.update, quiet=quiet)
+    assert r1.ooms == 2 and events == ["enter", "exit"]
+    r2 = elastic_step(h.loader, h.ctl, h.grad_fn, 2, update_fn=h.update, quiet=quiet)
+    assert r2.ooms == 0 and events == ["enter", "exit"]
+
+
 def test_no_oom_same_as_waiting_and_split_steps_wait():
     cfg = make_cfg(batch_init=32, t_ctrl=1000)
     ref = Harness(cfg)

@@ -34,6 +34,7 @@ samples replayed (see `InFlight`).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import warnings
 from dataclasses import dataclass
@@ -400,7 +401,8 @@ class InFlight:
 def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any, jax.Array], Any],
                  step: int, *, has_aux: bool = False, probe: Any = None,
                  update_fn: Callable[[Any, Any], Any] | None = None, tensor_layer: Any = None,
-                 grad_scale: Any = None, in_flight: InFlight | None = None) -> ElasticStepResult:
+                 grad_scale: Any = None, in_flight: InFlight | None = None,
+                 quiet: Callable[[], Any] | None = None) -> ElasticStepResult:
     """One optimizer step over the controller's logical batch, surviving out-of-memory errors.
 
     grad_fn(batch, mask) -> (loss, grads), or ((loss, aux), grads) with has_aux=True, as from
@@ -426,6 +428,10 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     callable returning one, read at the end of the step (before update_fn); None = 1.
     in_flight: an `InFlight`: the step in flight before this one is settled once this step's first
     micro-batch is queued, and this step, if it runs as one micro-batch, is left running.
+    quiet: optional context-manager factory (`SplitStep.quiet`): after an OOM, the rest of the step
+    (its retries at the shrunken size, whose new shapes compile in place) runs inside it, with no
+    background XLA compilation beside it: under a memory budget XLA's autotuning takes from the same
+    pool, and retries beside it ran out of memory down to the smallest batch (H100, 2026-11-25).
     """
     if in_flight is not None and update_fn is None:
         raise ValueError("in_flight: needs update_fn (a step replayed after a late OOM runs its update again)")
@@ -497,6 +503,9 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             return None
         return memory_pair(probe.read() if hasattr(probe, "read") else probe())
 
+    held = contextlib.ExitStack()   # `quiet`, entered at the step's first OOM, left at its end
+    quieted = [False]
+
     def free_and_unpad() -> None:
         # the replay runs at the shrunken size, not at the floor that ran out of memory
         if loader.pad_floor is not None:
@@ -504,11 +513,15 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
                           f"{loader.pad_floor}; padding to the decided batch from now on", RuntimeWarning,
                           stacklevel=3)
             loader.pad_floor = None
+        if quiet is not None and not quieted[0]:
+            held.enter_context(quiet())
+            quieted[0] = True
         free_memory()
 
-    result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
-                             is_oom=is_oom, free_memory=free_and_unpad, read_memory=read_memory,
-                             split=split)
+    with held:
+        result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
+                                 is_oom=is_oom, free_memory=free_and_unpad, read_memory=read_memory,
+                                 split=split)
     result.end_of_epoch = loader.end_of_epoch
     if in_flight is not None and unwaited[0]:
         indices = chunks[0]

@@ -209,7 +209,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             res = elastic_step(loader, controller, lambda b, m: micro(b[0], b[1], m), step,
                                update_fn=lambda g, d, lr=lr: update(g, lr),
                                tensor_layer=lm if ta is not None else None,
-                               grad_scale=lambda: grad_scale[0], in_flight=in_flight)
+                               grad_scale=lambda: grad_scale[0], in_flight=in_flight, quiet=split.quiet)
             seen += res.samples
             flops.add(res.decision.precisions if static_prec is None else static_prec, res.samples)
             losses.append(res)   # a late OOM's replay replaces the step's loss: read at the epoch's end
