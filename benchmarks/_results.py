@@ -33,6 +33,13 @@ def write_json(obj: Any, path: str | Path, indent: int = 2) -> Path:
     return path
 
 
+def write_to_out(name: str, obj: Any) -> Path | None:
+    """`write_json(obj, $OUT/name)` when OUT is set (the device tool's folder that comes back), else
+    nothing; the device probes' common ending."""
+    out = os.environ.get("OUT")
+    return write_json(obj, Path(out) / name, indent=1) if out else None
+
+
 def run_demo(args: Sequence[str], out: Path, workdir: str | Path | None = None,
              gpu: str | None = None, timeout: float | None = None) -> dict[str, Any] | None:
     """`python -m examples.cifar.train ARGS --out OUT` in its own process (peak-memory counters and caches

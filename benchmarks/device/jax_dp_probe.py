@@ -15,8 +15,6 @@ XLA_FLAGS, no CUPTI): `--smoke`.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +29,10 @@ from flax import nnx
 from triaccel import Precision
 from triaccel.backends.jax import SplitStep, layer_map_from_model, precision_policy
 from triaccel.backends.jax.models import create_model
-from triaccel.backends.jax.sharding import data_mesh, per_device_value_and_grad, replicate, shard_batch
+from triaccel.backends.jax.sharding import data_mesh, per_device_value_and_grad, shard_batch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the shared helpers
+from _results import write_to_out  # noqa: E402
 
 
 def _ce_sum(m: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -69,7 +70,6 @@ def build(n: int, per_device: int, stats: str, width: float) -> tuple[Any, tuple
 
 def kernel_times(run: Any, steps: int) -> dict[str, Any]:
     """Per device (CUPTI): busy ms per step (union of kernel intervals), NCCL ms per step, largest gap ms."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the shared CUPTI reader
     from _cupti import cuda_trace_events
 
     events = cuda_trace_events(run)
@@ -132,10 +132,7 @@ def main() -> None:
         pd = "; ".join(f"d{d}: {v['busy_ms']:.2f}, {v['nccl_ms']:.2f}, {v['max_gap_ms']:.2f}, {v['kernels']:.0f}"
                        for d, v in r["per_device"].items())
         print(f"{r['devices']:>7} {r['stats']:>10} {r['wall_ms']:>8.2f} {r['img_s']:>9.0f} {eff:>5.2f}  {pd}")
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "jax_dp_probe.json"), "w") as fh:
-            json.dump(rows, fh, indent=1)
+    write_to_out("jax_dp_probe.json", rows)
 
 
 if __name__ == "__main__":

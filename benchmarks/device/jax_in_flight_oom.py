@@ -13,11 +13,14 @@ seen, the samples per epoch, and whether the final weights are equal.
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the shared helpers
+from _results import write_to_out  # noqa: E402
 import numpy as np
 
 from triaccel import Controller, TriAccelConfig
@@ -115,12 +118,10 @@ def main() -> None:
         print(f"{name:<10} OOMs {r['ooms']} (late {r['late_ooms']}), samples per epoch {r['samples_per_epoch']}, "
               f"steps {r['steps']}, batches {r['batches'][:12]}...")
     print(f"final weights equal: {same}")
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "jax_in_flight_oom.json"), "w") as fh:
-            json.dump({"device": dev.device_kind, "jax": jax.__version__, "free_mib": a.free, "weights_equal": same,
-                       "rows": {k: {kk: vv for kk, vv in v.items() if kk != "w"} for k, v in rows.items()}},
-                      fh, indent=1, default=str)
+    write_to_out("jax_in_flight_oom.json", {"device": dev.device_kind, "jax": jax.__version__, "free_mib": a.free,
+                                            "weights_equal": same,
+                                            "rows": {k: {kk: vv for kk, vv in v.items() if kk != "w"}
+                                                     for k, v in rows.items()}})
 
 
 if __name__ == "__main__":

@@ -13,12 +13,15 @@ Prints, per case, "dispatch" or "wait" (where the error was raised) and the erro
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import sys
+from pathlib import Path
 import time
 
 import jax
 import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the shared helpers
+from _results import write_to_out  # noqa: E402
 
 
 def where(fn, *args) -> dict[str, str]:
@@ -65,10 +68,7 @@ def main() -> None:
     print(f"# {dev.device_kind}, jax {jax.__version__}, {fill / 2**30:.1f} GiB held of {limit / 2**30:.1f}")
     for k, v in rows.items():
         print(f"{k:<36} {v['raised']:<9} {v['error']}")
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "jax_oom_probe.json"), "w") as fh:
-            json.dump({"device": dev.device_kind, "jax": jax.__version__, "rows": rows}, fh, indent=1)
+    write_to_out("jax_oom_probe.json", {"device": dev.device_kind, "jax": jax.__version__, "rows": rows})
 
 
 if __name__ == "__main__":

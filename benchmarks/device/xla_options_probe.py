@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the shared helpers
+from _results import write_to_out  # noqa: E402
 
 OPTION_SETS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -152,10 +155,7 @@ def main() -> None:
         for r in ok:
             print(f"{r['options']:<15} {r['fg_compile_s']:>12.1f} {r['fg_ms_alone']:>11.2f} {r['fg_ms_beside']:>12.2f} "
                   f"{r['bg_lower_s']:>10.1f} {r['bg_compile_s']:>12.1f} {r['bg_ms']:>7.2f}")
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "xla_options_probe.json"), "w") as fh:
-            json.dump(rows, fh, indent=1)
+    write_to_out("xla_options_probe.json", rows)
 
 
 if __name__ == "__main__":
