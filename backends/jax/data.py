@@ -540,8 +540,10 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             loader.apply(controller.decision)
             loader.stats["ooms"] += 1 + report.ooms
             loader.stats["replayed"] += len(indices) + report.replayed
-            for name in ("grads", "loss", "aux", "updated", "micro_sizes"):
-                setattr(result, name, getattr(again, name))
+            result.loss, result.micro_sizes = again.loss, again.micro_sizes
+            for name in ("grads", "aux", "updated"):   # unless the caller dropped them (see the demo)
+                if getattr(result, name) is not None:
+                    setattr(result, name, getattr(again, name))
             result.ooms += 1 + report.ooms
             result.replayed += len(indices) + report.replayed
 

@@ -212,7 +212,10 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                                grad_scale=lambda: grad_scale[0], in_flight=in_flight, quiet=split.quiet)
             seen += res.samples
             flops.add(res.decision.precisions if static_prec is None else static_prec, res.samples)
-            losses.append(res)   # a late OOM's replay replaces the step's loss: read at the epoch's end
+            # kept for its loss (a late OOM's replay replaces it), read at the epoch's end; not its
+            # gradients: a result per step holding them kept every step's gradients alive all epoch
+            res.grads = res.aux = res.updated = None
+            losses.append(res)
             bar.update(res.samples)
             # Step records are written at the epoch's end: reading the loss now would sync the host.
             records.append(dict(step=step, epoch=epoch, batch_size=res.decision.batch_size, samples=res.samples,
