@@ -430,8 +430,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     micro-batch is queued, and this step, if it runs as one micro-batch, is left running.
     quiet: optional context-manager factory (`SplitStep.quiet`): after an OOM, the rest of the step
     (its retries at the shrunken size, whose new shapes compile in place) runs inside it, with no
-    background XLA compilation beside it: under a memory budget XLA's autotuning takes from the same
-    pool, and retries beside it ran out of memory down to the smallest batch (H100, 2026-11-25).
+    background XLA compilation beside it: XLA's autotuning scratch comes from the pool the step
+    allocates from (`memory.limit_device_memory`), so an OOM beside it may be transient.
     """
     if in_flight is not None and update_fn is None:
         raise ValueError("in_flight: needs update_fn (a step replayed after a late OOM runs its update again)")

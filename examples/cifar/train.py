@@ -179,9 +179,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--in-flight", choices=["on", "off"], default="off",
                    help="JAX: leave each optimizer step running on the device while the host prepares the next "
                         "(an out-of-memory error, which JAX reports only when a result is waited for, then "
-                        "restores the state and replays that step's samples: data.InFlight). Default off: on "
-                        "the H100 its gain was not steady, and one run under --budget 4GiB ended in a cascade "
-                        "of OOMs beside a background compilation (docs/results.md)")
+                        "restores the state and replays that step's samples: data.InFlight). Default off: "
+                        "its gain is not yet measured cleanly on a GPU (docs/results.md)")
     p.add_argument("--pad-floor", default="off", metavar="off|largest|N",
                    help="JAX: pad every micro-batch at least to N samples' bucket ('largest': the largest batch "
                         "bucket <= --batch-max), so a climbing batch runs at one compiled shape (copies of its "
