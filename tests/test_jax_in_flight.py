@@ -166,6 +166,25 @@ def test_waiting_step_retries_inside_quiet_after_an_oom():
     assert r2.ooms == 0 and events == ["enter", "exit"]
 
 
+def test_quiet_contexts_balanced_with_in_flight_and_a_late_oom():
+    depth, entered = [0], [0]
+
+    @contextlib.contextmanager
+    def quiet():
+        depth[0] += 1
+        entered[0] += 1
+        yield
+        depth[0] -= 1
+
+    cfg = _accumulating()
+    h = Lagged(cfg, late_calls={2}, oom_calls={5}, quiet=quiet)   # a late OOM, then one inside a step
+    for s in range(5):
+        elastic_step(h.loader, h.ctl, h.grad_fn, s, update_fn=h.update, in_flight=h.in_flight, quiet=quiet)
+    h.in_flight.settle()
+    assert h.in_flight.lagged_ooms == 1 and h.loader.stats["ooms"] == 2
+    assert entered[0] == 2 and depth[0] == 0   # each entered once and left
+
+
 def test_no_oom_same_as_waiting_and_split_steps_wait():
     cfg = make_cfg(batch_init=32, t_ctrl=1000)
     ref = Harness(cfg)

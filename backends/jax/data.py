@@ -50,9 +50,9 @@ from triaccel.elastic import (
     ElasticStepReport,
     check_batch_size,
     controlled_step,
-    run_elastic_step,
     memory_pair,
     noise_split,
+    run_elastic_step,
 )
 from triaccel.noise import observe_split_step
 
@@ -453,6 +453,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     unwaited = [False]   # the step ran as one micro-batch nobody waited for: it is left in flight
     unmeasured = [False]   # a late OOM of the previous step re-ran part of this one: no noise reading
     marker: list[Any] = []   # an output of the step's update, waited for with its loss
+    rerun = [0, 0]   # OOMs and replayed samples inside a micro-batch re-run after a late OOM
 
     def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
         # the decision in force now: an OOM earlier in this step has shrunk it
@@ -470,6 +471,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
                                      run_micro=lambda sub, w: run_micro(sub, weight * w), is_oom=is_oom,
                                      on_oom=lambda: controller.observe_oom(step).batch_size,
                                      free_memory=free_and_unpad)
+            rerun[0] += again.ooms   # OOMs of this re-run, counted with the step's own
+            rerun[1] += again.replayed
             return again.weighted_sum()
         loss, aux = out if has_aux else (out, None)
         if wait[0] or measure or weight != 1.0 or len(chunks) > 1:
@@ -506,36 +509,45 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     held = contextlib.ExitStack()   # `quiet`, entered at the step's first OOM, left at its end
     quieted = [False]
 
-    def free_and_unpad() -> None:
+    def unpad_and_free() -> None:
         # the replay runs at the shrunken size, not at the floor that ran out of memory
         if loader.pad_floor is not None:
             warnings.warn(f"step {step}: out of memory with micro-batches padded to pad_floor="
                           f"{loader.pad_floor}; padding to the decided batch from now on", RuntimeWarning,
-                          stacklevel=3)
+                          stacklevel=4)
             loader.pad_floor = None
+        free_memory()
+
+    def free_and_unpad() -> None:   # inside the step: its retries run in `quiet`
         if quiet is not None and not quieted[0]:
             held.enter_context(quiet())
             quieted[0] = True
-        free_memory()
+        unpad_and_free()
 
     with held:
         result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
                                  is_oom=is_oom, free_memory=free_and_unpad, read_memory=read_memory,
                                  split=split)
     result.end_of_epoch = loader.end_of_epoch
+    if rerun[0]:
+        result.ooms += rerun[0]
+        result.replayed += rerun[1]
+        loader.stats["ooms"] += rerun[0]
+        loader.stats["replayed"] += rerun[1]
     if in_flight is not None and unwaited[0]:
         indices = chunks[0]
 
         def replay(shrink_first: bool) -> None:
             # as an OOM inside the step: (shrink,) run the step's samples again, same decision
+            # (after the step: InFlight.settle holds its own `quiet` around this)
             wait[0] = True
             acc.clear()
             chunks.clear()
-            free_and_unpad()
+            unpad_and_free()
             size = controller.observe_oom(step).batch_size if shrink_first else len(indices)
             report = run_elastic_step(indices, micro_batch=size, run_micro=run_micro, is_oom=is_oom,
                                       on_oom=lambda: controller.observe_oom(step).batch_size,
-                                      free_memory=free_and_unpad)
+                                      free_memory=unpad_and_free)
             again = finish(result.decision, report)
             loader.apply(controller.decision)
             loader.stats["ooms"] += 1 + report.ooms
