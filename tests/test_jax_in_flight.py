@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import contextlib
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 
-from triaccel import Controller
 from triaccel.backends.jax import SplitStep
 from triaccel.backends.jax.data import InFlight, elastic_step
 from test_elastic_jax import Harness, make_cfg, oom_error
@@ -61,11 +59,7 @@ class Lagged(Harness):
 
 
 def run(h, steps):
-    trace = []
-    for s in range(steps):
-        res = h.step(s)
-        trace.append(res)
-    return trace
+    return [h.step(s) for s in range(steps)]
 
 
 def _accumulating(**kw):
