@@ -42,7 +42,8 @@ class Lagged(Harness):
         super().__init__(cfg, **kw)
         self.late_calls, self.late_error = set(late_calls), late_error or oom_error()
         self.failed = _Ready()
-        self.in_flight = InFlight(lambda: (self.params, self.failed), self._restore, quiet=quiet)
+        self.quiet = quiet
+        self.in_flight = InFlight(lambda: (self.params, self.failed), self._restore)
 
     def _restore(self, snap):
         self.params, self.failed = snap
@@ -55,7 +56,7 @@ class Lagged(Harness):
 
     def step(self, step):
         return elastic_step(self.loader, self.ctl, self.grad_fn, step, update_fn=self.update,
-                            in_flight=self.in_flight)
+                            in_flight=self.in_flight, quiet=self.quiet)
 
 
 def run(h, steps):

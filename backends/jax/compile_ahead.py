@@ -100,15 +100,13 @@ class AheadCompiler:
                     self._compiling += 1
                     return
 
-    def _gated(self, fn: Callable[[], Any]) -> Any:
-        self.wait_open()
-        return fn()
-
     def _job(self, fn: Callable[[], Any], gated: bool) -> Any:
         with self._lock:
             before = self._compiling
         try:
-            return self._gated(fn) if gated else fn()
+            if gated:
+                self.wait_open()
+            return fn()
         finally:
             with self._lock:   # the job passed the gate (wait_open) at most once
                 self._compiling = before

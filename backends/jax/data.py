@@ -333,8 +333,8 @@ class InFlight:
     `elastic_step` waits for every micro-batch's results so that an out-of-memory error surfaces
     inside its retry loop: on jax 0.11 (GPU) such an error is raised when a result is waited for,
     not by the jitted call (benchmarks/device/jax_oom_probe.py). That wait serialises the host's
-    per-step work with the device's step (the CIFAR demo's ResNet-18 at bs 384 on an H100: 1.72
-    s per epoch with it, 1.12-1.27 s without; docs/results.md). With an `InFlight`, a step of one
+    per-step work with the device's step (the CIFAR demo's ResNet-18 at bs 384 on an H100,
+    2026-11-24: 1.72-1.77 s per epoch with it, 1.12-1.27 s without; docs/results.md). With an `InFlight`, a step of one
     micro-batch is not waited for: the next `elastic_step` call waits for it once its own first
     micro-batch is queued behind it (so the device always has the next step), or `settle()` does.
     If it ran out of memory, the training state is restored from before it (`restore(snapshot)`),
@@ -345,10 +345,9 @@ class InFlight:
     micro-batch again from the restored state, at the new size. Every sample is still trained
     once. Steps of several micro-batches (noise measurements, OOM retries) wait as before.
 
-    quiet: optional, a context-manager factory under which the replay runs with no background
-    compilation beside it (`SplitStep.quiet`: XLA's autotuning takes device memory from the same
-    pool, so an OOM beside it may be transient); the replay then first tries the step's own size
-    and shrinks only if that fails again. Without it the batch shrinks at once.
+    With `elastic_step(..., quiet=...)` the replay runs inside `quiet()` (no background compilation
+    beside it: an OOM beside XLA's autotuning may be transient) and first tries the step's own
+    size, shrinking only if that fails again; without it the batch shrinks at once.
     snapshot(): the training state now (e.g. `SplitStep.snapshot`); restore(s): put it back. The
     step functions must not donate the state (its arrays from before a step must stay valid), and
     one more generation of it is alive while a step runs. Call `settle()` before anything reads the
@@ -356,13 +355,10 @@ class InFlight:
     losses, a checkpoint): a failed step's outputs raise when read. `lagged_ooms`: OOMs found so.
     """
 
-    def __init__(self, snapshot: Callable[[], Any], restore: Callable[[Any], None],
-                 quiet: Callable[[], Any] | None = None) -> None:
+    def __init__(self, snapshot: Callable[[], Any], restore: Callable[[Any], None]) -> None:
         if not (callable(snapshot) and callable(restore)):
             raise ValueError("snapshot, restore: allowed two callables (e.g. SplitStep.snapshot, SplitStep.restore)")
-        if quiet is not None and not callable(quiet):
-            raise ValueError(f"quiet: allowed None or a callable returning a context manager, got {type(quiet).__name__}")
-        self.snapshot, self.restore, self.quiet = snapshot, restore, quiet
+        self.snapshot, self.restore = snapshot, restore
         self.lagged_ooms = 0
         self._pending: tuple[Any, Any, Callable[[], None]] | None = None   # (wait on, state before, replay)
 
@@ -386,11 +382,7 @@ class InFlight:
             del wait_on
             self.lagged_ooms += 1
             self.restore(before)
-            if self.quiet is None:
-                replay(shrink_first=True)
-            else:
-                with self.quiet():
-                    replay(shrink_first=False)
+            replay()
             return True
         return False
 
@@ -537,17 +529,18 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     if in_flight is not None and unwaited[0]:
         indices = chunks[0]
 
-        def replay(shrink_first: bool) -> None:
-            # as an OOM inside the step: (shrink,) run the step's samples again, same decision
-            # (after the step: InFlight.settle holds its own `quiet` around this)
+        def replay() -> None:
+            # as an OOM inside the step: run the step's samples again, same decision; in `quiet` at
+            # the step's own size first, else shrunk at once
             wait[0] = True
             acc.clear()
             chunks.clear()
             unpad_and_free()
-            size = controller.observe_oom(step).batch_size if shrink_first else len(indices)
-            report = run_elastic_step(indices, micro_batch=size, run_micro=run_micro, is_oom=is_oom,
-                                      on_oom=lambda: controller.observe_oom(step).batch_size,
-                                      free_memory=unpad_and_free)
+            with quiet() if quiet is not None else contextlib.nullcontext():
+                size = len(indices) if quiet is not None else controller.observe_oom(step).batch_size
+                report = run_elastic_step(indices, micro_batch=size, run_micro=run_micro, is_oom=is_oom,
+                                          on_oom=lambda: controller.observe_oom(step).batch_size,
+                                          free_memory=unpad_and_free)
             again = finish(result.decision, report)
             loader.apply(controller.decision)
             loader.stats["ooms"] += 1 + report.ooms

@@ -380,7 +380,7 @@ class SplitStep:
     def quiet(self) -> Any:
         """A context in which no background XLA compilation runs (`AheadCompiler.quiet`: a running
         one is waited for, queued ones wait): its autotuning takes device memory from the pool the
-        step allocates from. `data.InFlight(quiet=...)` replays a step that ran out of memory in it."""
+        step allocates from. `data.elastic_step(quiet=...)` retries a step that ran out of memory in it."""
         return self.ahead.quiet() if self.ahead is not None else contextlib.nullcontext()
 
     def wait_compiled(self) -> None:

@@ -149,7 +149,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
                       compile_cache=cache, mesh=mesh, pad_to_batch=True, loader=loader)
     # One step left running while the host prepares the next (no donation above keeps the state it
     # may have to be restored to); settled before anything reads the state or the losses.
-    in_flight = InFlight(split.snapshot, split.restore, quiet=split.quiet) if opts.in_flight == "on" else None
+    in_flight = InFlight(split.snapshot, split.restore) if opts.in_flight == "on" else None
     params = nnx.state(model, nnx.Param)
     sharding = jax.sharding.SingleDeviceSharding(dev) if mesh is None else place
     grads_like = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding), params)
