@@ -4,7 +4,10 @@ out-of-memory error restores the state and replays the step's samples, as an OOM
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -24,7 +27,9 @@ class _Failed:
         self.error = error
 
     def block_until_ready(self):
-        raise self.error
+        # a new error per wait, as the runtime raises: one kept and re-raised would keep the frames
+        # of every raise alive through its traceback
+        raise type(self.error)(*self.error.args)
 
 
 class _Ready:
@@ -235,3 +240,50 @@ def test_split_step_snapshot_restore():
     donating(x)
     with pytest.raises(ValueError, match="donated"):
         donating.restore(old)
+
+
+@contextlib.contextmanager
+def _cycles_saved():
+    """gc off and every unreachable cycle kept in `gc.garbage` (yielded): what a step leaves there
+    would live on a GPU until Python's cyclic collector happened to run."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        yield gc.garbage
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+@pytest.mark.parametrize("path", ["plain", "oom-retry", "noise", "in-flight-late-oom"])
+def test_a_dropped_step_frees_its_arrays_at_once(path):
+    """A step's gradients and the state before it are freed when the caller drops its result (and,
+    in flight, when the next step has settled it), by reference counting: no step leaves a reference
+    cycle. A recursive closure of elastic_step once made one and kept every step's gradients alive
+    until a cyclic collection (hundreds of MB per step of ResNet-18 on a GPU: 4 GiB budgets failed)."""
+    cfg = (_accumulating() if path != "noise" else   # a batch that can grow: noise steps every 2
+           make_cfg(batch_law="noise", t_noise=2, warmup_steps=0, batch_init=32, t_ctrl=1000))
+    h = Lagged(cfg, late_calls={4} if path == "in-flight-late-oom" else (),
+               oom_calls={3} if path == "oom-retry" else ())
+    in_flight = h.in_flight if path == "in-flight-late-oom" else None
+    with _cycles_saved() as garbage:
+        refs, splits = [], []
+        for s in range(6):
+            res = elastic_step(h.loader, h.ctl, h.grad_fn, s, update_fn=h.update, in_flight=in_flight,
+                               tensor_layer=np.zeros(2, np.int64))
+            refs.append(weakref.ref(jax.tree_util.tree_leaves(res.grads)[0]))
+            splits.append(len(res.micro_sizes))
+            del res
+        if in_flight is not None:
+            in_flight.settle()
+            assert in_flight.lagged_ooms == 1
+        if path == "oom-retry":
+            assert h.loader.stats["ooms"] == 1
+        if path == "noise":
+            assert splits[0] == 2   # a measured step: two micro-batches
+        gc.collect()
+        assert [type(o).__name__ for o in garbage if isinstance(o, jax.Array)] == []
+        alive = [i for i, r in enumerate(refs) if r() is not None]
+        assert alive == [], f"gradients of steps {alive} still alive"

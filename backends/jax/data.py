@@ -447,25 +447,14 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     marker: list[Any] = []   # an output of the step's update, waited for with its loss
     rerun = [0, 0]   # OOMs and replayed samples inside a micro-batch re-run after a late OOM
 
-    def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
+    def queue(chunk: np.ndarray) -> tuple[Any, Any]:
         # the decision in force now: an OOM earlier in this step has shrunk it
         pad_to = getattr(getattr(controller, "decision", None), "batch_size", loader.batch_size) \
             if loader.pad_to_batch else None
         chunks.append(chunk)
-        out, grads = grad_fn(*loader.fetch(chunk, pad_to=pad_to))
-        if in_flight is not None and in_flight.settle():
-            # the previous step ran out of memory and was replayed from the state before it; this
-            # micro-batch was computed from the failed state: run it again, at the shrunk size
-            del out, grads
-            before[0] = in_flight.snapshot()
-            wait[0] = unmeasured[0] = True
-            again = run_elastic_step(chunk, micro_batch=controller.decision.batch_size,
-                                     run_micro=lambda sub, w: run_micro(sub, weight * w), is_oom=is_oom,
-                                     on_oom=lambda: controller.observe_oom(step).batch_size,
-                                     free_memory=free_and_unpad)
-            rerun[0] += again.ooms   # OOMs of this re-run, counted with the step's own
-            rerun[1] += again.replayed
-            return again.weighted_sum()
+        return grad_fn(*loader.fetch(chunk, pad_to=pad_to))
+
+    def absorb(out: Any, grads: Any, weight: float) -> jax.Array:
         loss, aux = out if has_aux else (out, None)
         if wait[0] or measure or weight != 1.0 or len(chunks) > 1:
             jax.block_until_ready((loss, grads))
@@ -478,6 +467,27 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         if measure:
             sq.append(_micro_sqnorms(jax.tree_util.tree_leaves(scaled)))
         return loss
+
+    # No closure of this step refers to itself (run_micro's re-run goes through queue/absorb): a
+    # self-referencing closure is a reference cycle, and everything the step holds (its gradients,
+    # the state before it) would then live until Python's cyclic collector ran, not until the
+    # caller dropped the result: hundreds of MB per step on a GPU.
+    def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
+        out, grads = queue(chunk)
+        if in_flight is not None and in_flight.settle():
+            # the previous step ran out of memory and was replayed from the state before it; this
+            # micro-batch was computed from the failed state: run it again, at the shrunk size
+            del out, grads
+            before[0] = in_flight.snapshot()
+            wait[0] = unmeasured[0] = True
+            again = run_elastic_step(chunk, micro_batch=controller.decision.batch_size,
+                                     run_micro=lambda sub, w: absorb(*queue(sub), weight * w), is_oom=is_oom,
+                                     on_oom=lambda: controller.observe_oom(step).batch_size,
+                                     free_memory=free_and_unpad)
+            rerun[0] += again.ooms   # OOMs of this re-run, counted with the step's own
+            rerun[1] += again.replayed
+            return again.weighted_sum()
+        return absorb(out, grads, weight)
 
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
         if measure and len(report.sizes) >= 2 and not unmeasured[0]:
