@@ -180,7 +180,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="JAX: leave each optimizer step running on the device while the host prepares the next "
                         "(an out-of-memory error, which JAX reports only when a result is waited for, then "
                         "restores the state and replays that step's samples: data.InFlight). Default on "
-                        "(H100, 2026-11-25: median epoch after the first 0.78-0.88x of waiting's in 3 pairs, peak +0.1-0.4 GiB; "
+                        "(H100, 2026-11-25: median epoch after the first 0.78-0.88x of waiting's in 3 pairs, peak +0.0-0.4 GiB; "
                         "docs/results.md); off waits for every micro-batch")
     p.add_argument("--pad-floor", default="off", metavar="off|largest|N",
                    help="JAX: pad every micro-batch at least to N samples' bucket ('largest': the largest batch "
