@@ -1,9 +1,10 @@
 # The JAX demo with a step in flight (--in-flight on) and waiting for every step (off, the default).
 # usage (device tool): R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg; bash $R/benchmarks/device/jax_in_flight.sh ab|r18
 #   ab:  EPOCHS (default 3) epochs, seed 0, AMP bs 384 and triaccel --levers precision at bs 384, each on and off (own compile caches)
-#   r18: 10 epochs, seed 0, cold: AMP bs 192 and triaccel from its defaults (--budget 4GiB), both --in-flight on, then triaccel off
+#   r18: 10 epochs, seed SEED (default 0), cold: AMP bs 192 and triaccel from its defaults (--budget 4GiB), both
+#        --in-flight on, then (unless PAIR=1) triaccel off
 D=/tmp/data/cifar10-jpeg; mkdir -p /tmp/runs
-one() { name=$1; shift; timeout 220 python3 -m examples.cifar.train --backend jax --model resnet18 --data $D --seed 0 --no-progress --compile-cache /tmp/cc/$name --out /tmp/runs/$name "$@" > $OUT/$name.log 2>&1; echo "$name rc $?"; cp /tmp/runs/$name/log.jsonl $OUT/$name.jsonl
+one() { name=$1; shift; timeout 220 python3 -m examples.cifar.train --backend jax --model resnet18 --data $D --seed ${SEED:-0} --no-progress --compile-cache /tmp/cc/$name --out /tmp/runs/$name "$@" > $OUT/$name.log 2>&1; echo "$name rc $?"; cp /tmp/runs/$name/log.jsonl $OUT/$name.jsonl
   cp /tmp/runs/$name/summary.json $OUT/$name.json || return; python3 -c "
 import json; s=json.load(open('/tmp/runs/$name/summary.json'))
 print(f\"{'$name':<16} acc {s['final_acc']:.4f} train_s {s['train_seconds']:.1f} epochs {[round(x, 2) for x in s['epoch_seconds']]} batch {s['final_batch']} late_ooms {s.get('late_ooms')} peak_GiB {s['peak_alloc_bytes'] / 2**30:.2f}\")"; }
@@ -12,7 +13,7 @@ ab)
   for f in on off; do one amp384-$f --method amp --batch 384 --epochs ${EPOCHS:-3} --in-flight $f; done
   for f in on off; do one tri384-$f --method triaccel --levers precision --batch 384 --batch-max 384 --epochs ${EPOCHS:-3} --in-flight $f; done ;;
 r18)
-  one amp192 --method amp --batch 192 --epochs 10 --in-flight on
-  one tri --method triaccel --budget 4GiB --epochs 10 --in-flight on
-  one tri-off --method triaccel --budget 4GiB --epochs 10 --in-flight off ;;
+  one amp192-s${SEED:-0} --method amp --batch 192 --epochs 10 --in-flight on
+  one tri-s${SEED:-0} --method triaccel --budget 4GiB --epochs 10 --in-flight on
+  [ "$PAIR" = 1 ] || one tri-off-s${SEED:-0} --method triaccel --budget 4GiB --epochs 10 --in-flight off ;;
 esac
