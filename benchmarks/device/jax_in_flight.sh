@@ -1,4 +1,4 @@
-# The JAX demo with a step in flight (--in-flight on) and waiting for every step (off, the default).
+# The JAX demo with a step in flight (--in-flight on, the default) and waiting for every step (off).
 # usage (device tool): R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg; bash $R/benchmarks/device/jax_in_flight.sh ab|r18
 #   ab:  EPOCHS (default 3) epochs, seed 0, AMP bs 384 and triaccel --levers precision at bs 384, each on and off (own compile caches)
 #   r18: 10 epochs, seed SEED (default 0), cold: AMP bs 192 and triaccel from its defaults (--budget 4GiB), both
