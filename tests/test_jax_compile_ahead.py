@@ -320,7 +320,8 @@ def test_prepare_queues_every_bucket_up_the_ladder_nearest_first(pad):
     model = Net()
     ta = TriAccel(cfg, model)
     opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
-    split = SplitStep(_body, model, opt, ta=ta, compile_cache=False, pad_to_batch=pad)
+    # True: no hold around the caller's compilations (the recorder stands in for the compiler)
+    split = SplitStep(_body, model, opt, ta=ta, compile_ahead=True, compile_cache=False, pad_to_batch=pad)
     rec = split.ahead = _Recorder()
 
     def probe(m, x):
@@ -352,7 +353,8 @@ def test_prepare_compiles_nothing_below_the_loaders_pad_floor():
     opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
     loader = ElasticLoader({"x": np.ones((64, 4), np.float32)}, batch_size=8, buckets=cfg.batch_buckets,
                            pad_to_batch=True, pad_floor=32)
-    split = SplitStep(_body, model, opt, ta=ta, compile_cache=False, pad_to_batch=True, loader=loader)
+    split = SplitStep(_body, model, opt, ta=ta, compile_ahead=True, compile_cache=False, pad_to_batch=True,
+                      loader=loader)
     rec = split.ahead = _Recorder()
     split.control(0)
     batch, _ = loader.fetch(np.arange(8))

@@ -171,10 +171,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "results as one device; one all-reduce per BatchNorm layer and pass) or of each device's "
                         "part, as torch's DDP (one gradient all-reduce per step; "
                         "sharding.per_device_value_and_grad)")
-    p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="on",
+    p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="after",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
-                        "down/up, noise half batch, next precision policy) on a background thread (default on; "
-                        "after: no background compilation while the loop's thread compiles); "
+                        "down/up, noise half batch, next precision policy) on a background thread, none while "
+                        "the loop's thread compiles (default after; on: also then); "
                         "not used by --method local (its blocks compile in place: measured faster)")
     p.add_argument("--in-flight", choices=["on", "off"], default="on",
                    help="JAX: leave each optimizer step running on the device while the host prepares the next "
