@@ -49,6 +49,13 @@ def test_jax_demo_with_a_pad_floor_and_compilations_after_the_loops(tmp_path):
     steps = [r for r in steps if r["type"] == "step"]
     assert sum(r["samples"] for r in steps) == 192 and 0.0 <= summary["final_acc"] <= 1.0
     assert summary["options"]["pad_floor"] == "largest" and summary["options"]["compile_ahead"] == "after"
+    assert summary["pad_floor"] == 64   # the largest bucket <= --batch-max
+
+
+def test_jax_demo_pads_by_default_only_on_a_gpu(tmp_path):
+    """--pad-floor auto (the default): off on the CPU (compute, not compilation, dominates there)."""
+    summary, _ = _run(tmp_path, "--backend", "jax", "--method", "triaccel")
+    assert summary["options"]["pad_floor"] == "auto" and summary["pad_floor"] is None
 
 
 @pytest.mark.parametrize("method", ["fp32", "amp"])
@@ -70,6 +77,7 @@ def test_bad_options_fail_before_loading_data(tmp_path):
                 ["--backend", "torch", "--batch-stats", "per-device"], ["--backend", "jax", "--batch-stats", "local"]):
         with pytest.raises(SystemExit):
             train.parse_args(bad)
+    assert train.parse_args(["--backend", "torch"]).pad_floor == "auto"   # the default: off but for JAX on a GPU
     jax_opts = train.parse_args(["--backend", "jax", "--pad-floor", "largest", "--compile-ahead", "after"])
     assert jax_opts.pad_floor == "largest" and jax_opts.compile_ahead == "after" and jax_opts.batch_stats == "global"
     assert train.parse_args(["--backend", "jax", "--batch-stats", "per-device"]).batch_stats == "per-device"

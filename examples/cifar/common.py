@@ -67,7 +67,7 @@ class RunOptions:
     compile_ahead: bool | str = "after"  # JAX: compile the likely next step variants on a background thread, not beside the loop's own compilations (True: also then); not local
     in_flight: str = "off"            # JAX: on | off: one step left running while the host prepares the next (train.py)
     batch_stats: str = "global"       # JAX on several devices: global | per-device BatchNorm statistics (train.py)
-    pad_floor: str = "off"            # JAX: off | largest | N: pad micro-batches at least to this bucket (train.py)
+    pad_floor: str = "auto"           # JAX: auto | off | largest | N: pad micro-batches at least to this bucket (train.py)
     cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)
     memory_format: str = "auto"       # torch on CUDA: channels_last | contiguous | auto (see channels_last())
     compile: str = "off"              # torch: torch.compile mode of the model, off | default | reduce-overhead

@@ -139,9 +139,13 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     # evaluation (once per policy) are compiled in the background too, from the shapes they will see.
     cache = False if opts.compile_cache == "off" else (opts.compile_cache or True)
     buckets = cfg.batch_buckets or ()
-    pad_floor = (None if opts.pad_floor == "off" else
+    # auto: one compiled shape where a compilation costs more than the padded compute (a GPU: ~17 s
+    # per ResNet-18 step variant) and the batch can climb; on a CPU compute dominates
+    floor = opts.pad_floor if opts.pad_floor != "auto" else (
+        "largest" if dev.platform == "gpu" and ta is not None and cfg.elastic_batch else "off")
+    pad_floor = (None if floor == "off" else
                  max((b for b in buckets if b <= cfg.batch_max), default=cfg.batch_max)
-                 if opts.pad_floor == "largest" else int(opts.pad_floor))
+                 if floor == "largest" else int(floor))
     loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed, pad_to_batch=True,
                            pad_floor=pad_floor, buckets=cfg.batch_buckets,
                            device=None if mesh is None else batch_sharding(mesh))
@@ -260,5 +264,5 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             "report": report, "wall_seconds": wall, "setup_seconds": setup_seconds, "eval_seconds": eval_times,
             "compile_log": compiles, "train_seconds": sum(epoch_times),
             "step_traces": split.traces, "compiled_ahead": split.compiled_ahead,
-            "compile_cache": split.compile_cache, "memory_budget": cfg.memory_budget,
+            "compile_cache": split.compile_cache, "memory_budget": cfg.memory_budget, "pad_floor": pad_floor,
             "bytes_limit": stats.get("bytes_limit")}
