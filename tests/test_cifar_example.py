@@ -53,9 +53,19 @@ def test_jax_demo_with_a_pad_floor_and_compilations_after_the_loops(tmp_path):
 
 
 def test_jax_demo_pads_by_default_only_on_a_gpu(tmp_path):
-    """--pad-floor auto (the default): off on the CPU (compute, not compilation, dominates there)."""
+    """--pad-floor auto (the default): off on the CPU (compute, not compilation, dominates there);
+    on a GPU the largest bucket <= batch_max, for a batch that can climb only."""
+    from examples.cifar.jax_loop import pad_floor_size
+
     summary, _ = _run(tmp_path, "--backend", "jax", "--method", "triaccel")
     assert summary["options"]["pad_floor"] == "auto" and summary["pad_floor"] is None
+    ladder = (12, 24, 48, 96, 192, 384)   # the demo's from 96 with --batch-max 512
+    assert pad_floor_size("auto", "gpu", True, ladder, 512) == 384
+    assert pad_floor_size("auto", "gpu", False, ladder, 512) is None   # AMP's static batch
+    assert pad_floor_size("auto", "cpu", True, ladder, 512) is None
+    assert pad_floor_size("off", "gpu", True, ladder, 512) is None
+    assert pad_floor_size("largest", "cpu", False, ladder, 100) == 96
+    assert pad_floor_size("200", "cpu", False, ladder, 512) == 200
 
 
 @pytest.mark.parametrize("method", ["fp32", "amp"])

@@ -46,6 +46,20 @@ def _cross_entropy(logits: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Arra
     return total / jnp.maximum(count, 1.0)
 
 
+def pad_floor_size(option: str, platform: str, climbing: bool, buckets: tuple[int, ...], batch_max: int) -> int | None:
+    """The loader's pad floor in samples (None: none) for --pad-floor `option` (auto | off | largest
+    | N). auto = largest where a step compilation costs more than the padded compute and the batch
+    can climb (platform "gpu", `climbing`: triaccel's batch lever), else off; largest = the largest
+    bucket <= batch_max."""
+    if option == "auto":
+        option = "largest" if platform == "gpu" and climbing else "off"
+    if option == "off":
+        return None
+    if option == "largest":
+        return max((b for b in buckets if b <= batch_max), default=batch_max)
+    return int(option)
+
+
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
     t_start = time.perf_counter()
     # Every trace/lowering/XLA compilation of the run, timed on the critical path or in the background
@@ -138,14 +152,10 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     # last step), or to --pad-floor's when larger: only those sizes are step variants, all compiled ahead. The update and the
     # evaluation (once per policy) are compiled in the background too, from the shapes they will see.
     cache = False if opts.compile_cache == "off" else (opts.compile_cache or True)
-    buckets = cfg.batch_buckets or ()
     # auto: one compiled shape where a compilation costs more than the padded compute (a GPU: ~17 s
     # per ResNet-18 step variant) and the batch can climb; on a CPU compute dominates
-    floor = opts.pad_floor if opts.pad_floor != "auto" else (
-        "largest" if dev.platform == "gpu" and ta is not None and cfg.elastic_batch else "off")
-    pad_floor = (None if floor == "off" else
-                 max((b for b in buckets if b <= cfg.batch_max), default=cfg.batch_max)
-                 if floor == "largest" else int(floor))
+    pad_floor = pad_floor_size(opts.pad_floor, dev.platform, ta is not None and cfg.elastic_batch,
+                               cfg.batch_buckets or (), cfg.batch_max)
     loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed, pad_to_batch=True,
                            pad_floor=pad_floor, buckets=cfg.batch_buckets,
                            device=None if mesh is None else batch_sharding(mesh))
