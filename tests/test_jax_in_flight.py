@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from triaccel.backends.jax import SplitStep
+from triaccel.batching import OOMAtMinimumBatch
 from triaccel.backends.jax.data import InFlight, elastic_step
 from test_elastic_jax import Harness, make_cfg, oom_error
 
@@ -287,3 +288,34 @@ def test_a_dropped_step_frees_its_arrays_at_once(path):
         assert [type(o).__name__ for o in garbage if isinstance(o, jax.Array)] == []
         alive = [i for i, r in enumerate(refs) if r() is not None]
         assert alive == [], f"gradients of steps {alive} still alive"
+
+
+def test_waiting_step_after_a_failed_update_names_the_cause():
+    """Without an InFlight nobody waits for the update's program: if it ran out of memory, every
+    later micro-batch is computed from its failed outputs and fails at any size. The error at the
+    minimum batch then says so and names the remedy."""
+    cfg = _accumulating()
+
+    class Poisoned(Harness):
+        failed = False
+
+        def grad_fn(self, batch, mask):
+            if self.failed:   # computed from the failed update's outputs
+                raise oom_error()
+            return super().grad_fn(batch, mask)
+
+        def update(self, grads, decision):
+            out = super().update(grads, decision)
+            self.failed = self.calls == 2   # the second step's update program failed on the device
+            return out
+
+    h = Poisoned(cfg)
+    for s in range(2):
+        elastic_step(h.loader, h.ctl, h.grad_fn, s, update_fn=h.update)
+    with pytest.raises(OOMAtMinimumBatch, match="in_flight=InFlight"):
+        elastic_step(h.loader, h.ctl, h.grad_fn, 2, update_fn=h.update)
+    plain = Poisoned(cfg)   # no update_fn: the plain message
+    plain.failed = True
+    with pytest.raises(OOMAtMinimumBatch) as err:
+        elastic_step(plain.loader, plain.ctl, plain.grad_fn, 0)
+    assert "in_flight" not in str(err.value)

@@ -54,6 +54,7 @@ from triaccel.elastic import (
     noise_split,
     run_elastic_step,
 )
+from triaccel.batching import OOMAtMinimumBatch
 from triaccel.noise import observe_split_step
 
 from .sharding import check_divides, shard_indices, take
@@ -526,10 +527,20 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             quieted[0] = True
         unpad_and_free()
 
-    with held:
-        result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
-                                 is_oom=is_oom, free_memory=free_and_unpad, read_memory=read_memory,
-                                 split=split)
+    try:
+        with held:
+            result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
+                                     is_oom=is_oom, free_memory=free_and_unpad, read_memory=read_memory,
+                                     split=split)
+    except OOMAtMinimumBatch as e:
+        if in_flight is not None or update_fn is None:
+            raise
+        # Nobody waited for the last update's program: had it run out of memory, the state holds its
+        # failed outputs and every micro-batch computed from them fails, at any size.
+        raise OOMAtMinimumBatch(f"{e} If an earlier step's update_fn ran out of memory (JAX reports it only when "
+                                "a result is waited for), the state holds its failed outputs and no batch size "
+                                "helps: pass in_flight=InFlight(snapshot, restore) to restore and replay such a "
+                                "step, or leave the update more memory.") from e
     result.end_of_epoch = loader.end_of_epoch
     if rerun[0]:
         result.ooms += rerun[0]
