@@ -40,6 +40,32 @@ def write_to_out(name: str, obj: Any) -> Path | None:
     return write_json(obj, Path(out) / name, indent=1) if out else None
 
 
+def child_row(cmd: Sequence[str], timeout: float, label: str) -> dict[str, Any]:
+    """Run a probe's child process; its row: the last JSON line of its stdout (with "stderr", the
+    child's standard error), or {"error": ...} when it timed out or failed (also printed, under
+    `label`). The device probes run each measurement in a fresh process this way."""
+    try:
+        p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{label}: no result within {timeout:.0f} s", flush=True)
+        return {"error": f"timeout {timeout} s"}
+    line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
+    if p.returncode != 0 or line is None:
+        print(f"{label}: failed (exit {p.returncode}): {p.stderr[-800:]}", flush=True)
+        return {"error": p.stderr[-2000:]}
+    return {**json.loads(line), "stderr": p.stderr}
+
+
+def print_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> None:
+    """A fixed-width table: `title` as a comment line, then one line per row; columns: (header, key,
+    format spec), e.g. ("step s", "step_s", ">7.1f"); the header takes the spec's width."""
+    print(f"# {title}")
+    width = [int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0) for _, _, spec in columns]
+    print(" ".join(f"{h:>{w}}" for (h, _, _), w in zip(columns, width)))
+    for r in rows:
+        print(" ".join(f"{r[k]:{spec}}" for _, k, spec in columns))
+
+
 def run_demo(args: Sequence[str], out: Path, workdir: str | Path | None = None,
              gpu: str | None = None, timeout: float | None = None) -> dict[str, Any] | None:
     """`python -m examples.cifar.train ARGS --out OUT` in its own process (peak-memory counters and caches

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -25,42 +24,17 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the shared helpers
-from _results import write_to_out  # noqa: E402
+from _results import child_row, print_table, write_to_out  # noqa: E402
 
 MODES = ("alone", "pair")
 
 
 def child(mode: str, batch: int, eval_batch: int) -> dict[str, Any]:
     import jax
-    import jax.numpy as jnp
     import numpy as np
-    import optax
-    from flax import nnx
+    from _r18_step import amp_resnet18
 
-    from triaccel import Precision
-    from triaccel.backends.jax import layer_map_from_model, precision_policy
-    from triaccel.backends.jax.models import create_model
-
-    model = create_model("resnet18", num_classes=10, seed=0)
-    lm = layer_map_from_model(model)
-    precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
-    opt = nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9, nesterov=True), wrt=nnx.Param)
-    graphdef, state = nnx.split((model, opt))
-
-    def train(state: Any, x: Any, y: Any) -> Any:
-        m, o = nnx.merge(graphdef, state)
-
-        def lf(mm: Any) -> Any:
-            return optax.softmax_cross_entropy_with_integer_labels(mm(x).astype(jnp.float32), y).mean()
-
-        loss, grads = nnx.value_and_grad(lf)(m)
-        o.update(m, grads)
-        return loss, nnx.state((m, o))
-
-    def evaluate(state: Any, x: Any, y: Any) -> Any:
-        m, _ = nnx.merge(graphdef, state)
-        m.eval()
-        return (m(x).argmax(-1) == y).sum()
+    state, train, evaluate = amp_resnet18()
 
     def shapes(n: int) -> tuple[Any, Any]:
         return (jax.ShapeDtypeStruct((n, 32, 32, 3), np.float32), jax.ShapeDtypeStruct((n,), np.int32))
@@ -105,27 +79,19 @@ def main() -> None:
     for rep in range(a.reps):
         for mode in MODES:
             cmd = [sys.executable, __file__, "--child", mode, "--batch", str(a.batch), "--eval-batch", str(a.eval_batch)]
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-            except subprocess.TimeoutExpired:
-                print(f"rep {rep} {mode}: no result within {a.timeout:.0f} s", flush=True)
-                rows.append({"rep": rep, "mode": mode, "error": f"timeout {a.timeout} s"})
-                continue
-            line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
-            if p.returncode != 0 or line is None:
-                print(f"rep {rep} {mode}: failed (exit {p.returncode}): {p.stderr[-800:]}", flush=True)
-                rows.append({"rep": rep, "mode": mode, "error": p.stderr[-2000:]})
-                continue
-            rows.append({"rep": rep, **json.loads(line), "delay_warnings": p.stderr.count("Delay kernel timed out")})
-            print(json.dumps(rows[-1]), flush=True)
+            row = child_row(cmd, a.timeout, f"rep {rep} {mode}")
+            if "error" not in row:
+                row["delay_warnings"] = row.pop("stderr").count("Delay kernel timed out")
+            rows.append({"rep": rep, "mode": mode, **row})
+            if "error" not in row:
+                print(json.dumps(rows[-1]), flush=True)
     ok = [r for r in rows if "error" not in r]
     if ok:
-        print(f"# ResNet-18 bf16 training step at bs {a.batch} and evaluation at {a.eval_batch}, {ok[0]['device']}: "
-              "compile seconds, fresh process per row")
-        print(f"{'rep':>3} {'mode':<6} {'step s':>7} {'eval s':>7} {'wall s':>7} {'delay warnings':>14}")
-        for r in ok:
-            print(f"{r['rep']:>3} {r['mode']:<6} {r['step_s']:>7.1f} {r['eval_s']:>7.1f} {r['wall_s']:>7.1f} "
-                  f"{r['delay_warnings']:>14}")
+        print_table(f"ResNet-18 bf16 training step at bs {a.batch} and evaluation at {a.eval_batch}, {ok[0]['device']}: "
+                    "compile seconds, fresh process per row",
+                    ok, [("rep", "rep", ">3"), ("mode", "mode", ">6"), ("step s", "step_s", ">7.1f"),
+                         ("eval s", "eval_s", ">7.1f"), ("wall s", "wall_s", ">7.1f"),
+                         ("delay warnings", "delay_warnings", ">14")])
     write_to_out("jax_compile_pair_probe.json", rows)
 
 

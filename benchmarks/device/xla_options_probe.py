@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the shared helpers
-from _results import write_to_out  # noqa: E402
+from _results import child_row, print_table, write_to_out  # noqa: E402
 
 OPTION_SETS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -37,32 +36,10 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
 
 def child(name: str, fg: int, bg: int, steps: int) -> dict[str, Any]:
     import jax
-    import jax.numpy as jnp
     import numpy as np
-    import optax
-    from flax import nnx
+    from _r18_step import amp_resnet18
 
-    from triaccel import Precision
-    from triaccel.backends.jax import layer_map_from_model, precision_policy
-    from triaccel.backends.jax.models import create_model
-
-    model = create_model("resnet18", num_classes=10, seed=0)
-    lm = layer_map_from_model(model)
-    precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
-    opt = nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9, nesterov=True), wrt=nnx.Param)
-    graphdef, state = nnx.split((model, opt))
-
-    def pure(state: Any, x: Any, y: Any) -> Any:
-        m, o = nnx.merge(graphdef, state)
-
-        def lf(mm: Any) -> Any:
-            logits = mm(x).astype(jnp.float32)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-        loss, grads = nnx.value_and_grad(lf)(m)
-        o.update(m, grads)
-        return loss, nnx.state((m, o))
-
+    state, pure, _ = amp_resnet18()
     step = jax.jit(pure, donate_argnums=0)
     rng = np.random.default_rng(0)
 
@@ -134,27 +111,18 @@ def main() -> None:
     rows = []
     for name in a.sets:
         cmd = [sys.executable, __file__, "--child", name, "--fg", str(a.fg), "--bg", str(a.bg), "--steps", str(a.steps)]
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"{name}: no result within {a.timeout:.0f} s", flush=True)
-            rows.append({"options": name, "error": f"timeout {a.timeout} s"})
-            continue
-        line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
-        if p.returncode != 0 or line is None:
-            print(f"{name}: failed (exit {p.returncode}): {p.stderr[-800:]}", flush=True)
-            rows.append({"options": name, "error": p.stderr[-2000:]})
-            continue
-        rows.append(json.loads(line))
-        print(json.dumps(rows[-1]), flush=True)
+        row = child_row(cmd, a.timeout, name)
+        row.pop("stderr", None)
+        rows.append({"options": name, **row})
+        if "error" not in row:
+            print(json.dumps(rows[-1]), flush=True)
     ok = [r for r in rows if "error" not in r]
     if ok:
-        print(f"# ResNet-18 bf16 step, {ok[0]['device']}: foreground bs {a.fg}, background compilation at bs {a.bg}")
-        print(f"{'options':<15} {'fg compile s':>12} {'fg ms alone':>11} {'fg ms beside':>12} {'bg lower s':>10} "
-              f"{'bg compile s':>12} {'bg ms':>7}")
-        for r in ok:
-            print(f"{r['options']:<15} {r['fg_compile_s']:>12.1f} {r['fg_ms_alone']:>11.2f} {r['fg_ms_beside']:>12.2f} "
-                  f"{r['bg_lower_s']:>10.1f} {r['bg_compile_s']:>12.1f} {r['bg_ms']:>7.2f}")
+        print_table(f"ResNet-18 bf16 step, {ok[0]['device']}: foreground bs {a.fg}, background compilation at bs {a.bg}",
+                    ok, [("options", "options", ">15"), ("fg compile s", "fg_compile_s", ">12.1f"),
+                         ("fg ms alone", "fg_ms_alone", ">11.2f"), ("fg ms beside", "fg_ms_beside", ">12.2f"),
+                         ("bg lower s", "bg_lower_s", ">10.1f"), ("bg compile s", "bg_compile_s", ">12.1f"),
+                         ("bg ms", "bg_ms", ">7.2f")])
     write_to_out("xla_options_probe.json", rows)
 
 

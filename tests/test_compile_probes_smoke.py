@@ -1,0 +1,38 @@
+"""The JAX compile probes of benchmarks/device (run on the GPU machine) on the CPU with --smoke: a row
+per process, the table printed, the JSON written under $OUT."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("probe, rows", [("jax_compile_pair_probe", 2), ("xla_options_probe", 1)])
+def test_probe_smoke(tmp_path, probe, rows):
+    env = {**os.environ, "OUT": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device" / f"{probe}.py"), "--smoke"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads((tmp_path / f"{probe}.json").read_text())
+    assert len(got) == rows and all("error" not in r for r in got)
+    assert "# ResNet-18" in p.stdout
+
+
+def test_child_row_reports_a_failure_and_a_timeout(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _results import child_row, print_table
+
+    ok = child_row([sys.executable, "-c", "print('noise'); print('{\"a\": 1}')"], 60, "ok")
+    assert ok["a"] == 1 and ok["stderr"] == ""
+    assert "error" in child_row([sys.executable, "-c", "import sys; sys.exit(3)"], 60, "fails")
+    assert child_row([sys.executable, "-c", "import time; time.sleep(5)"], 0.5, "slow")["error"].startswith("timeout")
+    print_table("t", [{"x": 1.25, "n": "a"}], [("x s", "x", ">5.1f"), ("name", "n", ">4")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3:] == ["# t", "  x s name", "  1.2    a"]
