@@ -122,15 +122,19 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
 
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"CIFAR-10 image folder not found at {DATA}")
-def test_demo_trains_on_two_devices_with_per_device_statistics(tmp_path):
+@pytest.mark.parametrize("stats, extra", [("per-device", []),
+                                          # the pad floor, as the demo's default sets it on GPUs
+                                          ("global", ["--pad-floor", "largest", "--batch-max", "64"])])
+def test_demo_trains_on_two_devices(tmp_path, stats, extra):
     out = tmp_path / "run"
     two_devices.run(["-m", "examples.cifar.train", "--backend", "jax", "--devices", "2", "--batch-stats",
-           "per-device", "--method", "triaccel", "--data", str(DATA), "--epochs", "1", "--train-subset", "192",
+           stats, "--method", "triaccel", "--data", str(DATA), "--epochs", "1", "--train-subset", "192",
            "--test-subset", "64", "--batch", "32", "--width", "0.125", "--t-ctrl", "2", "--warmup-steps", "2",
-           "--no-progress", "--device", "cpu", "--out", str(out)], timeout=600)
+           "--no-progress", "--device", "cpu", "--out", str(out), *extra], timeout=600)
     summary = json.loads((out / "summary.json").read_text())
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
-    assert summary["devices"] == 2 and summary["options"]["batch_stats"] == "per-device"
+    assert summary["devices"] == 2 and summary["options"]["batch_stats"] == stats
+    assert summary["pad_floor"] == (64 if extra else None)
     assert sum(r["samples"] for r in steps if r["type"] == "step") == 192   # every image once
     assert 0.0 <= summary["final_acc"] <= 1.0
 
