@@ -310,9 +310,10 @@ class _Recorder:
 
 @pytest.mark.parametrize("pad", [False, True])
 def test_prepare_queues_every_bucket_up_the_ladder_nearest_first(pad):
-    """Once the step is first lowered: a bound function with example shapes, the noise half batch
-    (unless the loader pads it to the full batch), then each larger bucket up to batch_max; not
-    the buckets below."""
+    """Once the step is first lowered: a bound function with example shapes, the jobs queued with
+    compile_in_background, a function bound with soon=False, the noise half batch (unless the
+    loader pads it to the full batch), then each larger bucket up to batch_max; not the buckets
+    below."""
     from triaccel.backends.jax import SplitStep, TriAccel
 
     cfg = TriAccelConfig(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=4, batch_max=32,
@@ -327,15 +328,19 @@ def test_prepare_queues_every_bucket_up_the_ladder_nearest_first(pad):
     def probe(m, x):
         return m(x).sum()
 
+    def later(m, x):
+        return m(x).mean()
+
+    split.bind(later, model, example_args=(jnp.ones((5, 4)),), soon=False)   # bound first, queued after
     split.bind(probe, model, example_args=(jnp.ones((3, 4)),))
     assert split.compile_in_background("extra", lambda: None)
     split.control(0)
     assert rec.names == []                          # all wait for the step's first lowering
     split(jnp.ones((8, 4)))
     want = ["_body@16", "_body@32"] if pad else ["_body@4", "_body@16", "_body@32"]   # 4: the half
-    assert rec.names == ["probe@3", "extra", *want]
+    assert rec.names == ["probe@3", "extra", "later@5", *want]
     split.control(2)
-    assert len(rec.names) == 2 + len(want)          # nothing new at the next boundary
+    assert len(rec.names) == 3 + len(want)          # nothing new at the next boundary
     split.compile_in_background("later", lambda: None)
     assert rec.names[-1] == "later"
 

@@ -183,7 +183,7 @@ class SplitStep:
         return self._main(*args)
 
     def bind(self, fn: Callable[..., Any], *objects: Any, example_args: tuple[Any, ...] | None = None,
-             **jit_kwargs: Any) -> Callable[..., Any]:
+             soon: bool = True, **jit_kwargs: Any) -> Callable[..., Any]:
         """`fn(*objects, *args) -> out` jitted over the leaves of `objects` only, sharing this step's
         state: `objects` are graph nodes or `nnx.State`s whose Variables all belong to this step's
         objects (e.g. ``nnx.state(model, nnx.Param)`` and the optimizer). Its compiled variants are
@@ -192,7 +192,11 @@ class SplitStep:
         example_args: the arguments of a call to come (arrays or `jax.ShapeDtypeStruct`s, placed as
         the call's will be): with compile-ahead on, that variant is compiled in the background at
         the next `prepare` (control boundary) under the current policy and the likely next one,
-        before its first call (e.g. an evaluation at each epoch's end). jit_kwargs: passed to
+        before its first call (e.g. an evaluation at each epoch's end). soon: queued first (e.g. the
+        update every step needs at once); False: after the `compile_in_background` jobs (e.g. an
+        evaluation needed at an epoch's end: in cold demo runs the gradient-noise programs, queued
+        behind it, were needed first and compiled on the critical path beside it, 2.6-3.0 s on an
+        H100, 2026-11-25), still before the step's other sizes. jit_kwargs: passed to
         `jax.jit` (no donation unless given; on a mesh, outputs replicated unless out_shardings is
         given)."""
         if self._variables is None:
@@ -201,6 +205,7 @@ class SplitStep:
         if example_args is not None and not isinstance(example_args, tuple):
             raise ValueError(f"example_args: a tuple of the call's arguments, got {type(example_args).__name__}")
         b = _Bound(self, fn, objects, {**self._jit_defaults, **jit_kwargs})
+        b.soon = bool(soon)
         b.locate()
         if example_args is not None:
             args = _abstract_tree(example_args)
@@ -251,7 +256,8 @@ class SplitStep:
         climbs one per decision and the ladder is short) with its half (not the buckets below:
         those compile when the batch shrinks); under the policy the next precision decision would
         take, the current size (and its half); and the bound functions that know their argument
-        shapes (`bind(example_args=...)`, or a call) under both policies. Returns the number queued
+        shapes (`bind(example_args=...)`, or a call) under both policies: those bound with soon=True
+        first, then the `compile_in_background` jobs, then those bound with soon=False. Returns the number queued
         (the step's own sizes wait for its first call, which then triggers this again)."""
         ctl = self.ta.controller if self.ta is not None else None
         if self.ahead is None or ctl is None:
@@ -280,11 +286,11 @@ class SplitStep:
             if b not in sizes:
                 sizes.append(b)
         policies = [likely] if policy_names(likely) != policy_names(d) else []
-        queued = self._queue_bound(policies)
+        queued = self._queue_bound(policies, soon=True)
         also, self._also = self._also, []
         for name, fn in also:
             self.ahead.submit(("also", name), fn, name=name)
-        queued += len(also)
+        queued += len(also) + self._queue_bound(policies, soon=False)
         # under the likely policy: the current size and its half (sizes[:2] with halves)
         main = self.compile_ahead(sizes, policies, policy_batches=len(with_half(cur)))
         self._prepare_after_first_call = main is None
@@ -325,10 +331,10 @@ class SplitStep:
                 queued += self._submit(main, key, sig, args)
         return queued
 
-    def _queue_bound(self, policies: Sequence[Any]) -> int:
-        """Queue the bound functions' variants at the argument shapes they know (`bind`'s
-        example_args, their calls), under the current policy and each of `policies`."""
-        bound = [b for b in self._bound[1:] if b.templates]
+    def _queue_bound(self, policies: Sequence[Any], soon: bool) -> int:
+        """Queue the variants of the bound functions bound with `soon` at the argument shapes they
+        know (`bind`'s example_args, their calls), under the current policy and each of `policies`."""
+        bound = [b for b in self._bound[1:] if b.templates and b.soon == soon]
         keys = [[b.key] for b in bound]
         for policy in policies:
             for ks, k in zip(keys, self._keys_for(policy, bound)):
@@ -369,8 +375,8 @@ class SplitStep:
         """Queue another compilation on this step's background compiler: ``fn()`` (e.g. a
         ``jax.jit(f).lower(...).compile()``, whose result jax.jit's caches keep for later calls).
         With a TriAccel, before the step's first lowering it waits, queued then after the bound
-        functions (the update and evaluation the first step needs at once) and before the other
-        step variants; otherwise it joins the queue's end. Returns False (nothing queued) when compile-ahead is off."""
+        functions bound with soon=True (e.g. the update the first step needs at once), before those
+        bound with soon=False and the other step variants; otherwise it joins the queue's end. Returns False (nothing queued) when compile-ahead is off."""
         if self.ahead is None:
             return False
         if self._main.last_sig is None and self.ta is not None:   # `prepare` will queue it
@@ -409,6 +415,7 @@ class _Bound:
                  jit_kwargs: dict[str, Any], everything: bool = False) -> None:
         self.owner, self.fn, self.objects, self.jit_kwargs = owner, fn, objects, jit_kwargs
         self.everything = everything
+        self.soon = True   # queued before the background jobs (`SplitStep.bind`)
         self.name = getattr(fn, "__name__", "fn")   # how compile logs and XLA name its variants
         self.steps: dict[Any, CountingJit] = {}   # (graph definition, treedef) -> its jitted function
         # (graph definition, treedef) -> argument signature -> its executable (`jax.stages.Compiled`)

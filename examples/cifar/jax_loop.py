@@ -173,7 +173,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     update = split.bind(update_body, params, opt,
                         example_args=(grads_like, jax.device_put(np.float32(opts.lr), place)))
     eval_chunk = min(1000, len(data.test_x))
-    evaluate = split.bind(eval_body, model, example_args=(xte[:eval_chunk], yte[:eval_chunk]))
+    # needed at the epoch's end: queued after the noise programs the first noise step needs
+    evaluate = split.bind(eval_body, model, example_args=(xte[:eval_chunk], yte[:eval_chunk]), soon=False)
 
     step_key = [key if mesh is None else jax.device_put(key, place)]
     grad_scale: list[Any] = [1.0]   # the loss scale of the last micro-batch's grads (a device scalar)
