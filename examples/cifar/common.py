@@ -65,7 +65,7 @@ class RunOptions:
     progress: bool = True
     compile_cache: str | None = None  # JAX: persistent compilation cache folder; None: <cache>/jax; "off"
     compile_ahead: bool | str = "after"  # JAX: compile the likely next step variants on a background thread, not beside the loop's own compilations (True: also then); not local
-    in_flight: str = "off"            # JAX: on | off: one step left running while the host prepares the next (train.py)
+    in_flight: str = "on"             # JAX: on | off: one step left running while the host prepares the next (train.py)
     batch_stats: str = "global"       # JAX on several devices: global | per-device BatchNorm statistics (train.py)
     pad_floor: str = "auto"           # JAX: auto | off | largest | N: pad micro-batches at least to this bucket (train.py)
     cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)
