@@ -542,11 +542,14 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
                                 "helps: pass in_flight=InFlight(snapshot, restore) to restore and replay such a "
                                 "step, or leave the update more memory.") from e
     result.end_of_epoch = loader.end_of_epoch
-    if rerun[0]:
-        result.ooms += rerun[0]
-        result.replayed += rerun[1]
-        loader.stats["ooms"] += rerun[0]
-        loader.stats["replayed"] += rerun[1]
+
+    def count(ooms: int, replayed: int) -> None:   # outside controlled_step's own counting
+        result.ooms += ooms
+        result.replayed += replayed
+        loader.stats["ooms"] += ooms
+        loader.stats["replayed"] += replayed
+
+    count(*rerun)
     if in_flight is not None and unwaited[0]:
         indices = chunks[0]
 
@@ -564,14 +567,11 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
                                           free_memory=unpad_and_free)
             again = finish(result.decision, report)
             loader.apply(controller.decision)
-            loader.stats["ooms"] += 1 + report.ooms
-            loader.stats["replayed"] += len(indices) + report.replayed
             result.loss, result.micro_sizes = again.loss, again.micro_sizes
             for name in ("grads", "aux", "updated"):   # unless the caller dropped them (see the demo)
                 if getattr(result, name) is not None:
                     setattr(result, name, getattr(again, name))
-            result.ooms += 1 + report.ooms
-            result.replayed += len(indices) + report.replayed
+            count(1 + report.ooms, len(indices) + report.replayed)
 
         in_flight._leave((result.loss, marker), before[0], replay)
     return result

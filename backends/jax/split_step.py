@@ -195,7 +195,7 @@ class SplitStep:
         before its first call (e.g. an evaluation at each epoch's end). soon: queued first (e.g. the
         update every step needs at once); False: after the `compile_in_background` jobs (e.g. an
         evaluation needed at an epoch's end: in cold demo runs the gradient-noise programs, queued
-        behind it, were needed first and compiled on the critical path beside it, 2.6-3.0 s on an
+        behind it, were needed first and compiled on the critical path beside it, 2.1-3.0 s on an
         H100, 2026-11-25), still before the step's other sizes. jit_kwargs: passed to
         `jax.jit` (no donation unless given; on a mesh, outputs replicated unless out_shardings is
         given)."""
