@@ -68,6 +68,40 @@ def test_jax_demo_pads_by_default_only_on_a_gpu(tmp_path):
     assert pad_floor_size("200", "cpu", False, ladder, 512) == 200
 
 
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_trace_steps_profile_a_window_that_the_summary_reads(tmp_path, backend):
+    """--trace-steps 2:4 writes the backend profiler's trace of steps 2-3; benchmarks/trace_summary.py
+    finds it under the run's out and accounts the host's time; every step record has its host time."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import trace_summary
+
+    summary, out = _run(tmp_path, "--backend", backend, "--method", "amp", "--trace-steps", "2:4")
+    assert tuple(summary["options"]["trace_steps"]) == (2, 4)
+    s = trace_summary.summarize(trace_summary.load_events(trace_summary.find_trace(str(out))), top=5)
+    assert s["window_ms"] > 0 and s["gpu_share"] is None   # a CPU run: no device track
+    assert s["tracks"][0]["busy_ms"] > 0 and 0 < s["tracks"][0]["share"] <= 1.0 + 1e-9
+    steps = [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["type"] == "step"]
+    assert all(b["host_s"] > a["host_s"] > 0 for a, b in zip(steps, steps[1:]))
+
+
+def test_trace_summary_unions_overlapping_events():
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import trace_summary
+
+    ev = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+          {"ph": "X", "pid": 1, "tid": 7, "ts": 0, "dur": 10, "name": "k1"},
+          {"ph": "X", "pid": 1, "tid": 7, "ts": 5, "dur": 10, "name": "k2"},     # overlaps k1: 15 us busy
+          {"ph": "X", "pid": 1, "tid": 8, "ts": 30, "dur": 5, "name": "k1"},
+          {"ph": "X", "pid": 2, "tid": 1, "ts": 0, "dur": 40, "name": "step"}]
+    s = trace_summary.summarize(ev, top=3)
+    assert s["window_ms"] == pytest.approx(0.040) and s["gpu_busy_ms"] == pytest.approx(0.020)
+    assert s["gpu_share"] == pytest.approx(0.5) and s["gpu_events"] == 3
+    assert s["tracks"][0]["process"] == "/host:CPU" and s["tracks"][0]["share"] == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize("method", ["fp32", "amp"])
 def test_baselines_run(tmp_path, method):
     summary, out = _run(tmp_path, "--backend", "torch", "--method", method)
@@ -87,6 +121,11 @@ def test_bad_options_fail_before_loading_data(tmp_path):
                 ["--backend", "torch", "--batch-stats", "per-device"], ["--backend", "jax", "--batch-stats", "local"]):
         with pytest.raises(SystemExit):
             train.parse_args(bad)
+    for bad in (["--trace-steps", "5"], ["--trace-steps", "4:4"], ["--trace-steps", "a:b"],
+                ["--trace-steps", "-1:3"], ["--method", "local", "--budget", "e2e:32", "--trace-steps", "0:2"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
+    assert train.parse_args(["--trace-steps", "10:20"]).trace_steps == (10, 20)
     assert train.parse_args(["--backend", "torch"]).pad_floor == "auto"   # the default: off but for JAX on a GPU
     jax_opts = train.parse_args(["--backend", "jax", "--pad-floor", "largest", "--compile-ahead", "after"])
     assert jax_opts.pad_floor == "largest" and jax_opts.compile_ahead == "after" and jax_opts.batch_stats == "global"

@@ -288,11 +288,31 @@ def _add_trees(a: Any, b: Any) -> Any:
     return jax.tree_util.tree_map(jnp.add, a, b)
 
 
-def noise_step_compilations(grads_like: Any) -> list[tuple[str, Callable[[], Any]]]:
+@jax.jit
+def _weighted_losses(outputs: tuple[Any, ...], weights: tuple[float, ...]) -> Any:
+    """sum of weight x output over a split step's micro-batches, in order (the values
+    `ElasticStepReport.weighted_sum` gives), as one program: eager, its multiplies and adds were
+    compiled on the caller's thread at the first noise step (seconds on a GPU beside a background
+    compilation)."""
+    total = weights[0] * outputs[0]
+    for w, o in zip(weights[1:], outputs[1:]):
+        total = total + w * o
+    return total
+
+
+def _step_loss(report: ElasticStepReport[jax.Array]) -> jax.Array:
+    """The step's sample-weighted loss: a single whole micro-batch's own output, else `_weighted_losses`."""
+    if len(report.outputs) == 1 and report.weights[0] == 1.0:
+        return jnp.asarray(report.outputs[0])
+    return _weighted_losses(tuple(report.outputs), tuple(float(w) for w in report.weights))
+
+
+def noise_step_compilations(grads_like: Any, loss_like: Any = None) -> list[tuple[str, Callable[[], Any]]]:
     """(name, thunk) pairs that compile what `elastic_step` runs at a gradient-noise step besides the
-    user's functions (weighting, accumulation, squared norms, the rows read back), for gradients
-    shaped as `grads_like` (a pytree of arrays or `jax.ShapeDtypeStruct`s, placed as the step's
-    gradients are). Run them on a background thread before the first noise step (e.g.
+    user's functions (weighting, accumulation, squared norms, the rows read back, the two halves'
+    loss weighting), for gradients shaped as `grads_like` (a pytree of arrays or
+    `jax.ShapeDtypeStruct`s, placed as the step's gradients are) and a loss shaped as `loss_like`
+    (None: a float32 scalar placed as the gradients). Run them on a background thread before the first noise step (e.g.
     `SplitStep.compile_in_background`): a later call with those shapes then finds them compiled
     (jax.jit's caches hold ahead-of-time compilations)."""
     from .compile_ahead import abstract
@@ -304,10 +324,12 @@ def noise_step_compilations(grads_like: Any) -> list[tuple[str, Callable[[], Any
     sharding = getattr(leaves[0], "sharding", None)
     rows = jax.ShapeDtypeStruct((len(leaves),), jnp.float32, sharding=sharding)
     scale = jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding)
+    loss = scale if loss_like is None else abstract(loss_like)
     return [("noise:scale", lambda: _scale_tree.lower(grads, 0.5).compile()),
             ("noise:add", lambda: _add_trees.lower(grads, grads).compile()),
             ("noise:sqnorms", lambda: _micro_sqnorms.lower(leaves).compile()),
-            ("noise:rows", lambda: _noise_rows.lower([rows, rows], leaves, scale).compile())]
+            ("noise:rows", lambda: _noise_rows.lower([rows, rows], leaves, scale).compile()),
+            ("noise:loss", lambda: _weighted_losses.lower((loss, loss), (0.5, 0.5)).compile())]
 
 
 def _tensor_layer_fn(tensor_layer: Any, controller: Any) -> Callable[[Any], np.ndarray]:
@@ -487,7 +509,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
                                      free_memory=free_and_unpad)
             rerun[0] += again.ooms   # OOMs of this re-run, counted with the step's own
             rerun[1] += again.replayed
-            return again.weighted_sum()
+            return _step_loss(again)
         return absorb(out, grads, weight)
 
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
@@ -500,7 +522,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             # output); waiting on each of a few hundred state arrays cost the host per step
             post = jax.tree_util.tree_leaves(in_flight.snapshot())
             marker[:] = [b for a, b in zip(pre, post) if a is not b][-1:]
-        return ElasticStepResult(grads=acc["grads"], loss=jnp.asarray(report.weighted_sum()),
+        return ElasticStepResult(grads=acc["grads"], loss=_step_loss(report),
                                  aux=acc.get("aux"), updated=updated,
                                  **ElasticStepOutcome.fields(report, decision, loader.epoch))
 

@@ -73,6 +73,7 @@ class RunOptions:
     compile: str = "off"              # torch: torch.compile mode of the model, off | default | reduce-overhead
     compile_shapes: str = "dynamic"   # torch, compiled: dynamic (one graph per policy) | buckets (one per bucket)
     inject_oom_every: int = 0         # test-only (benchmarks/soak.py): see OOMInjector; 0 = off
+    trace_steps: tuple[int, int] | None = None  # (start, stop): profile optimizer steps [start, stop) (StepTrace)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def channels_last(self, device_type: str) -> bool:
@@ -125,6 +126,33 @@ class OOMInjector:
             self.injected += 1
             raise self.error(f"RESOURCE_EXHAUSTED: out of memory injected by --inject-oom-every="
                              f"{self.every} (#{self.injected}, test-only)")
+
+
+class StepTrace:
+    """The backend's profiler over optimizer steps [start, stop) (`--trace-steps START:STOP`): call
+    `at(step)` before each step and `close()` after the loop. `begin()` starts the profiler;
+    `end()` waits for the device and writes the trace (under the run's out/trace). A run shorter
+    than `stop` steps is ended by `close()`."""
+
+    def __init__(self, steps: tuple[int, int] | None, begin: Callable[[], None], end: Callable[[], None]) -> None:
+        if steps is not None and not 0 <= steps[0] < steps[1]:
+            raise ValueError(f"steps={steps!r}: allowed (start, stop) with 0 <= start < stop (optimizer steps)")
+        self.steps, self._begin, self._end = steps, begin, end
+        self.active = False
+
+    def at(self, step: int) -> None:
+        if self.steps is None:
+            return
+        if step == self.steps[0]:
+            self._begin()
+            self.active = True
+        elif step == self.steps[1] and self.active:
+            self.close()
+
+    def close(self) -> None:
+        if self.active:
+            self.active = False
+            self._end()
 
 
 def lr_factor(seen: int, total: int, warmup: int) -> float:

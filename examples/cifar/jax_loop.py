@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ from triaccel.backends.jax.sharding import (batch_sharding, check_config, data_m
                                             per_device_value_and_grad, replicated)
 from triaccel.flops import FlopShare
 
-from .common import OOMInjector, RunLog, RunOptions, lr_factor, median_last, precision_record
+from .common import OOMInjector, RunLog, RunOptions, StepTrace, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
 
 
@@ -203,12 +204,24 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     step = 0
     compiles["setup"] = clog.window()
     setup_seconds = time.perf_counter() - t_start
+    losses: list[Any] = []   # the epoch's step results
+
+    def end_trace() -> None:
+        if in_flight is not None:
+            in_flight.settle()
+        if losses:
+            jax.block_until_ready(losses[-1].loss)
+        jax.profiler.stop_trace()
+
+    tracer = StepTrace(opts.trace_steps, lambda: jax.profiler.start_trace(
+        os.path.join(opts.out, "trace"), create_perfetto_trace=True), end_trace)
     for epoch in range(opts.epochs):
         t0 = time.perf_counter()
-        losses: list[Any] = []   # the steps' results
+        losses = []
         records: list[dict[str, Any]] = []
         bar = progress(total=len(data.train_x), desc=f"epoch {epoch + 1}/{opts.epochs}")
         while True:
+            tracer.at(step)
             lr_now = opts.lr * lr_factor(seen, total_samples, warmup_samples)
             lr = jax.device_put(np.float32(lr_now), place)
             if ta is not None:
@@ -234,7 +247,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
             bar.update(res.samples)
             # Step records are written at the epoch's end: reading the loss now would sync the host.
             records.append(dict(step=step, epoch=epoch, batch_size=res.decision.batch_size, samples=res.samples,
-                                ooms=res.ooms, lr=lr_now,
+                                ooms=res.ooms, lr=lr_now, host_s=round(time.perf_counter() - t0, 5),
                                 mem_used=(dev.memory_stats() or {}).get("bytes_in_use")))
             step += 1
             if res.end_of_epoch:
@@ -257,6 +270,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         compiles["evals"].append(clog.window())   # evaluation and the epoch's records
         print(f"  train {describe(compiles['epochs'][-1])}\n  eval {eval_times[-1]:.1f}s, "
               f"{describe(compiles['evals'][-1])}", flush=True)
+    tracer.close()
     stats = dev.memory_stats() or {}
     report = ta.report(split) if ta is not None else None
     compiles["end"] = clog.window()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -21,7 +22,7 @@ from triaccel.distributed import decision_digest
 from triaccel.backends.torch.models import create_model
 from triaccel.flops import FlopShare
 
-from .common import OOMInjector, RunLog, RunOptions, lr_factor, median_last, precision_record
+from .common import OOMInjector, RunLog, RunOptions, StepTrace, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
 
 
@@ -155,6 +156,22 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     eval_peak = 0   # bytes, the evaluations' peak (CUDA)
     accs: list[float] = []
     step = 0
+    profiler: list[Any] = []
+
+    def begin_trace() -> None:
+        acts = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        profiler.append(torch.profiler.profile(activities=acts))
+        profiler[0].start()
+
+    def end_trace() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        profiler[0].stop()
+        os.makedirs(os.path.join(opts.out, "trace"), exist_ok=True)
+        profiler[0].export_chrome_trace(os.path.join(opts.out, "trace", "torch_trace.json"))
+
+    tracer = StepTrace(opts.trace_steps, begin_trace, end_trace)
     for epoch in range(opts.epochs):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -163,6 +180,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         records: list[dict[str, Any]] = []
         bar = progress(total=len(xtr), desc=f"epoch {epoch + 1}/{opts.epochs}")
         while True:
+            tracer.at(step)
             ctl_step = opt.step_count if opts.method == "triaccel" else step
             inject.arm(step)
             res = elastic_step(loader, controller, loss_fn, opt, ctl_step, **step_kwargs)
@@ -174,6 +192,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             # Step records are written at the epoch's end: reading the loss now would sync the host.
             records.append(dict(step=step, epoch=epoch, batch_size=res.decision.batch_size, samples=res.samples,
                                 ooms=res.ooms, lr=opt.param_groups[0]["lr"],
+                                host_s=round(time.perf_counter() - t0, 5),   # host time into the epoch
                                 mem_used=(torch.cuda.max_memory_allocated(device)
                                           if device.type == "cuda" and (step % MEM_EVERY == 0 or res.end_of_epoch)
                                           else None)))
@@ -194,6 +213,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         accs.append(acc)
         log.end_epoch(controller, epoch, records, torch.stack(losses).float().cpu().tolist(), acc,
                       epoch_times[-1], step, flop_share=flops.shares())
+    tracer.close()
     peak = None
     if device.type == "cuda":  # the wrapper's probe resets torch's peak counter at each read
         peak = max(torch.cuda.max_memory_allocated(device), eval_peak,

@@ -200,7 +200,20 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="test-only fault injection (benchmarks/soak.py): the first micro-batch of every N-th "
                         "optimizer step raises the framework's out-of-memory error, which the elastic step must "
                         "survive (default 0: off)")
+    p.add_argument("--trace-steps", default=None, metavar="START:STOP",
+                   help="profile optimizer steps [START, STOP) with the backend's profiler (jax.profiler / "
+                        "torch.profiler; a Perfetto/Chrome trace under OUT/trace; summary: "
+                        "benchmarks/trace_summary.py); not with --method local")
     a = p.parse_args(argv)
+    trace_steps = None
+    if a.trace_steps is not None:
+        try:
+            trace_steps = tuple(int(v) for v in a.trace_steps.split(":"))
+        except ValueError:
+            trace_steps = ()
+        if len(trace_steps) != 2 or not 0 <= trace_steps[0] < trace_steps[1] or a.method == "local":
+            p.error(f"--trace-steps={a.trace_steps}: allowed START:STOP, integers with 0 <= START < STOP "
+                    "(optimizer steps), not with --method local")
     if a.inject_oom_every < 0 or (a.inject_oom_every and a.method == "local"):
         p.error(f"--inject-oom-every={a.inject_oom_every}: allowed an integer >= 0, not with --method local")
     if a.compile != "off" and a.backend != "torch":
@@ -248,7 +261,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
         compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, in_flight=a.in_flight,
         memory_format=a.memory_format,
-        inject_oom_every=a.inject_oom_every, extra=_parse_set(a.set))
+        inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
     for flag, value in (("--fuse-steps", a.fuse_steps), ("--plan-headroom", a.plan_headroom),

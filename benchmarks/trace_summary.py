@@ -1,0 +1,116 @@
+"""Where a traced window of training steps spends its time: a summary of the demo's `--trace-steps`
+trace (Chrome/Perfetto JSON from jax.profiler or torch.profiler).
+
+Per track (process/thread): events, busy time (the union of its events' intervals, ms) and share of
+the window; the GPU's busy time over all its streams; the most expensive event names of the busiest
+tracks. A GPU busy share well below 1 over steady-state steps means the device waits for the host.
+
+usage: python3 benchmarks/trace_summary.py RUN_OUT [--top 8] [--json PATH]
+  RUN_OUT: the demo's --out folder (its trace/ is searched) or a trace file (.json or .json.gz)
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import os
+from collections import defaultdict
+from typing import Any
+
+
+def find_trace(path: str) -> str:
+    """The trace file under a run folder (the newest), or `path` itself."""
+    if os.path.isfile(path):
+        return path
+    found = [p for pat in ("**/*perfetto_trace.json.gz", "**/*.trace.json.gz", "**/torch_trace.json")
+             for p in glob.glob(os.path.join(path, "trace", pat), recursive=True)]
+    if not found:
+        raise SystemExit(f"{path}: no trace under {os.path.join(path, 'trace')} (run the demo with --trace-steps)")
+    return max(found, key=os.path.getmtime)
+
+
+def load_events(path: str) -> list[dict[str, Any]]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of [start, end) intervals (same unit as given)."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + (cur_e - cur_s if cur_e is not None else 0.0)
+
+
+def is_gpu(process: str, event: dict[str, Any]) -> bool:
+    """A device-side event: JAX's /device:GPU tracks, torch's kernel/memcpy/memset categories."""
+    return "/device:gpu" in process.lower() or str(event.get("cat", "")).lower() in (
+        "kernel", "gpu_memcpy", "gpu_memset")
+
+
+def summarize(events: list[dict[str, Any]], top: int) -> dict[str, Any]:
+    pname: dict[Any, str] = {}
+    tname: dict[tuple[Any, Any], str] = {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            pname[e["pid"]] = str(e.get("args", {}).get("name", e["pid"]))
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            tname[(e["pid"], e.get("tid"))] = str(e.get("args", {}).get("name", e.get("tid")))
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    if not spans:
+        raise SystemExit("the trace has no complete ('X') events")
+    t0 = min(float(e["ts"]) for e in spans)
+    t1 = max(float(e["ts"]) + float(e["dur"]) for e in spans)
+    tracks: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    gpu: list[tuple[float, float]] = []
+    for e in spans:
+        proc = pname.get(e["pid"], str(e["pid"]))
+        tracks[(proc, tname.get((e["pid"], e.get("tid")), str(e.get("tid"))))].append(e)
+        if is_gpu(proc, e):
+            gpu.append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    window = t1 - t0
+    rows = []
+    for (proc, thread), evs in tracks.items():
+        busy = union_us([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in evs])
+        by_name: dict[str, float] = defaultdict(float)
+        for e in evs:
+            by_name[str(e.get("name"))] += float(e["dur"])
+        names = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+        rows.append({"process": proc, "thread": thread, "events": len(evs), "busy_ms": busy / 1e3,
+                     "share": busy / window, "top": [(n, round(d / 1e3, 3)) for n, d in names]})
+    rows.sort(key=lambda r: -r["busy_ms"])
+    return {"window_ms": window / 1e3, "gpu_busy_ms": union_us(gpu) / 1e3,
+            "gpu_share": union_us(gpu) / window if gpu else None, "gpu_events": len(gpu), "tracks": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("path")
+    ap.add_argument("--top", type=int, default=8, help="event names shown per busy track (default 8)")
+    ap.add_argument("--tracks", type=int, default=6, help="tracks shown with their top events (default 6)")
+    ap.add_argument("--json", default=None, help="also write the summary here")
+    args = ap.parse_args()
+    path = find_trace(args.path)
+    s = summarize(load_events(path), args.top)
+    gpu = "none" if s["gpu_share"] is None else f"{s['gpu_busy_ms']:.1f} ms ({100 * s['gpu_share']:.0f}%)"
+    print(f"{path}\nwindow {s['window_ms']:.1f} ms; GPU busy {gpu} over {s['gpu_events']} events")
+    for r in s["tracks"][:args.tracks]:
+        print(f"  {r['process'][:40]:<40} {r['thread'][:32]:<32} {r['events']:>7} ev  busy {r['busy_ms']:9.1f} ms "
+              f"({100 * r['share']:3.0f}%)")
+        for n, ms in r["top"]:
+            print(f"      {ms:9.3f} ms  {n[:110]}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(s, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
