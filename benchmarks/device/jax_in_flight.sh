@@ -10,7 +10,7 @@ D=/tmp/data/cifar10-jpeg; mkdir -p /tmp/runs
 one() { name=$1; shift; timeout 220 python3 -m examples.cifar.train --backend jax --model resnet18 --data $D --seed ${SEED:-0} --no-progress --compile-cache /tmp/cc/${CACHE:-$name} --out /tmp/runs/$name "$@" > $OUT/$name.log 2>&1; echo "$name rc $?"; cp /tmp/runs/$name/log.jsonl $OUT/$name.jsonl
   cp /tmp/runs/$name/summary.json $OUT/$name.json || return; python3 -c "
 import json; s=json.load(open('/tmp/runs/$name/summary.json'))
-print(f\"{'$name':<16} acc {s['final_acc']:.4f} train_s {s['train_seconds']:.1f} epochs {[round(x, 2) for x in s['epoch_seconds']]} batch {s['final_batch']} late_ooms {s.get('late_ooms')} peak_GiB {s['peak_alloc_bytes'] / 2**30:.2f}\")"; }
+print(f\"{'$name':<16} acc {s['final_acc']:.4f} train_s {s['train_seconds']:.1f} wall_s {s['wall_seconds']:.1f} epochs {[round(x, 2) for x in s['epoch_seconds']]} batch {s['final_batch']} late_ooms {s.get('late_ooms')} peak_GiB {s['peak_alloc_bytes'] / 2**30:.2f}\")"; }
 case "$1" in
 ab)
   for f in on off; do one amp384-$f --method amp --batch 384 --epochs ${EPOCHS:-3} --in-flight $f; done
