@@ -2,7 +2,8 @@
 # triaccel with --pad-floor largest --compile-ahead after, then AMP at static batches given as arguments
 # usage (device tool): R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg; bash $R/benchmarks/device/jax_effnet.sh 384
 # each run limited to LIMIT seconds (default 280); one summary line per run, summaries to $OUT; SUFFIX
-# (e.g. -warm) is appended to the run names (after -sSEED): a second call on the same machine then reruns on the caches
+# (e.g. -warm) is appended to the run names (after -sSEED): a second call on the same machine then reruns on the caches;
+# TRI=0 runs the static batches only
 D=/tmp/data/cifar10-jpeg; mkdir -p /tmp/runs; LIMIT=${LIMIT:-280}
 one() {  # name cache demo-args...
   name=$1; cache=$2; shift 2
@@ -16,5 +17,5 @@ print(f"{sys.argv[2]:<18} acc {s['final_acc']} train_s {sum(e):.1f} wall_s {s['w
       f"peak {s.get('peak_alloc_bytes', 0) / 2**30:.2f} GiB")
 PY
 }
-one tri-pad-after-s${SEED:-0}${SUFFIX:-} /tmp/e_tri --method triaccel --budget 4GiB --pad-floor largest --compile-ahead after
+[ "${TRI:-1}" = 1 ] && one tri-pad-after-s${SEED:-0}${SUFFIX:-} /tmp/e_tri --method triaccel --budget 4GiB --pad-floor largest --compile-ahead after
 for b in "$@"; do one amp-$b-s${SEED:-0}${SUFFIX:-} /tmp/e_amp$b --method amp --batch $b; done
