@@ -3,7 +3,8 @@ trace (Chrome/Perfetto JSON from jax.profiler or torch.profiler).
 
 Per track (process/thread): events, busy time (the union of its events' intervals, ms) and share of
 the window; the GPU's busy time over all its streams; the most expensive event names of the busiest
-tracks. A GPU busy share well below 1 over steady-state steps means the device waits for the host.
+tracks with their counts, and on GPU tracks the most frequent (kernels launched per step = count /
+traced steps). A GPU busy share well below 1 over steady-state steps means the device waits for the host.
 
 usage: python3 benchmarks/trace_summary.py RUN_OUT [--top 8] [--json PATH]
   RUN_OUT: the demo's --out folder (its trace/ is searched) or a trace file (.json or .json.gz)
@@ -80,12 +81,16 @@ def summarize(events: list[dict[str, Any]], top: int) -> dict[str, Any]:
     rows = []
     for (proc, thread), evs in tracks.items():
         busy = union_us([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in evs])
-        by_name: dict[str, float] = defaultdict(float)
+        by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])   # name -> [us, count]
         for e in evs:
-            by_name[str(e.get("name"))] += float(e["dur"])
-        names = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+            acc = by_name[str(e.get("name"))]
+            acc[0] += float(e["dur"])
+            acc[1] += 1
+        names = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+        frequent = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
         rows.append({"process": proc, "thread": thread, "events": len(evs), "busy_ms": busy / 1e3,
-                     "share": busy / window, "top": [(n, round(d / 1e3, 3)) for n, d in names]})
+                     "share": busy / window, "top": [(n, round(d / 1e3, 3), c) for n, (d, c) in names],
+                     "most_frequent": [(n, c, round(d / 1e3, 3)) for n, (d, c) in frequent]})
     rows.sort(key=lambda r: -r["busy_ms"])
     return {"window_ms": window / 1e3, "gpu_busy_ms": union_us(gpu) / 1e3,
             "gpu_share": union_us(gpu) / window if gpu else None, "gpu_events": len(gpu), "tracks": rows}
@@ -96,6 +101,8 @@ def main() -> None:
     ap.add_argument("path")
     ap.add_argument("--top", type=int, default=8, help="event names shown per busy track (default 8)")
     ap.add_argument("--tracks", type=int, default=6, help="tracks shown with their top events (default 6)")
+    ap.add_argument("--counts", action="store_true",
+                    help="also list every shown track's most frequent events (GPU tracks always)")
     ap.add_argument("--json", default=None, help="also write the summary here")
     args = ap.parse_args()
     path = find_trace(args.path)
@@ -105,8 +112,12 @@ def main() -> None:
     for r in s["tracks"][:args.tracks]:
         print(f"  {r['process'][:40]:<40} {r['thread'][:32]:<32} {r['events']:>7} ev  busy {r['busy_ms']:9.1f} ms "
               f"({100 * r['share']:3.0f}%)")
-        for n, ms in r["top"]:
-            print(f"      {ms:9.3f} ms  {n[:110]}")
+        for n, ms, count in r["top"]:
+            print(f"      {ms:9.3f} ms {count:>6}x  {n[:100]}")
+        if r["process"] and is_gpu(r["process"], {}) or args.counts:
+            print("    most frequent:")
+            for n, count, ms in r["most_frequent"]:
+                print(f"      {count:>6}x {ms:9.3f} ms  {n[:100]}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(s, f, indent=1)
