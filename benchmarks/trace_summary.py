@@ -7,7 +7,8 @@ tracks with their counts, and on GPU tracks the most frequent (kernels launched 
 traced steps). A GPU busy share well below 1 over steady-state steps means the device waits for the host.
 
 usage: python3 benchmarks/trace_summary.py RUN_OUT [--top 8] [--json PATH]
-  RUN_OUT: the demo's --out folder (its trace/ is searched) or a trace file (.json or .json.gz)
+  RUN_OUT: the demo's --out folder (its trace/ is searched; its summary.json gives the traced step
+  count, for per-step figures) or a trace file (.json or .json.gz)
 """
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ def find_trace(path: str) -> str:
     if not found:
         raise SystemExit(f"{path}: no trace under {os.path.join(path, 'trace')} (run the demo with --trace-steps)")
     return max(found, key=os.path.getmtime)
+
+
+def traced_steps(path: str) -> int | None:
+    """Steps in the window of a demo run folder (its summary's --trace-steps), else None."""
+    summary = os.path.join(path, "summary.json")
+    if not os.path.isfile(summary):
+        return None
+    with open(summary) as f:
+        window = json.load(f).get("options", {}).get("trace_steps")
+    return None if not window else int(window[1]) - int(window[0])
 
 
 def load_events(path: str) -> list[dict[str, Any]]:
@@ -109,6 +120,11 @@ def main() -> None:
     s = summarize(load_events(path), args.top)
     gpu = "none" if s["gpu_share"] is None else f"{s['gpu_busy_ms']:.1f} ms ({100 * s['gpu_share']:.0f}%)"
     print(f"{path}\nwindow {s['window_ms']:.1f} ms; GPU busy {gpu} over {s['gpu_events']} events")
+    steps = traced_steps(args.path)
+    if steps:
+        s["steps"] = steps
+        print(f"per step ({steps} traced): window {s['window_ms'] / steps:.2f} ms, GPU busy "
+              f"{s['gpu_busy_ms'] / steps:.2f} ms, {s['gpu_events'] / steps:.0f} GPU events")
     for r in s["tracks"][:args.tracks]:
         print(f"  {r['process'][:40]:<40} {r['thread'][:32]:<32} {r['events']:>7} ev  busy {r['busy_ms']:9.1f} ms "
               f"({100 * r['share']:3.0f}%)")

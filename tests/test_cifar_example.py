@@ -80,6 +80,7 @@ def test_trace_steps_profile_a_window_that_the_summary_reads(tmp_path, backend):
     assert tuple(summary["options"]["trace_steps"]) == (2, 4)
     s = trace_summary.summarize(trace_summary.load_events(trace_summary.find_trace(str(out))), top=5)
     assert s["window_ms"] > 0 and s["gpu_share"] is None   # a CPU run: no device track
+    assert trace_summary.traced_steps(str(out)) == 2
     assert s["tracks"][0]["busy_ms"] > 0 and 0 < s["tracks"][0]["share"] <= 1.0 + 1e-9
     steps = [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["type"] == "step"]
     assert all(b["host_s"] > a["host_s"] > 0 for a, b in zip(steps, steps[1:]))
