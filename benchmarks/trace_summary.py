@@ -99,7 +99,8 @@ def summarize(events: list[dict[str, Any]], top: int) -> dict[str, Any]:
             acc[1] += 1
         names = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
         frequent = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
-        rows.append({"process": proc, "thread": thread, "events": len(evs), "busy_ms": busy / 1e3,
+        rows.append({"process": proc, "thread": thread, "gpu": any(is_gpu(proc, e) for e in evs),
+                     "events": len(evs), "busy_ms": busy / 1e3,
                      "share": busy / window, "top": [(n, round(d / 1e3, 3), c) for n, (d, c) in names],
                      "most_frequent": [(n, c, round(d / 1e3, 3)) for n, (d, c) in frequent]})
     rows.sort(key=lambda r: -r["busy_ms"])
@@ -130,7 +131,7 @@ def main() -> None:
               f"({100 * r['share']:3.0f}%)")
         for n, ms, count in r["top"]:
             print(f"      {ms:9.3f} ms {count:>6}x  {n[:100]}")
-        if r["process"] and is_gpu(r["process"], {}) or args.counts:
+        if r["gpu"] or args.counts:
             print("    most frequent:")
             for n, count, ms in r["most_frequent"]:
                 print(f"      {count:>6}x {ms:9.3f} ms  {n[:100]}")

@@ -72,9 +72,7 @@ def test_jax_demo_pads_by_default_only_on_a_gpu(tmp_path):
 def test_trace_steps_profile_a_window_that_the_summary_reads(tmp_path, backend):
     """--trace-steps 2:4 writes the backend profiler's trace of steps 2-3; benchmarks/trace_summary.py
     finds it under the run's out and accounts the host's time; every step record has its host time."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import trace_summary
+    import trace_summary   # benchmarks/ is on the path (conftest.py)
 
     summary, out = _run(tmp_path, "--backend", backend, "--method", "amp", "--trace-steps", "2:4")
     assert tuple(summary["options"]["trace_steps"]) == (2, 4)
@@ -87,9 +85,7 @@ def test_trace_steps_profile_a_window_that_the_summary_reads(tmp_path, backend):
 
 
 def test_trace_summary_unions_overlapping_events():
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import trace_summary
+    import trace_summary   # benchmarks/ is on the path (conftest.py)
 
     ev = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
           {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},

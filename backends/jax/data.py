@@ -290,10 +290,10 @@ def _add_trees(a: Any, b: Any) -> Any:
 
 @jax.jit
 def _weighted_losses(outputs: tuple[Any, ...], weights: tuple[float, ...]) -> Any:
-    """sum of weight x output over a split step's micro-batches, in order (the values
-    `ElasticStepReport.weighted_sum` gives), as one program: eager, its multiplies and adds were
-    compiled on the caller's thread at the first noise step (seconds on a GPU beside a background
-    compilation)."""
+    """sum of weight x output over a split step's micro-batches, in order (the sum
+    `ElasticStepReport.weighted_sum` forms; XLA may fuse a multiply and its add), as one program:
+    eager, its multiplies and adds were compiled on the caller's thread at the first noise step
+    (seconds on a GPU beside a background compilation)."""
     total = weights[0] * outputs[0]
     for w, o in zip(weights[1:], outputs[1:]):
         total = total + w * o
