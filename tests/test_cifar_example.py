@@ -59,13 +59,29 @@ def test_jax_demo_pads_by_default_only_on_a_gpu(tmp_path):
 
     summary, _ = _run(tmp_path, "--backend", "jax", "--method", "triaccel")
     assert summary["options"]["pad_floor"] == "auto" and summary["pad_floor"] is None
-    ladder = (12, 24, 48, 96, 192, 384)   # the demo's from 96 with --batch-max 512
-    assert pad_floor_size("auto", "gpu", True, ladder, 512) == 384
+    ladder = (12, 24, 48, 96, 192, 384, 512)   # the demo's from 96 with --batch-max 512
+    assert pad_floor_size("auto", "gpu", True, ladder, 512) == 512
     assert pad_floor_size("auto", "gpu", False, ladder, 512) is None   # AMP's static batch
     assert pad_floor_size("auto", "cpu", True, ladder, 512) is None
     assert pad_floor_size("off", "gpu", True, ladder, 512) is None
     assert pad_floor_size("largest", "cpu", False, ladder, 100) == 96
     assert pad_floor_size("200", "cpu", False, ladder, 512) == 200
+
+
+def test_jax_demo_freezes_long_lived_objects_and_unfreezes_them_after(tmp_path, monkeypatch):
+    """--gc-freeze on (the default): gc.freeze after set-up and after each epoch, nothing left frozen
+    after the run; off: never."""
+    import gc
+
+    frozen = []
+    real = gc.freeze
+    monkeypatch.setattr(gc, "freeze", lambda: (frozen.append(gc.get_freeze_count()), real())[-1])
+    summary, _ = _run(tmp_path, "--backend", "jax", "--method", "amp")
+    assert summary["options"]["gc_freeze"] == "on" and len(frozen) == 2   # set-up, the one epoch
+    assert gc.get_freeze_count() == 0
+    frozen.clear()
+    _run(tmp_path, "--backend", "jax", "--method", "amp", "--gc-freeze", "off")
+    assert frozen == [] and gc.get_freeze_count() == 0
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -115,7 +131,8 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
     for bad in (["--backend", "torch", "--pad-floor", "384"], ["--backend", "jax", "--pad-floor", "0"],
                 ["--backend", "jax", "--pad-floor", "big"], ["--backend", "jax", "--compile-ahead", "later"],
-                ["--backend", "torch", "--batch-stats", "per-device"], ["--backend", "jax", "--batch-stats", "local"]):
+                ["--backend", "torch", "--batch-stats", "per-device"], ["--backend", "jax", "--batch-stats", "local"],
+                ["--backend", "jax", "--gc-freeze", "maybe"]):
         with pytest.raises(SystemExit):
             train.parse_args(bad)
     for bad in (["--trace-steps", "5"], ["--trace-steps", "4:4"], ["--trace-steps", "a:b"],
@@ -201,6 +218,15 @@ def test_channels_last_run_matches_contiguous_on_cpu(tmp_path):
     a, _ = _run(tmp_path / "a", "--backend", "torch", "--method", "fp32", "--memory-format", "channels_last")
     b, _ = _run(tmp_path / "b", "--backend", "torch", "--method", "fp32", "--memory-format", "contiguous")
     assert a["steps"] == b["steps"] == 6 and a["final_acc"] == pytest.approx(b["final_acc"], abs=2 / 64)
+
+
+def test_bucket_ladder_doubles_and_tops_out_at_the_batch_max():
+    from examples.cifar.common import bucket_ladder
+
+    assert bucket_ladder(96, 8, 512) == (12, 24, 48, 96, 192, 384, 512)
+    assert bucket_ladder(96, 8, 384) == (12, 24, 48, 96, 192, 384)      # the top is a doubling already
+    assert bucket_ladder(96, 8, 96) == (12, 24, 48, 96)
+    assert train.parse_args(["--batch", "96", "--batch-max", "1000"]).triaccel_config().batch_buckets[-3:] == (384, 768, 1000)
 
 
 def test_demo_memory_formats_are_the_models_rule():

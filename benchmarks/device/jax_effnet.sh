@@ -3,11 +3,11 @@
 # usage (device tool): R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg; bash $R/benchmarks/device/jax_effnet.sh 384
 # each run limited to LIMIT seconds (default 280); one summary line per run, summaries to $OUT; SUFFIX
 # (e.g. -warm) is appended to the run names (after -sSEED): a second call on the same machine then reruns on the caches;
-# TRI=0 runs the static batches only
+# TRI=0 runs the static batches only; EXTRA (e.g. "--gc-freeze off") is added to every run's arguments
 D=/tmp/data/cifar10-jpeg; mkdir -p /tmp/runs; LIMIT=${LIMIT:-280}
 one() {  # name cache demo-args...
   name=$1; cache=$2; shift 2
-  TRIACCEL_CACHE=$cache timeout $LIMIT python3 -m examples.cifar.train --backend jax --model efficientnet_b0 --epochs 10 --data $D --seed ${SEED:-0} --no-progress --compile-cache $cache/jax --out /tmp/runs/$name "$@" > $OUT/$name.log 2>&1
+  TRIACCEL_CACHE=$cache timeout $LIMIT python3 -m examples.cifar.train --backend jax --model efficientnet_b0 --epochs 10 --data $D --seed ${SEED:-0} --no-progress --compile-cache $cache/jax --out /tmp/runs/$name "$@" $EXTRA > $OUT/$name.log 2>&1
   echo "$name rc $?"; cp /tmp/runs/$name/summary.json $OUT/$name.json 2>/dev/null
   python3 - "/tmp/runs/$name/summary.json" "$name" <<'PY'
 import json, sys, os

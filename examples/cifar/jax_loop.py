@@ -22,7 +22,7 @@ from triaccel.backends.jax.sharding import (batch_sharding, check_config, data_m
                                             per_device_value_and_grad, replicated)
 from triaccel.flops import FlopShare
 
-from .common import OOMInjector, RunLog, RunOptions, StepTrace, lr_factor, median_last, precision_record
+from .common import HeapFreeze, OOMInjector, RunLog, RunOptions, StepTrace, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
 
 
@@ -62,6 +62,11 @@ def pad_floor_size(option: str, platform: str, climbing: bool, buckets: tuple[in
 
 
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
+    with HeapFreeze(opts.gc_freeze == "on") as heap:
+        return _train(opts, data, log, progress, heap)
+
+
+def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap: HeapFreeze) -> dict[str, Any]:
     t_start = time.perf_counter()
     # Every trace/lowering/XLA compilation of the run, timed on the critical path or in the background
     clog = CompileLog().start()
@@ -202,6 +207,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
     eval_times: list[float] = []   # evaluation and the epoch's records, outside epoch_times
     accs: list[float] = []
     step = 0
+    heap.freeze()
     compiles["setup"] = clog.window()
     setup_seconds = time.perf_counter() - t_start
     losses: list[Any] = []   # the epoch's step results
@@ -266,6 +272,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> di
         # one transfer per loss, no compilation (a stack of them compiled once per step count)
         step_losses = np.asarray(jax.device_get([r.loss for r in losses]), dtype=np.float64).tolist()
         log.end_epoch(controller, epoch, records, step_losses, acc, epoch_times[-1], step, flop_share=flops.shares())
+        heap.freeze()   # what the epoch left alive (its compiled variants), outside its seconds
         eval_times.append(time.perf_counter() - t_eval)
         compiles["evals"].append(clog.window())   # evaluation and the epoch's records
         print(f"  train {describe(compiles['epochs'][-1])}\n  eval {eval_times[-1]:.1f}s, "

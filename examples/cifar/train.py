@@ -133,8 +133,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="triaccel, torch: auto = batch and activation swap/recompute plan chosen together under the "
                         "budget from measured costs (TriAccelConfig.offload; the summary lists the plans taken)")
     p.add_argument("--batch-max", type=int, default=512,
-                   help="upper bound of the elastic batch (samples). Default 512 (ladder 96/192/384): with 768 allowed "
-                        "ResNet-18 seeds 1-2 ended 0.3-0.6 points lower at about the same wall (docs/results.md)")
+                   help="upper bound of the elastic batch (samples), the ladder's top rung (default 512: ladder "
+                        "96/192/384/512). With 768 allowed ResNet-18 seeds 1-2 ended 0.3-0.6 points lower at about the "
+                        "same wall (docs/results.md, 2026-11-23)")
     p.add_argument("--lr-rule", choices=["linear", "sqrt", "none", "accumulate"], default="linear",
                    help="LR multiplier when the batch changes (default linear, SGD's rule: one-seed ResNet-18 "
                         "runs reached 84.5%% with it vs 81.6%% with sqrt, docs/results.md)")
@@ -182,6 +183,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "restores the state and replays that step's samples: data.InFlight). Default on "
                         "(H100, 2026-11-25: median epoch after the first 0.78-0.88x of waiting's in 3 pairs, peak +0.0-0.4 GiB; "
                         "docs/results.md); off waits for every micro-batch")
+    p.add_argument("--gc-freeze", choices=["on", "off"], default="on",
+                   help="JAX: after set-up and after each epoch, move the objects alive then out of the garbage "
+                        "collector's scans (gc.freeze; examples/cifar/common.HeapFreeze), every method alike; off "
+                        "leaves Python's collector as it is")
     p.add_argument("--pad-floor", default="auto", metavar="auto|off|largest|N",
                    help="JAX: pad every micro-batch at least to N samples' bucket ('largest': the largest batch "
                         "bucket <= --batch-max), so a climbing batch runs at one compiled shape (copies of its "
@@ -259,7 +264,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, in_flight=a.in_flight,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, in_flight=a.in_flight, gc_freeze=a.gc_freeze,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
