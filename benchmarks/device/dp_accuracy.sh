@@ -1,13 +1,14 @@
-# Issue 16: the same global batch on 1 and 2 GPUs (torch, DDP through torchrun), seeds given as arguments:
-# triaccel with the precision lever (batch fixed at GLOBAL), 10 epochs, the demo's LR rule and warm-up.
+# Issue 16: the same global batch on 1 and NGPU (default 2) GPUs (torch, DDP through torchrun), seeds given
+# as arguments: triaccel with the precision lever (batch fixed at GLOBAL), 10 epochs, the demo's LR rule and warm-up.
 #   GLOBAL=1024 bash benchmarks/device/dp_accuracy.sh 0 1 2     (device tool, kind nvidia-h200-x2, carry [".device"])
+#   NGPU=4 GLOBAL=512 bash benchmarks/device/dp_accuracy.sh 0 1 2   (nvidia-h200-x4)
 source benchmarks/device/prep.sh; cd /tmp/pkg
-G=${GLOBAL:-1024}; D=/tmp/data/cifar10-jpeg
+G=${GLOBAL:-1024}; N=${NGPU:-2}; D=/tmp/data/cifar10-jpeg
 common="-m examples.cifar.train --backend torch --method triaccel --levers precision --batch $G --batch-max $G --epochs 10 --data $D --no-progress"
 for s in "$@"; do
   timeout 150 python3 $common --seed $s --out /tmp/runs/dp1-s$s > $OUT/dp1-s$s.log 2>&1
-  timeout 150 torchrun --standalone --nproc-per-node 2 $common --seed $s --out /tmp/runs/dp2-s$s > $OUT/dp2-s$s.log 2>&1
-  for n in 1 2; do
+  timeout 150 torchrun --standalone --nproc-per-node $N $common --seed $s --out /tmp/runs/dp$N-s$s > $OUT/dp$N-s$s.log 2>&1
+  for n in 1 $N; do
     python3 - /tmp/runs/dp$n-s$s "$n GPU seed $s" <<'PY'
 import glob, json, sys
 f = sorted(glob.glob(sys.argv[1] + "/**/summary.json", recursive=True))
