@@ -145,7 +145,20 @@ def test_dp_probe_smoke(tmp_path):
     two_devices.run(["benchmarks/device/jax_dp_probe.py", "--smoke", "--per-device", "4", "--steps", "1",
                      "--width", "0.125"], env=env_out)
     rows = json.loads((tmp_path / "jax_dp_probe.json").read_text())
-    assert [(r["devices"], r["stats"]) for r in rows] == [(1, "global"), (2, "global"), (2, "per-device")]
+    assert [(r["loop"], r["devices"], r["stats"]) for r in rows] == [
+        ("fused", 1, "global"), ("fused", 2, "global"), ("fused", 2, "per-device")]
+    assert all(r["wall_ms"] > 0 and r["img_s"] > 0 for r in rows)
+
+
+def test_dp_probe_loops_smoke(tmp_path):
+    """jax_dp_probe.py --loops: every loop from one program to the demo's per-step pattern runs on one
+    and two devices (the fed loops gather from a replicated dataset into the batch sharding)."""
+    two_devices.run(["benchmarks/device/jax_dp_probe.py", "--smoke", "--per-device", "4", "--steps", "2",
+                     "--width", "0.125", "--stats", "global", "--loops", "split", "fed", "in-flight", "waiting"],
+                    env={"OUT": str(tmp_path)})
+    rows = json.loads((tmp_path / "jax_dp_probe.json").read_text())
+    assert [(r["loop"], r["devices"]) for r in rows] == [
+        (loop, n) for loop in ("split", "fed", "in-flight", "waiting") for n in (1, 2)]
     assert all(r["wall_ms"] > 0 and r["img_s"] > 0 for r in rows)
 
 

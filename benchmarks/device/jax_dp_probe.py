@@ -1,8 +1,20 @@
 """Where a JAX data-parallel step spends its time: ResNet-18 (AMP-bf16 policy, SGD-nesterov) on 1 and N
-devices of one host at a fixed batch per device, one SPMD step through `SplitStep` (as the demo), the
-BatchNorm statistics global or per device (`sharding.per_device_value_and_grad`).
+devices of one host at a fixed batch per device, through `SplitStep` (as the demo), the BatchNorm
+statistics global or per device (`sharding.per_device_value_and_grad`), and the loop built up from one
+program to the demo's per-step pattern (`--loops`), so that one call shows which part stops scaling:
 
-    python3 benchmarks/device/jax_dp_probe.py --per-device 1024 --devices 1 2   # GPU machine, after prep.sh
+  fused      one program per step (gradient and update), fixed inputs
+  split      the gradient and the update as two programs (the demo binds the update apart, so that a
+             precision policy does not recompile it), fixed inputs
+  fed        split, and per step what the demo's loop adds: the indices uploaded to the batch sharding
+             and the images and labels gathered from a dataset replicated on every device
+             (`sharding.take`), an eager key split (a random flip inside the gradient program), the LR
+             uploaded to every device
+  in-flight  fed, each step waiting for the previous one once its own gradient program is queued
+             (`data.InFlight`, the demo's default)
+  waiting    fed, each step waiting for its own results (the demo with --in-flight off)
+
+    python3 benchmarks/device/jax_dp_probe.py --per-device 1024 --devices 1 2 4   # GPU machine, after prep.sh
 
 Per configuration: wall ms per step (steps dispatched back to back, synchronised at both ends), then the
 same steps under CUPTI (torch.profiler sees the kernels JAX launches): per device, the time covered
@@ -18,7 +30,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +41,8 @@ from flax import nnx
 from triaccel import Precision
 from triaccel.backends.jax import SplitStep, layer_map_from_model, precision_policy
 from triaccel.backends.jax.models import create_model
-from triaccel.backends.jax.sharding import data_mesh, per_device_value_and_grad, shard_batch
+from triaccel.backends.jax.sharding import (batch_sharding, data_mesh, per_device_value_and_grad, replicated,
+                                            shard_batch, shard_indices, take)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the shared helpers
 from _results import write_to_out  # noqa: E402
@@ -40,8 +53,12 @@ def _ce_sum(m: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
     return ce.sum(), jnp.asarray(y.shape[0], jnp.float32)
 
 
-def build(n: int, per_device: int, stats: str, width: float) -> tuple[Any, tuple[Any, Any]]:
-    """(step, (x, y)) on the first n devices."""
+LOOPS = ("fused", "split", "fed", "in-flight", "waiting")
+
+
+def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused") -> Callable[[], Any]:
+    """A closure running one training step of `loop` (LOOPS) on the first n devices; it returns
+    what the step left to wait for."""
     mesh = data_mesh(n) if n > 1 else None
     model = create_model("resnet18", num_classes=10, width=width, seed=0)
     lm = layer_map_from_model(model)
@@ -49,23 +66,77 @@ def build(n: int, per_device: int, stats: str, width: float) -> tuple[Any, tuple
     opt = nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9, nesterov=True), wrt=nnx.Param)
     local = per_device_value_and_grad(_ce_sum, mesh) if mesh is not None and stats == "per-device" else None
 
-    def body(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+    def grads_of(model: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, Any]:
         if local is not None:
-            loss, grads = local(model, x, y)
-        else:
-            def lf(m: Any) -> jax.Array:
-                total, count = _ce_sum(m, x, y)
-                return total / count
-            loss, grads = nnx.value_and_grad(lf)(model)
-        opt.update(model, grads)
-        return loss
+            return local(model, x, y)
 
-    step = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
+        def lf(m: Any) -> jax.Array:
+            total, count = _ce_sum(m, x, y)
+            return total / count
+        return nnx.value_and_grad(lf)(model)
+
     rng = np.random.default_rng(0)
     x = rng.normal(size=(n * per_device, 32, 32, 3)).astype(np.float32)
     y = rng.integers(0, 10, n * per_device).astype(np.int32)
-    batch = shard_batch((x, y), mesh) if mesh is not None else (jax.device_put(x), jax.device_put(y))
-    return step, batch
+    if loop == "fused":
+        def body(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+            loss, grads = grads_of(model, x, y)
+            opt.update(model, grads)
+            return loss
+
+        step = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
+        xb, yb = shard_batch((x, y), mesh) if mesh is not None else (jax.device_put(x), jax.device_put(y))
+        return lambda: step(xb, yb)
+
+    def grad_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, k: jax.Array) -> tuple[jax.Array, Any]:
+        x = x.astype(jnp.float32)
+        if loop != "split":   # a random horizontal flip per sample, as the demo's augmentation
+            x = jnp.where(jax.random.bernoulli(k, 0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)
+        return grads_of(model, x, y)
+
+    def update_body(params: Any, opt: Any, grads: Any, lr: jax.Array) -> None:
+        opt.update(params, jax.tree_util.tree_map(lambda g: g * lr, grads))
+
+    split = SplitStep(grad_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
+    update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
+    place = replicated(mesh) if mesh is not None else jax.devices()[0]
+    if loop == "split":
+        xb, yb = shard_batch((x, y), mesh) if mesh is not None else (jax.device_put(x), jax.device_put(y))
+        k, lr = jax.device_put(jax.random.key(0), place), jax.device_put(np.float32(0.1), place)
+
+        def split_step() -> Any:
+            loss, grads = split(xb, yb, k)
+            update(grads, lr)
+            return loss
+        return split_step
+
+    # fed: a dataset of 4 batches' images (uint8, as the demo's) on every device, a new index set per step
+    data_x = jax.device_put((rng.integers(0, 256, (4 * n * per_device, 32, 32, 3))).astype(np.uint8), place)
+    data_y = jax.device_put(rng.integers(0, 10, 4 * n * per_device).astype(np.int32), place)
+    key = [jax.device_put(jax.random.key(0), place)]
+    pending: list[Any] = []
+
+    def fetch() -> tuple[jax.Array, jax.Array]:
+        idx = rng.permutation(data_y.shape[0])[: n * per_device].astype(np.int32)
+        if mesh is None:
+            i = jax.device_put(idx)
+            return jnp.take(data_x, i, axis=0), jnp.take(data_y, i, axis=0)
+        i = shard_indices(idx, batch_sharding(mesh))
+        return take(data_x, i, batch_sharding(mesh)), take(data_y, i, batch_sharding(mesh))
+
+    def fed_step() -> Any:
+        lr = jax.device_put(np.float32(0.1), place)
+        key[0], k = jax.random.split(key[0])
+        loss, grads = split(*fetch(), k)
+        if loop == "in-flight" and pending:
+            jax.block_until_ready(pending.pop())   # the previous step, once this one is queued
+        elif loop == "waiting":
+            jax.block_until_ready((loss, grads))
+        update(grads, lr)
+        if loop == "in-flight":
+            pending.append(loss)
+        return loss
+    return fed_step
 
 
 def kernel_times(run: Any, steps: int) -> dict[str, Any]:
@@ -96,42 +167,45 @@ def kernel_times(run: Any, steps: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-device", type=int, default=1024)
     ap.add_argument("--devices", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--stats", nargs="+", choices=["global", "per-device"], default=["global", "per-device"])
+    ap.add_argument("--loops", nargs="+", choices=LOOPS, default=["fused"], help="the step loops to time (above)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--width", type=float, default=1.0)
     ap.add_argument("--smoke", action="store_true", help="CPU: no CUPTI")
     args = ap.parse_args()
     rows = []
-    for n in args.devices:
-        for stats in (args.stats if n > 1 else ["global"]):
-            step, (x, y) = build(n, args.per_device, stats, args.width)
-            for _ in range(5):
-                loss = step(x, y)
-            jax.block_until_ready(loss)
-
-            def run() -> None:
-                out = None
-                for _ in range(args.steps):
-                    out = step(x, y)
+    for loop in args.loops:
+        for n in args.devices:
+            for stats in (args.stats if n > 1 else ["global"]):
+                step = build(n, args.per_device, stats, args.width, loop)
+                for _ in range(5):
+                    out = step()
                 jax.block_until_ready(out)
 
-            t0 = time.perf_counter()
-            run()
-            wall = (time.perf_counter() - t0) / args.steps * 1e3
-            kt = {} if args.smoke else kernel_times(run, args.steps)
-            rows.append({"devices": n, "stats": stats, "wall_ms": wall, "img_s": n * args.per_device / wall * 1e3,
-                         "per_device": kt})
-    base = next(r["img_s"] for r in rows if r["devices"] == 1) if any(r["devices"] == 1 for r in rows) else None
+                def run() -> None:
+                    out = None
+                    for _ in range(args.steps):
+                        out = step()
+                    jax.block_until_ready(out)
+
+                t0 = time.perf_counter()
+                run()
+                wall = (time.perf_counter() - t0) / args.steps * 1e3
+                kt = {} if args.smoke else kernel_times(run, args.steps)
+                rows.append({"loop": loop, "devices": n, "stats": stats, "wall_ms": wall,
+                             "img_s": n * args.per_device / wall * 1e3, "per_device": kt})
     print(f"# ResNet-18 bf16, {args.per_device} per device, {args.steps} steps, {jax.devices()[0].device_kind}")
-    print(f"{'devices':>7} {'stats':>10} {'wall ms':>8} {'img/s':>9} {'eff.':>5}  per device: busy ms, nccl ms, max gap ms, kernels")
+    print(f"{'loop':>9} {'devices':>7} {'stats':>10} {'wall ms':>8} {'img/s':>9} {'eff.':>5}  "
+          "per device: busy ms, nccl ms, max gap ms, kernels")
     for r in rows:
+        base = next((b["img_s"] for b in rows if b["loop"] == r["loop"] and b["devices"] == 1), None)
         eff = r["img_s"] / (r["devices"] * base) if base else float("nan")
         pd = "; ".join(f"d{d}: {v['busy_ms']:.2f}, {v['nccl_ms']:.2f}, {v['max_gap_ms']:.2f}, {v['kernels']:.0f}"
                        for d, v in r["per_device"].items())
-        print(f"{r['devices']:>7} {r['stats']:>10} {r['wall_ms']:>8.2f} {r['img_s']:>9.0f} {eff:>5.2f}  {pd}")
+        print(f"{r['loop']:>9} {r['devices']:>7} {r['stats']:>10} {r['wall_ms']:>8.2f} {r['img_s']:>9.0f} {eff:>5.2f}  {pd}")
     write_to_out("jax_dp_probe.json", rows)
 
 
