@@ -229,6 +229,22 @@ def test_bucket_ladder_doubles_and_tops_out_at_the_batch_max():
     assert train.parse_args(["--batch", "96", "--batch-max", "1000"]).triaccel_config().batch_buckets[-3:] == (384, 768, 1000)
 
 
+def test_the_ladder_keeps_the_rungs_that_split_across_ranks():
+    """Data parallel: every bucket must divide by the ranks/devices (triaccel.distributed.check_world_divides);
+    the default top rung 512 does not on 3 or 6, 12 not on 8: those rungs are left out, not refused."""
+    from triaccel.distributed import check_world_divides
+
+    opts = train.parse_args(["--method", "triaccel", "--batch", "96"])
+    for shards, want in [(1, (12, 24, 48, 96, 192, 384, 512)), (3, (12, 24, 48, 96, 192, 384)),
+                         (8, (24, 48, 96, 192, 384, 512))]:
+        cfg = opts.triaccel_config(shards)
+        assert cfg.batch_buckets == want
+        check_world_divides(cfg, shards)
+    assert train.parse_args(["--batch", "96", "--set", "batch_buckets=[96,100]"]).triaccel_config(4).batch_buckets == (96, 100)
+    with pytest.raises(ValueError, match="shards=0"):
+        opts.triaccel_config(0)
+
+
 def test_demo_memory_formats_are_the_models_rule():
     from triaccel.backends.torch.models import MEMORY_FORMATS
 

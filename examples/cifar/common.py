@@ -86,8 +86,12 @@ class RunOptions:
 
         return uses_channels_last(self.model, self.memory_format, device_type)
 
-    def triaccel_config(self) -> TriAccelConfig:
-        """The controller's config for this run (all levers off for fp32/amp: a static batch)."""
+    def triaccel_config(self, shards: int = 1) -> TriAccelConfig:
+        """The controller's config for this run (all levers off for fp32/amp: a static batch).
+        shards: the ranks or devices each batch is split across; the ladder keeps the rungs that
+        split evenly (e.g. 512 is dropped on 3 GPUs). Buckets given with --set are kept as given."""
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards={shards!r}: allowed an integer >= 1 (ranks or devices)")
         on = set(self.levers) if self.method == "triaccel" else set()
         # Few precision decisions and few batch sizes (under JAX each new dtype assignment and
         # each new batch shape is a compilation).
@@ -95,7 +99,8 @@ class RunOptions:
         extra = {"t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl,
                  "offload": self.offload if self.method == "triaccel" else "off", **self.extra}
         if "batch_buckets" not in extra:
-            extra["batch_buckets"] = bucket_ladder(self.batch, 8, max(self.batch_max, self.batch))
+            extra["batch_buckets"] = tuple(b for b in bucket_ladder(self.batch, 8, max(self.batch_max, self.batch))
+                                           if b % shards == 0)
         return TriAccelConfig(
             batch_init=self.batch, batch_min=8, batch_max=max(self.batch_max, self.batch),
             memory_budget=self.budget, lr_rule=self.lr_rule if "batch" in on else "none",

@@ -72,14 +72,12 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     clog = CompileLog().start()
     compiles: dict[str, Any] = {"epochs": [], "evals": []}
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed)
-    cfg = opts.triaccel_config()
     # Data parallel over a mesh when more than one device is used (--devices; default all): each
     # batch is split across the devices, the state replicated (triaccel.backends.jax.sharding).
     mesh = data_mesh(getattr(opts, "devices", None))
     mesh = mesh if num_shards(mesh) > 1 else None
+    cfg = opts.triaccel_config(1 if mesh is None else num_shards(mesh))   # the ladder's rungs that split evenly
     if mesh is not None:
-        if "batch_buckets" not in opts.extra:   # the demo's ladder rungs that split evenly
-            cfg = cfg.replace(batch_buckets=tuple(b for b in cfg.batch_buckets if b % num_shards(mesh) == 0))
         check_config(cfg, mesh)
     mean = jnp.asarray(data.mean, jnp.float32)
     std = jnp.asarray(data.std, jnp.float32)

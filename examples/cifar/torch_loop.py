@@ -91,7 +91,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         model = distributed.prepare(model)   # DistributedDataParallel; rank 0's weights everywhere
     inner = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum, nesterov=True,
                             weight_decay=opts.weight_decay)
-    cfg = opts.triaccel_config()
+    cfg = opts.triaccel_config(1 if distributed is None else distributed.world_size)
     mean, std, xtr, ytr, xte, yte = device_arrays(data, device)
     # each rank its own augmentation stream (rank 0's is the single-process one)
     gen = torch.Generator(device=device).manual_seed(opts.seed + 7919 * (distributed.rank if distributed else 0))
