@@ -167,8 +167,9 @@ class HeapFreeze:
     """Keeps a training loop's long-lived Python objects (models, traced programs, compiled
     executables' wrappers: ~0.3-0.5 M objects in a JAX run) out of the cyclic garbage collector's
     full collections, which otherwise rescan all of them every few dozen steps: each step's
-    arrays outlive a young collection (a step stays in flight), so full collections keep coming
-    (EfficientNet-B0 on an H100: 4.6-7.8 ms per step, docs/results.md).
+    arrays outlive a young collection (a step stays in flight), so full collections keep coming.
+    Its gain is not on record (the session that built it measured the collector's time per step with
+    benchmarks/device/jax_drift_probe.py, but its results were lost): `--gc-freeze on|off` is the A/B.
 
     `freeze()` (after set-up, after each epoch) collects once and moves every object alive then to
     the permanent generation (`gc.freeze`); leaving the `with` block unfreezes them, so the cycles
