@@ -602,6 +602,32 @@ def test_noise_step_compiled_ahead_leaves_nothing_to_compile_for_the_caller():
         noise_step_compilations({})
 
 
+@pytest.mark.parametrize("ahead", [True, False])
+def test_noise_step_compiles_the_loss_weighting_of_a_loss_shaped_as_loss_like(ahead):
+    """A loss that is not the default float32 scalar (here bfloat16): `loss_like` gives its shape and
+    type, and the two halves' weighting is then compiled ahead; without it, on the caller's thread."""
+    from triaccel.backends.jax.compile_log import CompileLog
+    from triaccel.backends.jax.data import elastic_step, noise_step_compilations
+
+    jax.clear_caches()   # jit caches are per process: the other case's compilation would be found
+    params, lm, ctl, loader, vg = _noise_setup(True)
+    to_bf16 = jax.jit(lambda loss: loss.astype(jnp.bfloat16))
+
+    def grad_fn(b, m):
+        loss, grads = vg(params, b, m)
+        return to_bf16(loss), grads
+
+    loss_like = jax.ShapeDtypeStruct((), jnp.bfloat16) if ahead else None
+    for _, job in noise_step_compilations(params, loss_like=loss_like):
+        job()
+    grad_fn(*loader.fetch(np.arange(8), pad_to=16))   # the step's own functions compile here
+    with CompileLog() as log:
+        res = elastic_step(loader, ctl, grad_fn, 0, tensor_layer=lm)
+    assert len(res.micro_sizes) == 2 and res.loss.dtype == jnp.bfloat16
+    compiled = [r.name for r in log.records if r.kind == "compile"]
+    assert compiled == [] if ahead else any("_weighted_losses" in n for n in compiled)
+
+
 def test_gather_compiled_ahead_leaves_nothing_to_compile_for_the_caller():
     from triaccel.backends.jax.compile_log import BACKGROUND_THREAD_PREFIX, CompileLog
     from triaccel.backends.jax.data import ElasticLoader
