@@ -131,7 +131,7 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
     for bad in (["--backend", "torch", "--pad-floor", "384"], ["--backend", "jax", "--pad-floor", "0"],
                 ["--backend", "jax", "--pad-floor", "big"], ["--backend", "jax", "--compile-ahead", "later"],
-                ["--backend", "torch", "--batch-stats", "per-device"], ["--backend", "jax", "--batch-stats", "local"],
+                ["--backend", "torch", "--batch-stats", "global"], ["--backend", "jax", "--batch-stats", "local"],
                 ["--backend", "jax", "--gc-freeze", "maybe"]):
         with pytest.raises(SystemExit):
             train.parse_args(bad)
@@ -144,6 +144,12 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     jax_opts = train.parse_args(["--backend", "jax", "--pad-floor", "largest", "--compile-ahead", "after"])
     assert jax_opts.pad_floor == "largest" and jax_opts.compile_ahead == "after" and jax_opts.batch_stats == "global"
     assert train.parse_args(["--backend", "jax", "--batch-stats", "per-device"]).batch_stats == "per-device"
+    # torch's DDP normalises by each rank's batch: its summary says so, and "global" is refused
+    assert train.parse_args(["--backend", "torch"]).batch_stats == "per-device"
+    assert train.parse_args(["--backend", "torch", "--batch-stats", "per-device"]).batch_stats == "per-device"
+    for bad in (["--backend", "torch", "--batch-stats", "global"], ["--method", "local", "--batch-stats", "global"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
     with pytest.raises(SystemExit):   # shapes of a compiled model only
         train.parse_args(["--compile-shapes", "buckets"])
     assert train.parse_args(["--compile", "reduce-overhead", "--compile-shapes", "buckets"]).compile_shapes == "buckets"

@@ -69,7 +69,7 @@ class RunOptions:
     compile_ahead: bool | str = "after"  # JAX: compile the likely next step variants on a background thread, not beside the loop's own compilations (True: also then); not local
     in_flight: str = "on"             # JAX: on | off: one step left running while the host prepares the next (train.py)
     gc_freeze: str = "on"             # JAX: on | off: long-lived objects out of the garbage collector's scans (HeapFreeze)
-    batch_stats: str = "global"       # JAX on several devices: global | per-device BatchNorm statistics (train.py)
+    batch_stats: str = "auto"         # several devices: global | per-device BatchNorm statistics; auto: JAX global, torch per-device (train.py)
     pad_floor: str = "auto"           # JAX: auto | off | largest | N: pad micro-batches at least to this bucket (train.py)
     cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)
     memory_format: str = "auto"       # torch on CUDA: channels_last | contiguous | auto (see channels_last())

@@ -167,11 +167,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--devices", type=int, default=None,
                    help="JAX: data parallel over the first N devices, each batch split across them (default: "
                         "all; batch sizes must divide by N; triaccel.backends.jax.sharding)")
-    p.add_argument("--batch-stats", choices=["global", "per-device"], default="global",
-                   help="JAX on several devices: BatchNorm statistics of the global batch (default: the same "
+    p.add_argument("--batch-stats", choices=["auto", "global", "per-device"], default="auto",
+                   help="on several devices: BatchNorm statistics of the global batch (JAX's default: the same "
                         "results as one device; one all-reduce per BatchNorm layer and pass) or of each device's "
-                        "part, as torch's DDP (one gradient all-reduce per step; "
-                        "sharding.per_device_value_and_grad)")
+                        "part (torch's, the only one its DDP has; JAX: one gradient all-reduce per step, "
+                        "sharding.per_device_value_and_grad). auto: the backend's default")
     p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="after",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
                         "down/up, noise half batch, next precision policy) on a background thread, none while "
@@ -230,9 +230,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                 "it; saved-tensor hooks run eagerly)")
     if a.compile_cache is not None and a.backend != "jax":
         p.error(f"--compile-cache={a.compile_cache!r}: only for --backend jax")
-    if a.batch_stats != "global" and (a.backend != "jax" or a.method == "local"):
-        p.error(f"--batch-stats={a.batch_stats}: only for --backend jax (not --method local); torch's DDP "
-                "always normalises by each rank's batch")
+    if a.batch_stats != "auto" and (a.method == "local" or (a.backend == "torch" and a.batch_stats == "global")):
+        p.error(f"--batch-stats={a.batch_stats}: allowed auto, or with --backend jax global | per-device, with --backend "
+                "torch per-device (its DDP normalises by each rank's batch); not with --method local")
+    if a.batch_stats == "auto":
+        a.batch_stats = "global" if a.backend == "jax" else "per-device"
     if a.pad_floor not in ("off", "auto") and (a.backend != "jax" or a.method == "local" or not (
             a.pad_floor == "largest" or (a.pad_floor.isdigit() and int(a.pad_floor) >= 1))):
         p.error(f"--pad-floor={a.pad_floor}: allowed auto, off, largest or an integer >= 1, the last two only for --backend jax "
