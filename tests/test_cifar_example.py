@@ -36,7 +36,7 @@ def test_triaccel_demo_runs_and_writes_log_and_plots(tmp_path, backend):
     assert all(len(d["precisions"]) == len(layers) for d in decisions)
     assert any(x is not None for d in decisions for x in d["lambda_max"])     # curvature observed
     assert {p.name for p in out.glob("*.png")} >= {"precision_heatmap.png", "batch_memory.png",
-                                                   "loss_accuracy.png", "lambda_max.png"}
+                                                   "loss_accuracy.png", "lambda_max.png", "flop_share.png"}
     assert json.loads((out / "summary.json").read_text())["options"]["backend"] == backend
 
 
@@ -224,6 +224,27 @@ def test_channels_last_run_matches_contiguous_on_cpu(tmp_path):
     a, _ = _run(tmp_path / "a", "--backend", "torch", "--method", "fp32", "--memory-format", "channels_last")
     b, _ = _run(tmp_path / "b", "--backend", "torch", "--method", "fp32", "--memory-format", "contiguous")
     assert a["steps"] == b["steps"] == 6 and a["final_acc"] == pytest.approx(b["final_acc"], abs=2 / 64)
+
+
+def test_plots_show_the_noise_scale_beside_the_batch_and_the_flop_share(tmp_path):
+    """B_noise goes on the batch plot where it was estimated (finite, positive); the FLOP share per
+    precision gets its own plot from the epoch records."""
+    from examples.cifar.plots import noise_series, plot_run
+
+    decisions = [{"step": 50 * i, "precisions": ["bf16"], "lambda_max": [None], "b_noise": b}
+                 for i, b in enumerate([None, 120.0, -40.0, float("nan"), 300.0])]
+    assert noise_series(decisions) == ([50, 200], [120.0, 300.0])
+    rows = [{"type": "run", "options": {"extra": {"noise_scale_c": 2.0}}}, {"type": "layers", "names": ["fc"]},
+            *({"type": "decision", **d} for d in decisions),
+            *({"type": "step", "step": i, "epoch": i // 100, "loss": 1.0, "batch_size": 96} for i in range(200)),
+            *({"type": "epoch", "epoch": e, "train_loss": 1.0, "test_acc": 0.5, "seconds": 1.0,
+               "flop_share": {"fp16": 0.0, "bf16": 0.95, "fp32": 0.05}} for e in (1, 2))]
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in rows))
+    names = {p.name for p in plot_run(log, tmp_path / "plots")}
+    assert {"batch_memory.png", "flop_share.png", "precision_heatmap.png", "loss_accuracy.png"} <= names
+    log.write_text("\n".join(json.dumps({k: v for k, v in r.items() if k != "flop_share"}) for r in rows))
+    assert "flop_share.png" not in {p.name for p in plot_run(log, tmp_path / "plots2")}
 
 
 def test_bucket_ladder_doubles_and_tops_out_at_the_batch_max():

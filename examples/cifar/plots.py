@@ -2,8 +2,10 @@
 
 The log holds one JSON object per line with a "type": "layers" (names: the controller's layer
 order), "step" (step, epoch, loss, batch_size, mem_used bytes), "epoch" (epoch, train_loss, test_acc
-(None: not evaluated that epoch), seconds), and "decision" (a controller telemetry record: step,
-precisions, lr_scales, lambda_max, batch_size, mem_used, mem_limit).
+(None: not evaluated that epoch), seconds, flop_share: the run's conv/linear FLOPs per precision so
+far, fractions), and "decision" (a controller telemetry record: step, precisions, lr_scales,
+lambda_max, batch_size, mem_used, mem_limit, b_noise: the gradient noise scale in samples, None
+while unknown).
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ def read_log(path: str | Path) -> dict[str, list[dict[str, Any]]]:
             r = json.loads(line)
             out.setdefault(r["type"], []).append(r)
     return out
+
+
+def noise_series(decisions: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """(steps, B_noise in samples) at the decisions that had a finite, positive estimate (the
+    unbiased estimator can come out negative on a noisy reading; the controller then holds)."""
+    pts = [(d["step"], float(d["b_noise"])) for d in decisions
+           if d.get("b_noise") is not None and np.isfinite(d["b_noise"]) and d["b_noise"] > 0]
+    return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def plot_run(log_path: str | Path, out_dir: str | Path) -> list[Path]:
@@ -81,6 +91,13 @@ def plot_run(log_path: str | Path, out_dir: str | Path) -> list[Path]:
         x = [r["step"] for r in st]
         fig, ax1 = plt.subplots(figsize=(10, 4))
         ax1.plot(x, [r["batch_size"] for r in st], color="#2a6f97", label="batch size")
+        ns, nb = noise_series(decisions)
+        if ns:   # batch_law="noise" grows the batch while the grown batch is <= c x B_noise
+            c = float((log["run"][0].get("options", {}).get("extra") or {}).get("noise_scale_c", 1.0)) \
+                if log["run"] else 1.0
+            ax1.plot(ns, [c * b for b in nb], ".", ms=3, color="#6a994e",
+                     label="B_noise (gradient noise scale)" if c == 1.0 else f"{c:g} x B_noise")
+            ax1.set_yscale("log", base=2)
         ax1.set_xlabel("step")
         ax1.set_ylabel("batch size (samples)")
         mem = [r.get("mem_used") for r in st]
@@ -95,8 +112,23 @@ def plot_run(log_path: str | Path, out_dir: str | Path) -> list[Path]:
             ax2.set_ylabel("GiB")
             ax2.legend(loc="lower right")
         ax1.legend(loc="upper left")
-        ax1.set_title("batch size and device memory")
+        ax1.set_title("batch size, gradient noise scale and device memory" if ns else "batch size and device memory")
         save(fig, "batch_memory.png")
+
+    shares = [r for r in log["epoch"] if r.get("flop_share")]
+    if shares:
+        ep = [r["epoch"] for r in shares]
+        names = ["fp16", "bf16", "fp32"]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.stackplot(ep, *[[100 * r["flop_share"].get(n, 0.0) for r in shares] for n in names],
+                     labels=[n.upper() for n in names], colors=["#4c9be8", "#f2b134", "#d1495b"], step="post")
+        ax.axhline(90, color="k", ls="--", lw=0.8, label="90% in 16-bit")
+        ax.set_ylim(0, 100)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("conv/linear FLOPs so far (%)")
+        ax.legend(loc="lower left", fontsize=8)
+        ax.set_title("share of the compute per precision")
+        save(fig, "flop_share.png")
 
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         axes[0].plot(x, [r["loss"] for r in st], lw=0.6)
