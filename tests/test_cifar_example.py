@@ -231,9 +231,9 @@ def test_plots_show_the_noise_scale_beside_the_batch_and_the_flop_share(tmp_path
     precision gets its own plot from the epoch records."""
     from examples.cifar.plots import noise_series, plot_run
 
-    decisions = [{"step": 50 * i, "precisions": ["bf16"], "lambda_max": [None], "b_noise": b}
+    decisions = [{"step": 50 * i, "precisions": ["bf16"], "lambda_max": [None], "b_noise": b, "b_noise_warm": i > 2}
                  for i, b in enumerate([None, 120.0, -40.0, float("nan"), 300.0])]
-    assert noise_series(decisions) == ([50, 200], [120.0, 300.0])
+    assert noise_series(decisions) == ([50, 200], [120.0, 300.0], [False, True])
     rows = [{"type": "run", "options": {"extra": {"noise_scale_c": 2.0}}}, {"type": "layers", "names": ["fc"]},
             *({"type": "decision", **d} for d in decisions),
             *({"type": "step", "step": i, "epoch": i // 100, "loss": 1.0, "batch_size": 96} for i in range(200)),

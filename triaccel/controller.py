@@ -439,7 +439,7 @@ class Controller:
             "lambda_max": [None if np.isnan(x) else float(x) for x in lam],
             "tau_low": self._precision.tau_low, "tau_high": self._precision.tau_high,
             "mem_used": self._mem_used, "mem_limit": self._mem_limit, "ooms": self._batch.ooms,
-            "b_noise": self.b_noise,
+            "b_noise": self.b_noise, "b_noise_warm": self._noise.warm,   # the noise law acts once warm
             **({"offload": self._offload_info} if self.config.offload == "auto" else {}),
         })
 

@@ -5,7 +5,7 @@ order), "step" (step, epoch, loss, batch_size, mem_used bytes), "epoch" (epoch, 
 (None: not evaluated that epoch), seconds, flop_share: the run's conv/linear FLOPs per precision so
 far, fractions), and "decision" (a controller telemetry record: step, precisions, lr_scales,
 lambda_max, batch_size, mem_used, mem_limit, b_noise: the gradient noise scale in samples, None
-while unknown).
+while unknown, b_noise_warm: whether its EMA was filled, the batch law's condition to act on it).
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ def read_log(path: str | Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def noise_series(decisions: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    """(steps, B_noise in samples) at the decisions that had a finite, positive estimate (the
-    unbiased estimator can come out negative on a noisy reading; the controller then holds)."""
-    pts = [(d["step"], float(d["b_noise"])) for d in decisions
+def noise_series(decisions: list[dict[str, Any]]) -> tuple[list[int], list[float], list[bool]]:
+    """(steps, B_noise in samples, warm) at the decisions that had a finite, positive estimate (the
+    unbiased estimator can come out negative on a noisy reading; the controller then holds); warm:
+    the estimate's EMA was filled, so the batch law acted on it (logs without the flag: True)."""
+    pts = [(d["step"], float(d["b_noise"]), bool(d.get("b_noise_warm", True))) for d in decisions
            if d.get("b_noise") is not None and np.isfinite(d["b_noise"]) and d["b_noise"] > 0]
-    return [p[0] for p in pts], [p[1] for p in pts]
+    return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
 
 
 def plot_run(log_path: str | Path, out_dir: str | Path) -> list[Path]:
@@ -91,12 +92,16 @@ def plot_run(log_path: str | Path, out_dir: str | Path) -> list[Path]:
         x = [r["step"] for r in st]
         fig, ax1 = plt.subplots(figsize=(10, 4))
         ax1.plot(x, [r["batch_size"] for r in st], color="#2a6f97", label="batch size")
-        ns, nb = noise_series(decisions)
-        if ns:   # batch_law="noise" grows the batch while the grown batch is <= c x B_noise
+        ns, nb, warm = noise_series(decisions)
+        if ns:   # batch_law="noise" grows the batch while the grown batch is <= c x B_noise (once warm)
             c = float((log["run"][0].get("options", {}).get("extra") or {}).get("noise_scale_c", 1.0)) \
                 if log["run"] else 1.0
-            ax1.plot(ns, [c * b for b in nb], ".", ms=3, color="#6a994e",
-                     label="B_noise (gradient noise scale)" if c == 1.0 else f"{c:g} x B_noise")
+            name = "B_noise (gradient noise scale)" if c == 1.0 else f"{c:g} x B_noise"
+            for on, style in ((True, dict(marker="o", mfc="#6a994e")), (False, dict(marker="o", mfc="none"))):
+                pts = [(s, c * b) for s, b, w in zip(ns, nb, warm) if w == on]
+                if pts:
+                    ax1.plot(*zip(*pts), ls="none", ms=3, color="#6a994e", **style,
+                             label=name if on else f"{name}, EMA not yet warm")
             ax1.set_yscale("log", base=2)
         ax1.set_xlabel("step")
         ax1.set_ylabel("batch size (samples)")
