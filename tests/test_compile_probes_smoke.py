@@ -36,3 +36,20 @@ def test_child_row_reports_a_failure_and_a_timeout(capsys):
     print_table("t", [{"x": 1.25, "n": "a"}], [("x s", "x", ">5.1f"), ("name", "n", ">4")])
     out = capsys.readouterr().out.splitlines()
     assert out[-3:] == ["# t", "  x s name", "  1.2    a"]
+
+
+def test_drift_probe_profiles_two_windows_of_a_demo_run(tmp_path):
+    """benchmarks/device/jax_drift_probe.py on a tiny CPU demo run: one cProfile per window, the
+    collector's time per generation, and the functions compared between the first and last window."""
+    data = ROOT.parent / "shared" / "data" / "cifar10-jpeg"   # beside the repository, as CI has it
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device" / "jax_drift_probe.py"), "--windows", "2:4,6:8",
+                        "--top", "5", "--json", str(tmp_path / "drift.json"), "--", "--backend", "jax", "--method",
+                        "triaccel", "--levers", "precision", "--device", "cpu", "--epochs", "1", "--train-subset", "320",
+                        "--test-subset", "64", "--width", "0.125", "--batch", "32", "--batch-max", "32", "--data",
+                        str(data), "--no-progress", "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    windows = json.loads((tmp_path / "drift.json").read_text())
+    assert list(windows) == ["2:4", "6:8"] and all(windows.values())
+    assert "window (6, 8):" in p.stdout and "ms/step first" in p.stdout
