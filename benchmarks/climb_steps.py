@@ -1,0 +1,103 @@
+"""What the batch climb costs in steps: the demo's controller (the real `triaccel.Controller` with the
+demo's config) driven over a whole run by a gradient noise scale B_noise given in samples, no GPU.
+
+Where a step costs the same at every batch size (a step bound by kernel launches or by the host, as
+EfficientNet-B0's on an H100, ~34 ms from bs 96 to 512; docs/results.md), a run's time is its number
+of forward/backward passes, and triaccel's climb from its first batch is what it pays over a static
+batch. This counts them: optimizer steps, passes (a gradient-noise step runs as two micro-batches),
+the step at which each batch size was reached, and passes / the static batch's passes.
+
+Each noise measurement is synthesised exactly for the given B_noise (|G|^2 = 1, tr(Sigma) = B_noise:
+a micro-batch of b samples has |g|^2 = 1 + B_noise / b), so the law sees a noise-free estimate: the
+counts are the law's own floor (real estimates scatter, docs/results.md). Memory is not the limit.
+
+    python3 benchmarks/climb_steps.py --b-noise 1000 --static 512 \
+        --variant "" --variant "--set t_noise=10" --variant "--warmup-steps 50 --set t_noise=10"
+
+Each --variant is a string of extra demo options (`python -m examples.cifar.train`) on top of
+`--method triaccel --batch B --batch-max M --epochs E`; "" is the demo's defaults. Prints a table and
+writes JSON (default benchmarks/results/climb_steps.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from _results import write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))   # examples/ (the demo's options and config)
+
+
+def simulate(variant: str, b_noise: float, batch: int, batch_max: int, epochs: int, images: int) -> dict[str, Any]:
+    """One run of the demo's controller over `epochs` x `images` samples at a constant B_noise."""
+    from examples.cifar import train
+    from triaccel import Controller
+
+    opts = train.parse_args(["--method", "triaccel", "--batch", str(batch), "--batch-max", str(batch_max),
+                             "--epochs", str(epochs), *shlex.split(variant)])
+    ctl = Controller(opts.triaccel_config(), ["model"])
+    step = passes = 0
+    reached: dict[int, int] = {}   # batch size -> first step at it
+    samples_at: dict[int, int] = {}
+    for _ in range(epochs):
+        left = images
+        while left > 0:
+            d = ctl.decide(step)
+            b = min(d.batch_size, left)
+            reached.setdefault(d.batch_size, step)
+            samples_at[d.batch_size] = samples_at.get(d.batch_size, 0) + b
+            if ctl.is_noise_step(step) and b >= 2:
+                sizes = [b // 2, b - b // 2]
+                ctl.observe_gradient_noise(step, sizes, [[1.0 + b_noise / s] for s in sizes], [1.0 + b_noise / b])
+                passes += 2
+            else:
+                passes += 1
+            left -= b
+            step += 1
+    return {"variant": variant, "steps": step, "passes": passes, "reached": reached, "samples_at": samples_at}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--b-noise", type=float, nargs="+", default=[1000.0], help="B_noise values (samples), one run each")
+    p.add_argument("--variant", action="append", default=None, help='extra demo options ("" = defaults); repeatable')
+    p.add_argument("--batch", type=int, default=96, help="the demo's --batch (initial)")
+    p.add_argument("--batch-max", type=int, default=512)
+    p.add_argument("--static", type=int, default=512, help="the static batch compared against")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--train-images", type=int, default=50000)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "climb_steps.json"))
+    a = p.parse_args(argv)
+    for name in ("batch", "batch_max", "static", "epochs", "train_images"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')}={getattr(a, name)}: allowed an integer >= 1")
+    if any(not (b > 0 and math.isfinite(b)) for b in a.b_noise):
+        p.error(f"--b-noise={a.b_noise}: allowed finite values > 0 (samples)")
+    variants = a.variant if a.variant is not None else [""]
+    static = a.epochs * math.ceil(a.train_images / a.static)
+    rows = [{"b_noise": b, **simulate(v, b, a.batch, a.batch_max, a.epochs, a.train_images)}
+            for b in a.b_noise for v in variants]
+    print(f"# batch climb from {a.batch} (max {a.batch_max}), {a.epochs} epochs x {a.train_images} images; static "
+          f"bs {a.static}: {static} passes")
+    print(f"{'B_noise':>8} {'variant':<50} {'steps':>6} {'passes':>7} {'/static':>8}  first step at each batch")
+    for r in rows:
+        r["passes_vs_static"] = r["passes"] / static
+        firsts = ", ".join(f"{b}@{s}" for b, s in sorted(r["reached"].items()))
+        print(f"{r['b_noise']:>8.0f} {r['variant'] or '(defaults)':<50} {r['steps']:>6} {r['passes']:>7} "
+              f"{r['passes_vs_static']:>8.3f}  {firsts}")
+    result = {"benchmark": "climb_steps", "date": _dt.datetime.now().isoformat(timespec="seconds"),
+              "command": shlex.join([sys.executable, *sys.argv]), "static_passes": static, "args": vars(a),
+              "rows": rows}
+    write_json(result, a.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
