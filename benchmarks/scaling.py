@@ -8,7 +8,9 @@ Weak scaling: the initial global batch and its ceiling are
 N x the per-GPU values (`--batch`, `--batch-max`), the LR follows the demo's rule (0.1 x batch / 96).
 
 Throughput = training images / epoch seconds (evaluation excluded); steady state = the median over
-the epochs after the first (the first pays cuDNN/allocator warm-up). Per-GPU batch = the mean samples
+the epochs after the first (the first pays cuDNN/allocator warm-up). Beside it, the median step (ms
+between consecutive steps of those epochs, from the step records' host_s) and the efficiency it
+gives, free of each epoch's first and last step. Per-GPU batch = the mean samples
 per step of those epochs / N, so a run whose elastic batch took a different path is visible. Efficiency
 = (images/s on N) / (N x images/s on 1). Each multi-GPU run also reports whether every rank's decision
 digest was equal (`ranks_agree`).
@@ -55,6 +57,18 @@ def _device_name(summary_name: str | None) -> str:
     return (summary_name or "cpu").lower().replace(" ", "-")
 
 
+def median_step_ms(records: list[dict[str, Any]], epochs: list[int]) -> float | None:
+    """Median ms between consecutive steps of the same epoch (the step records' host_s, the host's
+    seconds into the epoch when a step returned) over `epochs` (0-based): the steady step, free of
+    an epoch's first and last steps (an empty pipeline, the wait for the last), which weigh on a
+    short epoch (12 steps at 4 x 1024 images). None when no epoch has two steps."""
+    gaps = []
+    for e in epochs:
+        h = [r["host_s"] for r in records if r["type"] == "step" and r["epoch"] == e and "host_s" in r]
+        gaps += [1e3 * (b - a) for a, b in zip(h, h[1:])]
+    return statistics.median(gaps) if gaps else None
+
+
 def run_one(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Train once on n GPUs (n processes on CPU); returns the measured figures."""
     demo = ["-m", "examples.cifar.train", "--backend", args.backend, "--method", args.method, "--levers", args.levers,
@@ -88,16 +102,18 @@ def run_one(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     if proc.returncode != 0:
         raise SystemExit(f"{n} GPU run failed (exit {proc.returncode}): {shlex.join(cmd)}\n" + "\n".join(tail))
     summary = json.loads((out / "summary.json").read_text())
-    epochs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()
-              if line.startswith('{"type": "epoch"')]
-    images = int(json.loads((out / "log.jsonl").read_text().splitlines()[0])["train_images"])
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.strip()]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    images = int(records[0]["train_images"])
     secs = summary["epoch_seconds"]
     steady = list(range(1, len(secs))) or [0]
     steps = [e["steps"] for e in epochs]
     per_epoch_steps = [steps[0]] + [b - a for a, b in zip(steps, steps[1:])]
     ips = statistics.median(images / secs[i] for i in steady)
     batch = statistics.mean(images / per_epoch_steps[i] for i in steady) / n
+    step_ms = median_step_ms(records, steady)
     return {"gpus": n, "images_per_s": ips, "epoch_seconds": secs, "steady_epochs": [i + 1 for i in steady],
+            "step_ms": step_ms, "images_per_s_by_step": None if step_ms is None else n * batch / step_ms * 1e3,
             "per_gpu_batch": batch, "final_acc": summary["final_acc"], "final_batch": summary["final_batch"],
             "world_size": summary.get("world_size", summary.get("devices", 1)), "ranks_agree": summary.get("ranks_agree"),
             "device_name": summary.get("device_name"), "wall_s": wall, "command": shlex.join(cmd), "tail": tail}
@@ -135,17 +151,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   flush=True)
     device = _device_name(rows[0]["device_name"])
     base = rows[0]["images_per_s"]
+    base_step = rows[0]["images_per_s_by_step"]
     for r in rows:
         r["speedup"] = r["images_per_s"] / base
         r["efficiency_per_gpu"] = r["speedup"] / r["gpus"]
+        by_step = r["images_per_s_by_step"]
+        r["efficiency_per_gpu_by_step"] = None if by_step is None or not base_step else by_step / base_step / r["gpus"]
     print(f"\nResNet-18 CIFAR-10 {args.backend} {args.method} ({args.levers}), {args.epochs} epochs, per-GPU batch {args.batch} "
           f"(max {args.batch_max}), steady state = median of epochs {rows[0]['steady_epochs']}, device {device}")
-    print(f"{'GPUs':>4} {'images/s':>10} {'speed-up':>9} {'eff./GPU':>9} {'batch/GPU':>10} {'final acc':>10} "
-          f"{'ranks agree':>12}")
+    print(f"{'GPUs':>4} {'images/s':>10} {'speed-up':>9} {'eff./GPU':>9} {'step ms':>8} {'eff. by step':>12} "
+          f"{'batch/GPU':>10} {'final acc':>10} {'ranks agree':>12}")
     for r in rows:
         agree = "-" if r["ranks_agree"] is None else str(r["ranks_agree"])
+        step = "-" if r["step_ms"] is None else f"{r['step_ms']:.2f}"
+        eff_step = "-" if r["efficiency_per_gpu_by_step"] is None else f"{r['efficiency_per_gpu_by_step']:.2f}"
         print(f"{r['gpus']:>4} {r['images_per_s']:>10.0f} {r['speedup']:>8.2f}x {r['efficiency_per_gpu']:>9.2f} "
-              f"{r['per_gpu_batch']:>10.1f} {100 * r['final_acc']:>9.2f}% {agree:>12}")
+              f"{step:>8} {eff_step:>12} {r['per_gpu_batch']:>10.1f} {100 * r['final_acc']:>9.2f}% {agree:>12}")
     result = {"benchmark": "scaling", "device": device, "host": platform.node(),
               "date": _dt.datetime.now().isoformat(timespec="seconds"),
               "command": shlex.join([sys.executable, *sys.argv]), "args": {k: v for k, v in vars(args).items()},

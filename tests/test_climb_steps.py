@@ -26,3 +26,4 @@ def test_the_climb_follows_the_noise_law_and_a_static_batch_counts_as_static(tmp
     assert saved["static_passes"] == 2 * 98 and saved["rows"][1]["passes"] < saved["rows"][0]["passes"]
     with pytest.raises(SystemExit):
         main(["--b-noise", "-1", "--out", str(tmp_path / "bad.json")])
+
