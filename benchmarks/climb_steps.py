@@ -29,38 +29,49 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _results import write_json
+
+from triaccel import Controller
+from triaccel.elastic import ElasticIndexLoader, controlled_step, noise_split
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))   # examples/ (the demo's options and config)
 
 
+class _Indices(ElasticIndexLoader):
+    """The elastic loader's bookkeeping with nothing to load: a batch is its indices."""
+
+    def fetch(self, indices: np.ndarray) -> np.ndarray:
+        return indices
+
+
 def simulate(variant: str, b_noise: float, batch: int, batch_max: int, epochs: int, images: int) -> dict[str, Any]:
-    """One run of the demo's controller over `epochs` x `images` samples at a constant B_noise."""
+    """One run of the demo's controller over `epochs` x `images` samples at a constant B_noise, each
+    step through the backends' shared `controlled_step` (its noise split, its epoch tails)."""
     from examples.cifar import train
-    from triaccel import Controller
 
     opts = train.parse_args(["--method", "triaccel", "--batch", str(batch), "--batch-max", str(batch_max),
                              "--epochs", str(epochs), *shlex.split(variant)])
     ctl = Controller(opts.triaccel_config(), ["model"])
-    step = passes = 0
+    loader = _Indices(images, batch_size=batch)
     reached: dict[int, int] = {}   # batch size -> first step at it
     samples_at: dict[int, int] = {}
-    for _ in range(epochs):
-        left = images
-        while left > 0:
-            d = ctl.decide(step)
-            b = min(d.batch_size, left)
-            reached.setdefault(d.batch_size, step)
-            samples_at[d.batch_size] = samples_at.get(d.batch_size, 0) + b
-            if ctl.is_noise_step(step) and b >= 2:
-                sizes = [b // 2, b - b // 2]
-                ctl.observe_gradient_noise(step, sizes, [[1.0 + b_noise / s] for s in sizes], [1.0 + b_noise / b])
-                passes += 2
-            else:
-                passes += 1
-            left -= b
-            step += 1
+
+    def finish(decision: Any, report: Any) -> int:
+        sizes = list(report.sizes)
+        reached.setdefault(decision.batch_size, step)
+        samples_at[decision.batch_size] = samples_at.get(decision.batch_size, 0) + report.num_samples
+        if len(sizes) >= 2:   # the noise step's halves, each measured exactly: |g|^2 = 1 + B_noise / b
+            ctl.observe_gradient_noise(step, sizes, [[1.0 + b_noise / n] for n in sizes], [1.0 + b_noise / sum(sizes)])
+        return len(sizes)
+
+    step = passes = done = 0
+    while done < epochs:
+        passes += controlled_step(loader, ctl, step, run_micro=lambda chunk, w: None, finish=finish,
+                                  is_oom=lambda e: False, free_memory=lambda: None, split=noise_split(ctl, step))
+        done += loader.end_of_epoch
+        step += 1
     return {"variant": variant, "steps": step, "passes": passes, "reached": reached, "samples_at": samples_at}
 
 
