@@ -29,7 +29,10 @@ squared norms of their gradients go to the controller (`triaccel.noise.observe_s
 `InFlight` lets `elastic_step` return while its step still runs on the device, so the host
 prepares the next step meanwhile; an out-of-memory error, which JAX reports only when a result is
 waited for, is then caught at the next call: the state is restored from before the step and its
-samples replayed (see `InFlight`).
+samples replayed (see `InFlight`). With an `InFlight`, `elastic_step(..., step_fn=...)` runs such a
+step (one micro-batch, no noise measurement) as one program, gradient and update together: on
+several devices of one host a second program per step cost the steady step 0.88 -> 0.53-0.69 of
+linear scaling (ResNet-18 at 1,024 per device, 4 H200s: `benchmarks/device/jax_dp_probe.py`).
 """
 
 from __future__ import annotations
@@ -417,7 +420,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
                  step: int, *, has_aux: bool = False, probe: Any = None,
                  update_fn: Callable[[Any, Any], Any] | None = None, tensor_layer: Any = None,
                  grad_scale: Any = None, in_flight: InFlight | None = None,
-                 quiet: Callable[[], Any] | None = None) -> ElasticStepResult:
+                 quiet: Callable[[], Any] | None = None,
+                 step_fn: Callable[[Any, jax.Array, Any], Any] | None = None) -> ElasticStepResult:
     """One optimizer step over the controller's logical batch, surviving out-of-memory errors.
 
     grad_fn(batch, mask) -> (loss, grads), or ((loss, aux), grads) with has_aux=True, as from
@@ -469,6 +473,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     unmeasured = [False]   # a late OOM of the previous step re-ran part of this one: no noise reading
     marker: list[Any] = []   # an output of the step's update, waited for with its loss
     rerun = [0, 0]   # OOMs and replayed samples inside a micro-batch re-run after a late OOM
+    fused = [False]   # the step ran as step_fn: its update is done
 
     def queue(chunk: np.ndarray) -> tuple[Any, Any]:
         # the decision in force now: an OOM earlier in this step has shrunk it
@@ -496,11 +501,20 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     # the state before it) would then live until Python's cyclic collector ran, not until the
     # caller dropped the result: hundreds of MB per step on a GPU.
     def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
-        out, grads = queue(chunk)
+        # weight 1 and no chunk before: the micro-batch is the whole step
+        one = step_fn is not None and not wait[0] and not measure and weight == 1.0 and not chunks
+        if one:
+            pad_to = controller.decision.batch_size if loader.pad_to_batch else None
+            chunks.append(chunk)
+            out, grads = step_fn(*loader.fetch(chunk, pad_to=pad_to), controller.decision), None
+        else:
+            out, grads = queue(chunk)
         if in_flight is not None and in_flight.settle():
             # the previous step ran out of memory and was replayed from the state before it; this
             # micro-batch was computed from the failed state: run it again, at the shrunk size
             del out, grads
+            if one:   # its update ran from the failed state too: this step runs as micro-batches now
+                chunks.clear()
             before[0] = in_flight.snapshot()
             wait[0] = unmeasured[0] = True
             again = run_elastic_step(chunk, micro_batch=controller.decision.batch_size,
@@ -510,11 +524,20 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             rerun[0] += again.ooms   # OOMs of this re-run, counted with the step's own
             rerun[1] += again.replayed
             return _step_loss(again)
+        if one:
+            fused[0] = unwaited[0] = True
+            acc["aux"] = out[1] if has_aux else None
+            return out[0] if has_aux else out
         return absorb(out, grads, weight)
 
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
         if measure and len(report.sizes) >= 2 and not unmeasured[0]:
             _observe_noise(controller, step, report, sq, acc["grads"], layer_of, grad_scale)
+        if fused[0]:   # step_fn updated the state; its loss stands for its program's outputs
+            loss = _step_loss(report)
+            marker[:] = [loss]
+            return ElasticStepResult(grads=None, loss=loss, aux=acc.get("aux"), updated=None,
+                                     **ElasticStepOutcome.fields(report, decision, loader.epoch))
         pre = jax.tree_util.tree_leaves(in_flight.snapshot()) if in_flight is not None else None
         updated = update_fn(acc["grads"], decision) if update_fn is not None else None
         if pre is not None:
@@ -579,6 +602,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             # as an OOM inside the step: run the step's samples again, same decision; in `quiet` at
             # the step's own size first, else shrunk at once
             wait[0] = True
+            fused[0] = False
             acc.clear()
             chunks.clear()
             unpad_and_free()

@@ -13,6 +13,13 @@ program to the demo's per-step pattern (`--loops`), so that one call shows which
   in-flight  fed, each step waiting for the previous one once its own gradient program is queued
              (`data.InFlight`, the demo's default)
   waiting    fed, each step waiting for its own results (the demo with --in-flight off)
+  fused-fed  one program per step that also gathers its images and labels by the uploaded indices and
+             draws its flip from a key folded with the step number; the per-step host work is one
+             upload of the indices and one of the scalars (LR, step number)
+  fused-np   fused-fed with the scalars passed as a numpy array (JAX uploads them inside the call)
+
+Per configuration also the host's milliseconds per step in each part of the loop (`--parts`, timed
+without the profiler): a part whose host time nears the step's wall is where the host waits.
 
     python3 benchmarks/device/jax_dp_probe.py --per-device 1024 --devices 1 2 4   # GPU machine, after prep.sh
 
@@ -53,12 +60,29 @@ def _ce_sum(m: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
     return ce.sum(), jnp.asarray(y.shape[0], jnp.float32)
 
 
-LOOPS = ("fused", "split", "fed", "in-flight", "waiting")
+LOOPS = ("fused", "split", "fed", "in-flight", "waiting", "fused-fed", "fused-np")
 
 
-def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused") -> Callable[[], Any]:
+class Parts:
+    """Host seconds per named part of a step, summed over the calls while `on`."""
+
+    def __init__(self) -> None:
+        self.on, self.s = False, {}
+
+    def __call__(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if not self.on:
+            return fn(*args)
+        t = time.perf_counter()
+        out = fn(*args)
+        self.s[name] = self.s.get(name, 0.0) + time.perf_counter() - t
+        return out
+
+
+def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused",
+          parts: Parts | None = None) -> Callable[[], Any]:
     """A closure running one training step of `loop` (LOOPS) on the first n devices; it returns
-    what the step left to wait for."""
+    what the step left to wait for. parts: times the host's parts of each step."""
+    part = parts if parts is not None else Parts()
     mesh = data_mesh(n) if n > 1 else None
     model = create_model("resnet18", num_classes=10, width=width, seed=0)
     lm = layer_map_from_model(model)
@@ -86,7 +110,47 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
 
         step = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
         xb, yb = shard_batch((x, y), mesh) if mesh is not None else (jax.device_put(x), jax.device_put(y))
-        return lambda: step(xb, yb)
+        return lambda: part("step", step, xb, yb)
+
+    place = replicated(mesh) if mesh is not None else jax.devices()[0]
+    # a dataset of 4 batches' images (uint8, as the demo's) on every device; index sets drawn ahead,
+    # as the demo slices an epoch's permutation (no shuffle inside the timing)
+    data_x = jax.device_put((rng.integers(0, 256, (4 * n * per_device, 32, 32, 3))).astype(np.uint8), place)
+    data_y = jax.device_put(rng.integers(0, 10, 4 * n * per_device).astype(np.int32), place)
+    index_sets = [rng.permutation(data_y.shape[0])[: n * per_device].astype(np.int32) for _ in range(8)]
+    turn = [0]
+    bsh = batch_sharding(mesh) if mesh is not None else jax.devices()[0]
+
+    def next_indices() -> np.ndarray:
+        turn[0] += 1
+        return index_sets[turn[0] % len(index_sets)]
+
+    if loop in ("fused-fed", "fused-np"):
+        base = jax.random.key(0)
+
+        def fed_body(model: Any, opt: Any, dx: jax.Array, dy: jax.Array, idx: jax.Array, sc: jax.Array) -> jax.Array:
+            x = jnp.take(dx, idx, axis=0).astype(jnp.float32)
+            y = jnp.take(dy, idx, axis=0)
+            if mesh is not None:
+                x = jax.lax.with_sharding_constraint(x, batch_sharding(mesh))
+                y = jax.lax.with_sharding_constraint(y, batch_sharding(mesh))
+            k = jax.random.fold_in(base, sc[1].astype(jnp.uint32))
+            x = jnp.where(jax.random.bernoulli(k, 0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)
+            loss, grads = grads_of(model, x, y)
+            opt.update(model, jax.tree_util.tree_map(lambda g: g * sc[0], grads))
+            return loss
+
+        fstep = SplitStep(fed_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
+        count = [0]
+
+        def fused_fed() -> Any:
+            count[0] += 1
+            sc = np.array([0.1, count[0]], np.float32)
+            if loop == "fused-fed":
+                sc = part("scalars", jax.device_put, sc, place)
+            i = part("indices", jax.device_put, next_indices(), bsh)
+            return part("step", fstep, data_x, data_y, i, sc)
+        return fused_fed
 
     def grad_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, k: jax.Array) -> tuple[jax.Array, Any]:
         x = x.astype(jnp.float32)
@@ -99,44 +163,38 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
 
     split = SplitStep(grad_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
     update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
-    place = replicated(mesh) if mesh is not None else jax.devices()[0]
     if loop == "split":
         xb, yb = shard_batch((x, y), mesh) if mesh is not None else (jax.device_put(x), jax.device_put(y))
         k, lr = jax.device_put(jax.random.key(0), place), jax.device_put(np.float32(0.1), place)
 
         def split_step() -> Any:
-            loss, grads = split(xb, yb, k)
-            update(grads, lr)
+            loss, grads = part("grad", split, xb, yb, k)
+            part("update", update, grads, lr)
             return loss
         return split_step
 
-    # fed: a dataset of 4 batches' images (uint8, as the demo's) on every device, a new index set per step
-    data_x = jax.device_put((rng.integers(0, 256, (4 * n * per_device, 32, 32, 3))).astype(np.uint8), place)
-    data_y = jax.device_put(rng.integers(0, 10, 4 * n * per_device).astype(np.int32), place)
+    # fed: a new index set per step, its images and labels gathered from the dataset on every device
     key = [jax.device_put(jax.random.key(0), place)]
     pending: list[Any] = []
-    # index sets drawn ahead, as the demo slices an epoch's permutation (no shuffle inside the timing)
-    index_sets = [rng.permutation(data_y.shape[0])[: n * per_device].astype(np.int32) for _ in range(8)]
-    turn = [0]
 
     def fetch() -> tuple[jax.Array, jax.Array]:
-        idx = index_sets[turn[0] % len(index_sets)]
-        turn[0] += 1
+        idx = next_indices()
         if mesh is None:
-            i = jax.device_put(idx)
-            return jnp.take(data_x, i, axis=0), jnp.take(data_y, i, axis=0)
-        i = shard_indices(idx, batch_sharding(mesh))
-        return take(data_x, i, batch_sharding(mesh)), take(data_y, i, batch_sharding(mesh))
+            i = part("indices", jax.device_put, idx)
+            return part("take", lambda: (jnp.take(data_x, i, axis=0), jnp.take(data_y, i, axis=0)))
+        i = part("indices", shard_indices, idx, batch_sharding(mesh))
+        return part("take", lambda: (take(data_x, i, batch_sharding(mesh)), take(data_y, i, batch_sharding(mesh))))
 
     def fed_step() -> Any:
-        lr = jax.device_put(np.float32(0.1), place)
-        key[0], k = jax.random.split(key[0])
-        loss, grads = split(*fetch(), k)
+        lr = part("lr", jax.device_put, np.float32(0.1), place)
+        key[0], k = part("key", jax.random.split, key[0])
+        x, y = fetch()
+        loss, grads = part("grad", split, x, y, k)
         if loop == "in-flight" and pending:
-            jax.block_until_ready(pending.pop())   # the previous step, once this one is queued
+            part("wait", jax.block_until_ready, pending.pop())   # the previous step, once this one is queued
         elif loop == "waiting":
-            jax.block_until_ready((loss, grads))
-        update(grads, lr)
+            part("wait", jax.block_until_ready, (loss, grads))
+        part("update", update, grads, lr)
         if loop == "in-flight":
             pending.append(loss)
         return loss
@@ -184,7 +242,8 @@ def main() -> None:
     for loop in args.loops:
         for n in args.devices:
             for stats in (args.stats if n > 1 else ["global"]):
-                step = build(n, args.per_device, stats, args.width, loop)
+                parts = Parts()
+                step = build(n, args.per_device, stats, args.width, loop, parts)
                 for _ in range(5):
                     out = step()
                 jax.block_until_ready(out)
@@ -198,9 +257,13 @@ def main() -> None:
                 t0 = time.perf_counter()
                 run()
                 wall = (time.perf_counter() - t0) / args.steps * 1e3
+                parts.on = True
+                run()
+                parts.on = False
                 kt = {} if args.smoke else kernel_times(run, args.steps)
                 rows.append({"loop": loop, "devices": n, "stats": stats, "wall_ms": wall,
-                             "img_s": n * args.per_device / wall * 1e3, "per_device": kt})
+                             "img_s": n * args.per_device / wall * 1e3, "per_device": kt,
+                             "host_ms": {k: v / args.steps * 1e3 for k, v in parts.s.items()}})
     print(f"# ResNet-18 bf16, {args.per_device} per device, {args.steps} steps, {jax.devices()[0].device_kind}")
     print(f"{'loop':>9} {'devices':>7} {'stats':>10} {'wall ms':>8} {'img/s':>9} {'eff.':>5}  "
           "per device: busy ms, nccl ms, max gap ms, kernels")
@@ -210,6 +273,11 @@ def main() -> None:
         pd = "; ".join(f"d{d}: {v['busy_ms']:.2f}, {v['nccl_ms']:.2f}, {v['max_gap_ms']:.2f}, {v['kernels']:.0f}"
                        for d, v in r["per_device"].items())
         print(f"{r['loop']:>9} {r['devices']:>7} {r['stats']:>10} {r['wall_ms']:>8.2f} {r['img_s']:>9.0f} {eff:>5.2f}  {pd}")
+    print("host ms per step in each part (timed apart, without the profiler):")
+    for r in rows:
+        if r["host_ms"]:
+            print(f"{r['loop']:>9} {r['devices']:>7} {r['stats']:>10}  "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r["host_ms"].items()))
     write_to_out("jax_dp_probe.json", rows)
 
 

@@ -163,24 +163,48 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed, pad_to_batch=True,
                            pad_floor=pad_floor, buckets=cfg.batch_buckets,
                            device=None if mesh is None else batch_sharding(mesh))
-    split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=(), compile_ahead=opts.compile_ahead,
-                      compile_cache=cache, mesh=mesh, pad_to_batch=True, loader=loader)
+    # With a step in flight, a step of one micro-batch that measures nothing (the common step) runs as
+    # one program, gradient and update (`train_body`, the step's main program: compiled ahead for the
+    # sizes and policies the controller may ask for); the two programs `grad_body` then `update_body`
+    # run the noise steps' halves and OOM replays only. On 4 GPUs the second program per step held the
+    # step at 0.53-0.69 of linear scaling, one program at 0.85-0.88 (benchmarks/device/jax_dp_probe.py).
+    fused = opts.in_flight == "on" and opts.fused_step == "on"
+
+    def train_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, mask: jax.Array, k: jax.Array,
+                   lr: jax.Array) -> jax.Array:
+        loss, grads, _ = grad_body(model, opt, x, y, mask, k)
+        update_body(model, opt, grads, lr)
+        return loss
+
+    split = SplitStep(train_body if fused else grad_body, model, opt, ta=ta, donate_argnums=(),
+                      compile_ahead=opts.compile_ahead, compile_cache=cache, mesh=mesh, pad_to_batch=True, loader=loader)
     # One step left running while the host prepares the next (no donation above keeps the state it
     # may have to be restored to); settled before anything reads the state or the losses.
     in_flight = InFlight(split.snapshot, split.restore) if opts.in_flight == "on" else None
     params = nnx.state(model, nnx.Param)
     sharding = jax.sharding.SingleDeviceSharding(dev) if mesh is None else place
     grads_like = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding), params)
-    if ta is not None and cfg.elastic_batch and cfg.batch_law == "noise":   # first noise step: step 100
+    noise_steps = ta is not None and cfg.elastic_batch and cfg.batch_law == "noise"   # the first: step 100
+    if noise_steps:
         for name, job in noise_step_compilations(grads_like):
             split.compile_in_background(name, job)
-    update = split.bind(update_body, params, opt,
-                        example_args=(grads_like, jax.device_put(np.float32(opts.lr), place)))
+    lr_like = jax.device_put(np.float32(opts.lr), place)
+    # without the fused step every step needs it at once; with it the noise steps (compiled ahead
+    # after the background jobs) and replays (compiled when needed)
+    update = split.bind(update_body, params, opt, soon=not fused,
+                        example_args=(grads_like, lr_like) if noise_steps or not fused else None)
+    step_key = [key if mesh is None else jax.device_put(key, place)]
+    if fused:
+        size = loader.bucket_for(max(cfg.batch_init, pad_floor or 0))   # the first steps' micro-batch
+        on = loader.device or jax.sharding.SingleDeviceSharding(dev)
+        batch_like = tuple(jax.ShapeDtypeStruct((size, *a.shape[1:]), a.dtype, sharding=on) for a in (xtr, ytr))
+        mask_like = jax.ShapeDtypeStruct((size,), jnp.float32, sharding=on)
+        grads_of = split.bind(grad_body, model, opt, soon=False,
+                              example_args=(*batch_like, mask_like, step_key[0]) if noise_steps else None)
     eval_chunk = min(1000, len(data.test_x))
     # needed at the epoch's end: queued after the noise programs the first noise step needs
     evaluate = split.bind(eval_body, model, example_args=(xte[:eval_chunk], yte[:eval_chunk]), soon=False)
 
-    step_key = [key if mesh is None else jax.device_put(key, place)]
     grad_scale: list[Any] = [1.0]   # the loss scale of the last micro-batch's grads (a device scalar)
 
     # test-only (off by default): an XLA runtime error with RESOURCE_EXHAUSTED, as a real OOM
@@ -189,8 +213,13 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     def micro(x: jax.Array, y: jax.Array, mask: jax.Array) -> Any:
         inject.fire()
         step_key[0], k = jax.random.split(step_key[0])
-        loss, grads, grad_scale[0] = split(x, y, mask, k)
+        loss, grads, grad_scale[0] = (grads_of if fused else split)(x, y, mask, k)
         return loss, grads
+
+    def whole(batch: Any, mask: jax.Array, lr: jax.Array) -> Any:
+        inject.fire()
+        step_key[0], k = jax.random.split(step_key[0])
+        return split(batch[0], batch[1], mask, k, lr)
 
     if ta is not None and cfg.elastic_batch:   # the gathers of the larger buckets the batch may climb to
         up = [b for b in cfg.batch_buckets or () if cfg.batch_init < b <= cfg.batch_max]
@@ -241,7 +270,8 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
             res = elastic_step(loader, controller, lambda b, m: micro(b[0], b[1], m), step,
                                update_fn=lambda g, d, lr=lr: update(g, lr),
                                tensor_layer=lm if ta is not None else None,
-                               grad_scale=lambda: grad_scale[0], in_flight=in_flight, quiet=split.quiet)
+                               grad_scale=lambda: grad_scale[0], in_flight=in_flight, quiet=split.quiet,
+                               step_fn=(lambda b, m, d, lr=lr: whole(b, m, lr)) if fused else None)
             seen += res.samples
             flops.add(res.decision.precisions if static_prec is None else static_prec, res.samples)
             # kept for its loss (a late OOM's replay replaces it), read at the epoch's end; not its

@@ -183,6 +183,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "restores the state and replays that step's samples: data.InFlight). Default on "
                         "(H100, 2026-11-25: median epoch after the first 0.78-0.88x of waiting's in 3 pairs, peak +0.0-0.4 GiB; "
                         "docs/results.md); off waits for every micro-batch")
+    p.add_argument("--fused-step", choices=["on", "off"], default="on",
+                   help="JAX with --in-flight on: run a step of one micro-batch that measures no gradient noise as one "
+                        "program, gradient and update together (elastic_step(step_fn=...)); off: two programs, as "
+                        "the noise steps and OOM replays. On several devices the second program per step held the "
+                        "step at 0.53-0.69 of linear scaling (4 H200s, 2026-11-27: benchmarks/device/jax_dp_probe.py)")
     p.add_argument("--gc-freeze", choices=["on", "off"], default="on",
                    help="JAX: after set-up and after each epoch, move the objects alive then out of the garbage "
                         "collector's scans (gc.freeze; examples/cifar/common.HeapFreeze), every method alike; off "
@@ -266,7 +271,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, in_flight=a.in_flight, gc_freeze=a.gc_freeze,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
