@@ -8,7 +8,7 @@ framework has been seen.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -230,6 +230,26 @@ class LRU:
 
 
 _OFFSETS = LRU(64)
+
+
+def jax_table(cache: LRU, key: Any, build: Callable[[], tuple[Any, ...]], x: Any) -> tuple[Any, ...]:
+    """A jax-triton launch's layout table and its companions: ``build()`` -> (int32 NumPy table,
+    *extra) runs once per `key`. While `x` is traced (inside jit) the table is made an array within
+    that trace (a constant of it alone), else the device array cached beside it comes back (eager
+    calls upload nothing). A cached device array read by a trace would be closed over by every later
+    trace too; jax 0.11 hoists closed-over arrays into a program's arguments, and an executable
+    compiled ahead on another thread then expected one argument more than its calls passed
+    (H200, 2026-11-27)."""
+    import jax
+    import jax.numpy as jnp
+
+    hit = cache.get(key)
+    if hit is None:
+        table, *extra = build()
+        hit = (table, jnp.asarray(table), *extra)
+        cache.put(key, hit)
+    host, device, *extra = hit
+    return (jnp.asarray(host) if isinstance(x, jax.core.Tracer) else device, *extra)
 
 
 ALIGN = 16  # elements: rows after a segment's first start at a multiple of this (vector loads)

@@ -233,12 +233,11 @@ def _jax_cast(flat: Any, off: np.ndarray, codes: list[int], impl: str,
     if off[-1] >= 2**31:
         raise ValueError(f"flat: {int(off[-1])} elements; the JAX path indexes with int32 (< 2**31)")
     key = (block, iters, off.tobytes(), code_arr.tobytes())
-    hit = _JTABLES.get(key)
-    if hit is None:
+
+    def build() -> tuple[Any, ...]:
         table, dst, total = _layout(sizes, code_arr, off[:-1], block * iters)
-        hit = (jnp.asarray(table.astype(np.int32)), dst, total)  # int32: int64 needs jax_enable_x64
-        _JTABLES.put(key, hit)
-    table, dst, total = hit
+        return table.astype(np.int32), dst, total   # int32: int64 needs jax_enable_x64
+    table, dst, total = D.jax_table(_JTABLES, key, build, flat)
     if table.shape[0] == 0:
         return None, segs
     out = jt.triton_call(flat, table, kernel=_cast_kernel,
