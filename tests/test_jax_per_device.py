@@ -127,16 +127,24 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
                                           ("global", ["--pad-floor", "largest", "--batch-max", "64"])])
 def test_demo_trains_on_two_devices(tmp_path, stats, extra):
     out = tmp_path / "run"
-    two_devices.run(["-m", "examples.cifar.train", "--backend", "jax", "--devices", "2", "--batch-stats",
-           stats, "--method", "triaccel", "--data", str(DATA), "--epochs", "1", "--train-subset", "192",
-           "--test-subset", "64", "--batch", "32", "--width", "0.125", "--t-ctrl", "2", "--warmup-steps", "2",
-           "--no-progress", "--device", "cpu", "--out", str(out), *extra], timeout=600)
+    args = ["--backend", "jax", "--devices", "2", "--batch-stats", stats, "--method", "triaccel", "--data", str(DATA),
+            "--epochs", "1", "--train-subset", "192", "--test-subset", "64", "--batch", "32", "--width", "0.125",
+            "--t-ctrl", "2", "--warmup-steps", "2", "--no-progress", "--device", "cpu", "--compile-cache", "off", *extra]
+    two_devices.run(["-m", "examples.cifar.train", *args, "--out", str(out)], timeout=600)
     summary = json.loads((out / "summary.json").read_text())
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert summary["devices"] == 2 and summary["options"]["batch_stats"] == stats
+    assert summary["fused_step"] is True   # auto: one program per plain step over a mesh
     assert summary["pad_floor"] == (64 if extra else None)
     assert sum(r["samples"] for r in steps if r["type"] == "step") == 192   # every image once
     assert 0.0 <= summary["final_acc"] <= 1.0
+    if stats == "per-device":   # the two programs per step train the same steps, the same losses
+        two_devices.run(["-m", "examples.cifar.train", *args, "--fused-step", "off", "--out", str(tmp_path / "off")],
+                        timeout=600)
+        off = [json.loads(x) for x in (tmp_path / "off" / "log.jsonl").read_text().splitlines()]
+        assert json.loads((tmp_path / "off" / "summary.json").read_text())["fused_step"] is False
+        assert [r["loss"] for r in off if r["type"] == "step"] == \
+            pytest.approx([r["loss"] for r in steps if r["type"] == "step"], rel=1e-4)
 
 
 def test_dp_probe_smoke(tmp_path):
@@ -154,11 +162,13 @@ def test_dp_probe_loops_smoke(tmp_path):
     """jax_dp_probe.py --loops: every loop from one program to the demo's per-step pattern runs on one
     and two devices (the fed loops gather from a replicated dataset into the batch sharding)."""
     two_devices.run(["benchmarks/device/jax_dp_probe.py", "--smoke", "--per-device", "4", "--steps", "2",
-                     "--width", "0.125", "--stats", "global", "--loops", "split", "fed", "in-flight", "waiting"],
+                     "--width", "0.125", "--stats", "global", "--loops", "split", "fed", "in-flight", "waiting",
+                     "fused-fed", "fused-np"],
                     env={"OUT": str(tmp_path)})
     rows = json.loads((tmp_path / "jax_dp_probe.json").read_text())
     assert [(r["loop"], r["devices"]) for r in rows] == [
-        (loop, n) for loop in ("split", "fed", "in-flight", "waiting") for n in (1, 2)]
+        (loop, n) for loop in ("split", "fed", "in-flight", "waiting", "fused-fed", "fused-np") for n in (1, 2)]
+    assert all(r["host_ms"] for r in rows)   # each part of each loop timed
     assert all(r["wall_ms"] > 0 and r["img_s"] > 0 for r in rows)
 
 

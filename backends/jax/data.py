@@ -451,9 +451,17 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     (its retries at the shrunken size, whose new shapes compile in place) runs inside it, with no
     background XLA compilation beside it: XLA's autotuning scratch comes from the pool the step
     allocates from (`memory.limit_device_memory`), so an OOM beside it may be transient.
+    step_fn(batch, mask, decision) -> loss (with has_aux: (loss, aux)): optional, grad_fn and
+    update_fn of one micro-batch as one program (the same loss, the same state after it). With
+    `in_flight`, a step that runs as one micro-batch and measures no gradient noise (the common
+    step) runs through it, and its result has grads None; the other steps, and a step replayed
+    after an OOM, run through grad_fn and update_fn.
     """
     if in_flight is not None and update_fn is None:
         raise ValueError("in_flight: needs update_fn (a step replayed after a late OOM runs its update again)")
+    if step_fn is not None and in_flight is None:
+        raise ValueError("step_fn: needs in_flight (a fused step that fails is restored from its snapshot and "
+                         "replayed through grad_fn and update_fn)")
     before = [in_flight.snapshot()] if in_flight is not None else None   # the state before this step
     cfg = getattr(controller, "config", None)
     cfg_buckets = getattr(cfg, "batch_buckets", None)
@@ -533,10 +541,10 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
         if measure and len(report.sizes) >= 2 and not unmeasured[0]:
             _observe_noise(controller, step, report, sq, acc["grads"], layer_of, grad_scale)
-        if fused[0]:   # step_fn updated the state; its loss stands for its program's outputs
-            loss = _step_loss(report)
-            marker[:] = [loss]
-            return ElasticStepResult(grads=None, loss=loss, aux=acc.get("aux"), updated=None,
+        if fused[0]:   # step_fn updated the state: one of its new arrays stands for the program
+            pre, post = (jax.tree_util.tree_leaves(s) for s in (before[0], in_flight.snapshot()))
+            marker[:] = [b for a, b in zip(pre, post) if a is not b][-1:]
+            return ElasticStepResult(grads=None, loss=_step_loss(report), aux=acc.get("aux"), updated=None,
                                      **ElasticStepOutcome.fields(report, decision, loader.epoch))
         pre = jax.tree_util.tree_leaves(in_flight.snapshot()) if in_flight is not None else None
         updated = update_fn(acc["grads"], decision) if update_fn is not None else None

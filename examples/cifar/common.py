@@ -68,7 +68,7 @@ class RunOptions:
     compile_cache: str | None = None  # JAX: persistent compilation cache folder; None: <cache>/jax; "off"
     compile_ahead: bool | str = "after"  # JAX: compile the likely next step variants on a background thread, not beside the loop's own compilations (True: also then); not local
     in_flight: str = "on"             # JAX: on | off: one step left running while the host prepares the next (train.py)
-    fused_step: str = "on"            # JAX: on | off: a plain step as one program, gradient and update (train.py)
+    fused_step: str = "auto"          # JAX: auto | on | off: a plain step as one program, gradient and update (train.py)
     gc_freeze: str = "on"             # JAX: on | off: long-lived objects out of the garbage collector's scans (HeapFreeze)
     batch_stats: str = "auto"         # several devices: global | per-device BatchNorm statistics; auto: JAX global, torch per-device (train.py)
     pad_floor: str = "auto"           # JAX: auto | off | largest | N: pad micro-batches at least to this bucket (train.py)

@@ -163,12 +163,14 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed, pad_to_batch=True,
                            pad_floor=pad_floor, buckets=cfg.batch_buckets,
                            device=None if mesh is None else batch_sharding(mesh))
-    # With a step in flight, a step of one micro-batch that measures nothing (the common step) runs as
+    # With a step in flight (and --fused-step), a step of one micro-batch that measures nothing runs as
     # one program, gradient and update (`train_body`, the step's main program: compiled ahead for the
     # sizes and policies the controller may ask for); the two programs `grad_body` then `update_body`
     # run the noise steps' halves and OOM replays only. On 4 GPUs the second program per step held the
     # step at 0.53-0.69 of linear scaling, one program at 0.85-0.88 (benchmarks/device/jax_dp_probe.py).
-    fused = opts.in_flight == "on" and opts.fused_step == "on"
+    # auto: on over a mesh only; on one device it gained ~1% per step and cost a cold run ~10 s of
+    # compilations (the fused program besides the two, one H200, 2026-11-27)
+    fused = opts.in_flight == "on" and (opts.fused_step == "on" or (opts.fused_step == "auto" and mesh is not None))
 
     def train_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, mask: jax.Array, k: jax.Array,
                    lr: jax.Array) -> jax.Array:
@@ -320,7 +322,7 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
             "late_ooms": in_flight.lagged_ooms if in_flight is not None else 0,
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": getattr(dev, "device_kind", str(dev)),
-            "devices": 1 if mesh is None else num_shards(mesh),
+            "devices": 1 if mesh is None else num_shards(mesh), "fused_step": fused,
             "report": report, "wall_seconds": wall, "setup_seconds": setup_seconds, "eval_seconds": eval_times,
             "compile_log": compiles, "train_seconds": sum(epoch_times),
             "step_traces": split.traces, "compiled_ahead": split.compiled_ahead,

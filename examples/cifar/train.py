@@ -183,11 +183,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "restores the state and replays that step's samples: data.InFlight). Default on "
                         "(H100, 2026-11-25: median epoch after the first 0.78-0.88x of waiting's in 3 pairs, peak +0.0-0.4 GiB; "
                         "docs/results.md); off waits for every micro-batch")
-    p.add_argument("--fused-step", choices=["on", "off"], default="on",
+    p.add_argument("--fused-step", choices=["auto", "on", "off"], default="auto",
                    help="JAX with --in-flight on: run a step of one micro-batch that measures no gradient noise as one "
                         "program, gradient and update together (elastic_step(step_fn=...)); off: two programs, as "
-                        "the noise steps and OOM replays. On several devices the second program per step held the "
-                        "step at 0.53-0.69 of linear scaling (4 H200s, 2026-11-27: benchmarks/device/jax_dp_probe.py)")
+                        "the noise steps and OOM replays. auto (default): on over several devices, off on one. 4 H200s, "
+                        "2026-11-27, 1024 per GPU: 0.88 / 0.83 of linear scaling at 2 / 4 GPUs on, 0.71 / 0.53 off; one "
+                        "H200, ResNet-18 from the defaults, cold: training 51.1 s on, 45.6 s off (its extra "
+                        "compilations; docs/results.md)")
     p.add_argument("--gc-freeze", choices=["on", "off"], default="on",
                    help="JAX: after set-up and after each epoch, move the objects alive then out of the garbage "
                         "collector's scans (gc.freeze; examples/cifar/common.HeapFreeze), every method alike; off "
