@@ -168,8 +168,8 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # sizes and policies the controller may ask for); the two programs `grad_body` then `update_body`
     # run the noise steps' halves and OOM replays only. On 4 GPUs the second program per step held the
     # step at 0.53-0.69 of linear scaling, one program at 0.85-0.88 (benchmarks/device/jax_dp_probe.py).
-    # auto: on over a mesh only; on one device it gained ~1% per step and cost a cold run ~10 s of
-    # compilations (the fused program besides the two, one H200, 2026-11-27)
+    # auto: on over a mesh only; on one device it gained 0.5-1.5% per step, and compiling the fused
+    # program besides the two took a cold run's first epoch 29.0 -> 38.6 s (one H200, 2026-11-27)
     fused = opts.in_flight == "on" and (opts.fused_step == "on" or (opts.fused_step == "auto" and mesh is not None))
 
     def train_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, mask: jax.Array, k: jax.Array,
