@@ -129,10 +129,14 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     with pytest.raises(SystemExit):   # the compilation cache is JAX's
         train.parse_args(["--backend", "torch", "--compile-cache", str(tmp_path)])
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
+    assert train.parse_args(["--backend", "jax", "--fused-step", "off", "--in-flight", "off"]).fused_step == "off"
+    assert train.parse_args(["--backend", "jax"]).fused_step == "auto"
     for bad in (["--backend", "torch", "--pad-floor", "384"], ["--backend", "jax", "--pad-floor", "0"],
                 ["--backend", "jax", "--pad-floor", "big"], ["--backend", "jax", "--compile-ahead", "later"],
                 ["--backend", "torch", "--batch-stats", "global"], ["--backend", "jax", "--batch-stats", "local"],
-                ["--backend", "jax", "--gc-freeze", "maybe"]):
+                ["--backend", "jax", "--gc-freeze", "maybe"], ["--backend", "torch", "--fused-step", "on"],
+                ["--backend", "jax", "--fused-step", "on", "--in-flight", "off"],
+                ["--backend", "jax", "--method", "local", "--fused-step", "off"], ["--backend", "jax", "--fused-step", "1"]):
         with pytest.raises(SystemExit):
             train.parse_args(bad)
     for bad in (["--trace-steps", "5"], ["--trace-steps", "4:4"], ["--trace-steps", "a:b"],

@@ -237,6 +237,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                 "it; saved-tensor hooks run eagerly)")
     if a.compile_cache is not None and a.backend != "jax":
         p.error(f"--compile-cache={a.compile_cache!r}: only for --backend jax")
+    if a.fused_step != "auto" and (a.backend != "jax" or a.method == "local" or
+                                   (a.fused_step == "on" and a.in_flight == "off")):
+        p.error(f"--fused-step={a.fused_step}: only for --backend jax, not with --method local, and 'on' needs "
+                "--in-flight on (a failed fused step is restored from the step in flight)")
     if a.batch_stats != "auto" and (a.method == "local" or (a.backend == "torch" and a.batch_stats == "global")):
         p.error(f"--batch-stats={a.batch_stats}: allowed auto, or with --backend jax global | per-device, with --backend "
                 "torch per-device (its DDP normalises by each rank's batch); not with --method local")
