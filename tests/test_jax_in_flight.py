@@ -65,6 +65,26 @@ class Lagged(Harness):
                             in_flight=self.in_flight, quiet=self.quiet)
 
 
+class Fused(Lagged):
+    """`Lagged` whose whole-batch steps run as one call, gradient and update (`step_fn`), e.g. one
+    jitted program: each counts as a grad call, so `late_calls` fails them as the two programs."""
+
+    def __init__(self, cfg, **kw):
+        super().__init__(cfg, **kw)
+        self.fused_calls = 0
+
+    def fused(self, batch, mask, decision):
+        self.fused_calls += 1
+        loss, grads = self.grad_fn(batch, mask)
+        self.update(grads, decision)
+        return loss
+
+    def step(self, step):
+        return elastic_step(self.loader, self.ctl, self.grad_fn, step, update_fn=self.update,
+                            in_flight=self.in_flight, quiet=self.quiet, step_fn=self.fused)
+
+
+
 def run(h, steps):
     return [h.step(s) for s in range(steps)]
 
@@ -81,11 +101,12 @@ def _close(a, b):
         np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), rtol=2e-5, atol=1e-7)
 
 
-def test_late_oom_trains_the_same_steps_as_an_oom_inside_the_step():
+@pytest.mark.parametrize("harness", [Lagged, Fused])
+def test_late_oom_trains_the_same_steps_as_an_oom_inside_the_step(harness):
     cfg = _accumulating()
     sync = Harness(cfg, oom_calls={4})
     sync_trace = [elastic_step(sync.loader, sync.ctl, sync.grad_fn, s, update_fn=sync.update) for s in range(8)]
-    late = Lagged(cfg, late_calls={4})
+    late = harness(cfg, late_calls={4})
     late_trace = run(late, 8)
     late.in_flight.settle()   # (after the shrink every step runs as two micro-batches: waited for)
     assert not late.in_flight.pending and late.in_flight.lagged_ooms == 1
@@ -101,6 +122,8 @@ def test_late_oom_trains_the_same_steps_as_an_oom_inside_the_step():
     assert [r.samples for r in late_trace] == [r.samples for r in sync_trace]
     for key in ("samples", "replayed", "ooms", "steps"):
         assert late.loader.stats[key] == sync.loader.stats[key]
+    if harness is Fused:   # fused until the failure surfaced (steps 0-4: step 4's own call ran from the
+        assert late.fused_calls == 5   # failed state and again as micro-batches), then two micro-batches each
 
 
 def test_every_sample_once_per_epoch_with_late_ooms():
@@ -321,25 +344,6 @@ def test_waiting_step_after_a_failed_update_names_the_cause():
     assert "in_flight" not in str(err.value)
 
 
-class Fused(Lagged):
-    """`Lagged` whose whole-batch steps run as one call, gradient and update (`step_fn`), e.g. one
-    jitted program: each counts as a grad call, so `late_calls` fails them as the two programs."""
-
-    def __init__(self, cfg, **kw):
-        super().__init__(cfg, **kw)
-        self.fused_calls = 0
-
-    def fused(self, batch, mask, decision):
-        self.fused_calls += 1
-        loss, grads = self.grad_fn(batch, mask)
-        self.update(grads, decision)
-        return loss
-
-    def step(self, step):
-        return elastic_step(self.loader, self.ctl, self.grad_fn, step, update_fn=self.update,
-                            in_flight=self.in_flight, quiet=self.quiet, step_fn=self.fused)
-
-
 def test_a_fused_step_trains_as_its_two_programs():
     cfg = _accumulating()
     two, one = Lagged(cfg), Fused(cfg)
@@ -351,25 +355,6 @@ def test_a_fused_step_trains_as_its_two_programs():
     assert [float(r.loss) for r in b] == pytest.approx([float(r.loss) for r in a], rel=1e-6)
     assert all(r.grads is None and r.updated is None for r in b)   # no gradients leave the program
     assert [r.micro_sizes for r in b] == [r.micro_sizes for r in a] == [[32]] * 4 + [[22], [32]]   # 150 per epoch
-
-
-def test_a_fused_step_that_fails_late_is_undone_and_replayed_as_micro_batches():
-    cfg = _accumulating()
-    sync = Harness(cfg, oom_calls={4})
-    sync_trace = [elastic_step(sync.loader, sync.ctl, sync.grad_fn, s, update_fn=sync.update) for s in range(8)]
-    late = Fused(cfg, late_calls={4})
-    late_trace = run(late, 8)
-    late.in_flight.settle()
-    assert late.in_flight.lagged_ooms == 1 and isinstance(late.failed, _Ready)
-    _close(late.params, sync.params)   # the failed fused step undone, its samples trained once
-    assert late_trace[3].micro_sizes == sync_trace[3].micro_sizes == [16, 16]
-    assert late_trace[3].ooms == sync_trace[3].ooms == 1 and late_trace[3].replayed == 32
-    # fused until the failure surfaced (steps 0-4; step 4's own fused call ran from the failed state
-    # and ran again as micro-batches), then every step is two micro-batches of the shrunk size
-    assert late.fused_calls == 5
-    assert [r.samples for r in late_trace] == [r.samples for r in sync_trace]
-    for key in ("samples", "replayed", "ooms", "steps"):
-        assert late.loader.stats[key] == sync.loader.stats[key]
 
 
 def test_noise_steps_run_as_two_programs_beside_fused_steps():
