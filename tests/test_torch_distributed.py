@@ -204,6 +204,12 @@ def test_injected_oom_replayed_exactly_once_across_ranks(dp_run: list[dict]) -> 
     assert b["replayed"] > 0
 
 
+def test_sync_buffers_averages_batchnorm_statistics_or_takes_rank_0s(dp_run: list[dict]) -> None:
+    for rep in dp_run:
+        assert rep["bn_mean"] == [[0.5] * 3, [2.0] * 3, 5]    # counters from rank 0
+        assert rep["bn_rank0"] == [[0.0] * 3, [1.0] * 3, 5]
+
+
 def test_fsdp2_matches_ddp(dp_run: list[dict]) -> None:
     a, b = dp_run
     assert a["fsdp_digest"] == b["fsdp_digest"]
@@ -303,6 +309,13 @@ def _worker(out: Path) -> None:
     ddp = init_distributed("gloo", timeout=datetime.timedelta(seconds=40))
     assert ddp is not None
     rep = _train(ddp, "ddp", EPOCHS, inject=True)
+    for reduce in ("mean", "rank0"):   # BatchNorm statistics that drifted apart, made equal
+        bn = torch.nn.BatchNorm1d(3)
+        bn.running_mean.fill_(float(ddp.rank))
+        bn.running_var.fill_(1.0 + 2.0 * ddp.rank)
+        bn.num_batches_tracked.fill_(5 + ddp.rank)
+        ddp.sync_buffers(bn, reduce=reduce)
+        rep[f"bn_{reduce}"] = [bn.running_mean.tolist(), bn.running_var.tolist(), int(bn.num_batches_tracked)]
     # FSDP2 against DDP over the same steps (no OOM: FSDP cannot replay one on one rank)
     ref = _train(Distributed(), "ddp", 1, inject=False)
     fs = _train(Distributed(), "fsdp", 1, inject=False)

@@ -304,14 +304,26 @@ class Distributed:
         return combine_eigvals(g.reshape(-1, *shape))
 
     # -- helpers -----------------------------------------------------------------------------------
-    def sync_buffers(self, model: nn.Module | None = None) -> None:
-        """Broadcast rank 0's buffers (BatchNorm running statistics): each rank's drifted apart on its
-        own data; call before evaluating or saving."""
+    def sync_buffers(self, model: nn.Module | None = None, reduce: str = "mean") -> None:
+        """Make the buffers (BatchNorm running statistics) equal on every rank; each rank's drifted
+        apart on its own samples. Call before evaluating or saving.
+
+        reduce: "mean" (default): floating-point buffers averaged over the ranks (a running mean
+        becomes the moving average of every rank's batch means, as one GPU's at the same global
+        batch; a running variance the average of the ranks' within-batch variances), other buffers
+        (counters) from rank 0. "rank0": every buffer from rank 0, whose statistics saw only its
+        own samples (1 / world of each step's)."""
+        if reduce not in ("mean", "rank0"):
+            raise ValueError(f"reduce={reduce!r}: allowed 'mean' or 'rank0'")
         m = unwrap_parallel(model if model is not None else self.model)  # type: ignore[arg-type]
+        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
         for b in m.buffers():
             t = local_tensor(b)
-            self._collective("buffer broadcast", lambda t=t: dist.broadcast(t, src=dist.get_global_rank(
-                self.group, 0) if self.group is not None else 0, group=self.group))
+            if reduce == "mean" and t.is_floating_point():
+                self._collective("buffer all-reduce", lambda t=t: dist.all_reduce(t, group=self.group))
+                t.div_(self.world_size)   # gloo has no AVG
+            else:
+                self._collective("buffer broadcast", lambda t=t: dist.broadcast(t, src=src, group=self.group))
 
     def all_sum(self, value: float) -> float:
         """Sum of a host number over ranks (e.g. correct predictions of each rank's test part)."""
