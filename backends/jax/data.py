@@ -483,12 +483,15 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     rerun = [0, 0]   # OOMs and replayed samples inside a micro-batch re-run after a late OOM
     fused = [False]   # the step ran as step_fn: its update is done
 
-    def queue(chunk: np.ndarray) -> tuple[Any, Any]:
-        # the decision in force now: an OOM earlier in this step has shrunk it
+    def fetch(chunk: np.ndarray) -> tuple[Any, jax.Array]:
+        # padded to the decision in force now: an OOM earlier in this step has shrunk it
         pad_to = getattr(getattr(controller, "decision", None), "batch_size", loader.batch_size) \
             if loader.pad_to_batch else None
         chunks.append(chunk)
-        return grad_fn(*loader.fetch(chunk, pad_to=pad_to))
+        return loader.fetch(chunk, pad_to=pad_to)
+
+    def queue(chunk: np.ndarray) -> tuple[Any, Any]:
+        return grad_fn(*fetch(chunk))
 
     def absorb(out: Any, grads: Any, weight: float) -> jax.Array:
         loss, aux = out if has_aux else (out, None)
@@ -512,17 +515,14 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         # weight 1 and no chunk before: the micro-batch is the whole step
         one = step_fn is not None and not wait[0] and not measure and weight == 1.0 and not chunks
         if one:
-            pad_to = controller.decision.batch_size if loader.pad_to_batch else None
-            chunks.append(chunk)
-            out, grads = step_fn(*loader.fetch(chunk, pad_to=pad_to), controller.decision), None
+            out, grads = step_fn(*fetch(chunk), getattr(controller, "decision", None)), None
         else:
             out, grads = queue(chunk)
         if in_flight is not None and in_flight.settle():
             # the previous step ran out of memory and was replayed from the state before it; this
             # micro-batch was computed from the failed state: run it again, at the shrunk size
+            # (a fused micro-batch's update ran from the failed state too: restored with it)
             del out, grads
-            if one:   # its update ran from the failed state too: this step runs as micro-batches now
-                chunks.clear()
             before[0] = in_flight.snapshot()
             wait[0] = unmeasured[0] = True
             again = run_elastic_step(chunk, micro_batch=controller.decision.batch_size,

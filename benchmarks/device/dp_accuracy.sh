@@ -1,20 +1,29 @@
-# Issue 16: the same global batch on 1 and NGPU (default 2) GPUs (torch, DDP through torchrun), seeds given
-# as arguments: triaccel with the precision lever (batch fixed at GLOBAL), 10 epochs, the demo's LR rule and warm-up.
+# Issue 16: the same global batch on 1 and NGPU (default 2) GPUs, seeds given as arguments: triaccel with
+# the precision lever (batch fixed at GLOBAL), 10 epochs, the demo's LR rule and warm-up. BACKEND=torch
+# (default: DDP through torchrun, BatchNorm per rank, evaluated with the ranks' averaged statistics) or
+# jax (one process over NGPU devices, --batch-stats STATS, default per-device).
 #   GLOBAL=1024 bash benchmarks/device/dp_accuracy.sh 0 1 2     (device tool, kind nvidia-h200-x2, carry [".device"])
 #   NGPU=4 GLOBAL=512 bash benchmarks/device/dp_accuracy.sh 0 1 2   (nvidia-h200-x4)
+#   BACKEND=jax NGPU=4 GLOBAL=512 bash benchmarks/device/dp_accuracy.sh 0 1 2
 source benchmarks/device/prep.sh; cd /tmp/pkg
-G=${GLOBAL:-1024}; N=${NGPU:-2}; D=/tmp/data/cifar10-jpeg
-common="-m examples.cifar.train --backend torch --method triaccel --levers precision --batch $G --batch-max $G --epochs 10 --data $D --no-progress"
+G=${GLOBAL:-1024}; N=${NGPU:-2}; B=${BACKEND:-torch}; D=/tmp/data/cifar10-jpeg
+common="-m examples.cifar.train --backend $B --method triaccel --levers precision --batch $G --batch-max $G --epochs 10 --data $D --no-progress"
 for s in "$@"; do
-  timeout 150 python3 $common --seed $s --out /tmp/runs/dp1-s$s > $OUT/dp1-s$s.log 2>&1
-  timeout 150 torchrun --standalone --nproc-per-node $N $common --seed $s --out /tmp/runs/dp$N-s$s > $OUT/dp$N-s$s.log 2>&1
+  if [ "$B" = jax ]; then
+    timeout 150 python3 $common --devices 1 --seed $s --out /tmp/runs/dp1-s$s > $OUT/dp1-s$s.log 2>&1
+    timeout 150 python3 $common --devices $N --batch-stats ${STATS:-per-device} --seed $s --out /tmp/runs/dp$N-s$s \
+      > $OUT/dp$N-s$s.log 2>&1
+  else
+    timeout 150 python3 $common --seed $s --out /tmp/runs/dp1-s$s > $OUT/dp1-s$s.log 2>&1
+    timeout 150 torchrun --standalone --nproc-per-node $N $common --seed $s --out /tmp/runs/dp$N-s$s > $OUT/dp$N-s$s.log 2>&1
+  fi
   for n in 1 $N; do
     python3 - /tmp/runs/dp$n-s$s "$n GPU seed $s" <<'PY'
 import glob, json, sys
 f = sorted(glob.glob(sys.argv[1] + "/**/summary.json", recursive=True))
 if not f: sys.exit(print(sys.argv[2], "no summary"))
 s = json.load(open(f[0])); e = s["epoch_seconds"]
-print(f"{sys.argv[2]:<14} acc {s['final_acc']:.4f} train_s {sum(e):.1f} world {s.get('world_size', 1)} "
+print(f"{sys.argv[2]:<14} acc {s['final_acc']:.4f} train_s {sum(e):.1f} world {s.get('world_size', s.get('devices', 1))} "
       f"agree {s.get('ranks_agree')} batch {s.get('final_batch')} accs {[round(a, 3) for a in s.get('accs', [])]}")
 PY
   done
