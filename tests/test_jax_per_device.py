@@ -122,7 +122,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
 
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"CIFAR-10 image folder not found at {DATA}")
-@pytest.mark.parametrize("stats, extra", [("per-device", []),
+@pytest.mark.parametrize("stats, extra", [("per-device", ["--inject-oom-every", "4"]),   # an OOM in a fused step
                                           # the pad floor, as the demo's default sets it on GPUs
                                           ("global", ["--pad-floor", "largest", "--batch-max", "64"])])
 def test_demo_trains_on_two_devices(tmp_path, stats, extra):
@@ -135,7 +135,8 @@ def test_demo_trains_on_two_devices(tmp_path, stats, extra):
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert summary["devices"] == 2 and summary["options"]["batch_stats"] == stats
     assert summary["fused_step"] is True   # auto: one program per plain step over a mesh
-    assert summary["pad_floor"] == (64 if extra else None)
+    assert summary["pad_floor"] == (64 if stats == "global" else None)
+    assert (summary["injected_ooms"] >= 1) == (stats == "per-device")
     assert sum(r["samples"] for r in steps if r["type"] == "step") == 192   # every image once
     assert 0.0 <= summary["final_acc"] <= 1.0
     if stats == "per-device":   # the two programs per step train the same steps, the same losses
