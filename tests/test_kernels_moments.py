@@ -510,3 +510,35 @@ def test_jax_triton_outputs_are_the_kernels_last_pointers():
     names = [n for n, p in sig.parameters.items() if p.annotation not in ("tl.constexpr", tl.constexpr)]
     assert names[-2:] == ["out_ptr", "y_ptr"]
     assert len(names) == 2 + 9   # _jax_flat passes nine inputs
+
+
+def test_jax_layout_table_is_cached_eagerly_and_made_per_trace():
+    """`_dispatch.jax_table`: eager calls share one cached device table (no upload per call); a traced
+    call gets an array made inside its own trace, never the cached one (a later trace would close
+    over it: jax 0.11 then compiled ahead an executable expecting one argument more)."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from triaccel.kernels import _dispatch as D
+
+    cache, built = D.LRU(4), []
+
+    def build():
+        built.append(1)
+        return np.arange(6, dtype=np.int32), "extra"
+
+    x = jnp.ones(3)
+    first, extra = D.jax_table(cache, "k", build, x)
+    again, _ = D.jax_table(cache, "k", build, x)
+    assert again is first and extra == "extra" and len(built) == 1
+    seen = []
+
+    @jax.jit
+    def f(v):
+        tab, _ = D.jax_table(cache, "k", build, v)
+        seen.append(tab)
+        return v.sum() + tab.sum()
+
+    assert float(f(x)) == 3.0 + 15.0 and len(built) == 1
+    assert seen and seen[0] is not first
+    np.testing.assert_array_equal(np.asarray(first), np.arange(6))
