@@ -682,9 +682,12 @@ def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str, cfg: tuple)
         raise ValueError(f"flat: {int(off[-1])} elements; the JAX path indexes with int32 (< 2**31)")
     sms = D.jax_sm_count(flat)
     key = (cfg, sms, off.tobytes())
-    sizes = np.diff(off)
-    (tab,) = D.jax_table(_JTABLES, key, lambda: (_rows_table(  # int32: int64 arrays need jax_enable_x64
-        sizes, off[:-1], np.zeros(sizes.size, dtype=np.int64), int(off[-1]), sms, cfg).astype(np.int32),), flat)
+
+    def build() -> tuple[np.ndarray]:   # on a cache miss only: eager calls stay cheap on the host
+        sizes = np.diff(off)
+        t = _rows_table(sizes, off[:-1], np.zeros(sizes.size, dtype=np.int64), int(off[-1]), sms, cfg)
+        return (t.astype(np.int32),)   # int32: int64 arrays need jax_enable_x64
+    (tab,) = D.jax_table(_JTABLES, key, build, flat)
     nrows = tab.shape[0]
     write = inv_scale is not None
     if inv_scale is None:

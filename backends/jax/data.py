@@ -541,19 +541,16 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
         if measure and len(report.sizes) >= 2 and not unmeasured[0]:
             _observe_noise(controller, step, report, sq, acc["grads"], layer_of, grad_scale)
-        if fused[0]:   # step_fn updated the state: one of its new arrays stands for the program
-            pre, post = (jax.tree_util.tree_leaves(s) for s in (before[0], in_flight.snapshot()))
-            marker[:] = [b for a, b in zip(pre, post) if a is not b][-1:]
-            return ElasticStepResult(grads=None, loss=_step_loss(report), aux=acc.get("aux"), updated=None,
-                                     **ElasticStepOutcome.fields(report, decision, loader.epoch))
-        pre = jax.tree_util.tree_leaves(in_flight.snapshot()) if in_flight is not None else None
-        updated = update_fn(acc["grads"], decision) if update_fn is not None else None
+        # the state before the step's update: for step_fn's step, before the step (its one program)
+        pre = jax.tree_util.tree_leaves(before[0] if fused[0] else in_flight.snapshot()) \
+            if in_flight is not None else None
+        updated = update_fn(acc["grads"], decision) if update_fn is not None and not fused[0] else None
         if pre is not None:
             # one output of the update's program stands for all of them (a failed program fails every
             # output); waiting on each of a few hundred state arrays cost the host per step
             post = jax.tree_util.tree_leaves(in_flight.snapshot())
             marker[:] = [b for a, b in zip(pre, post) if a is not b][-1:]
-        return ElasticStepResult(grads=acc["grads"], loss=_step_loss(report),
+        return ElasticStepResult(grads=acc.get("grads"), loss=_step_loss(report),
                                  aux=acc.get("aux"), updated=updated,
                                  **ElasticStepOutcome.fields(report, decision, loader.epoch))
 

@@ -212,16 +212,17 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # test-only (off by default): an XLA runtime error with RESOURCE_EXHAUSTED, as a real OOM
     inject = OOMInjector(opts.inject_oom_every, OOM_ERROR_TYPES[0])
 
-    def micro(x: jax.Array, y: jax.Array, mask: jax.Array) -> Any:
+    def micro_key() -> jax.Array:   # each micro-batch: its augmentation key (and a test OOM, if armed)
         inject.fire()
         step_key[0], k = jax.random.split(step_key[0])
-        loss, grads, grad_scale[0] = (grads_of if fused else split)(x, y, mask, k)
+        return k
+
+    def micro(x: jax.Array, y: jax.Array, mask: jax.Array) -> Any:
+        loss, grads, grad_scale[0] = (grads_of if fused else split)(x, y, mask, micro_key())
         return loss, grads
 
     def whole(batch: Any, mask: jax.Array, lr: jax.Array) -> Any:
-        inject.fire()
-        step_key[0], k = jax.random.split(step_key[0])
-        return split(batch[0], batch[1], mask, k, lr)
+        return split(batch[0], batch[1], mask, micro_key(), lr)
 
     if ta is not None and cfg.elastic_batch:   # the gathers of the larger buckets the batch may climb to
         up = [b for b in cfg.batch_buckets or () if cfg.batch_init < b <= cfg.batch_max]
