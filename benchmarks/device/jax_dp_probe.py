@@ -18,8 +18,8 @@ program to the demo's per-step pattern (`--loops`), so that one call shows which
              upload of the indices and one of the scalars (LR, step number)
   fused-np   fused-fed with the scalars passed as a numpy array (JAX uploads them inside the call)
 
-Per configuration also the host's milliseconds per step in each part of the loop (`--parts`, timed
-without the profiler): a part whose host time nears the step's wall is where the host waits.
+Per configuration also the host's milliseconds per step in each part of the loop (timed in a second
+pass, without the profiler): a part whose host time nears the step's wall is where the host waits.
 
     python3 benchmarks/device/jax_dp_probe.py --per-device 1024 --devices 1 2 4   # GPU machine, after prep.sh
 
@@ -58,6 +58,11 @@ from _results import write_to_out  # noqa: E402
 def _ce_sum(m: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
     ce = optax.softmax_cross_entropy_with_integer_labels(m(x).astype(jnp.float32), y)
     return ce.sum(), jnp.asarray(y.shape[0], jnp.float32)
+
+
+def _flip(x: jax.Array, k: jax.Array) -> jax.Array:
+    """A random horizontal flip per sample (NHWC), as the demo's augmentation."""
+    return jnp.where(jax.random.bernoulli(k, 0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)
 
 
 LOOPS = ("fused", "split", "fed", "in-flight", "waiting", "fused-fed", "fused-np")
@@ -102,6 +107,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
     rng = np.random.default_rng(0)
     x = rng.normal(size=(n * per_device, 32, 32, 3)).astype(np.float32)
     y = rng.integers(0, 10, n * per_device).astype(np.int32)
+    fixed = shard_batch((x, y), mesh) if mesh is not None else (jax.device_put(x), jax.device_put(y))
     if loop == "fused":
         def body(model: Any, opt: Any, x: jax.Array, y: jax.Array) -> jax.Array:
             loss, grads = grads_of(model, x, y)
@@ -109,7 +115,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
             return loss
 
         step = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
-        xb, yb = shard_batch((x, y), mesh) if mesh is not None else (jax.device_put(x), jax.device_put(y))
+        xb, yb = fixed
         return lambda: part("step", step, xb, yb)
 
     place = replicated(mesh) if mesh is not None else jax.devices()[0]
@@ -134,8 +140,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
             if mesh is not None:
                 x = jax.lax.with_sharding_constraint(x, batch_sharding(mesh))
                 y = jax.lax.with_sharding_constraint(y, batch_sharding(mesh))
-            k = jax.random.fold_in(base, sc[1].astype(jnp.uint32))
-            x = jnp.where(jax.random.bernoulli(k, 0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)
+            x = _flip(x, jax.random.fold_in(base, sc[1].astype(jnp.uint32)))
             loss, grads = grads_of(model, x, y)
             opt.update(model, jax.tree_util.tree_map(lambda g: g * sc[0], grads))
             return loss
@@ -154,8 +159,8 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
 
     def grad_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, k: jax.Array) -> tuple[jax.Array, Any]:
         x = x.astype(jnp.float32)
-        if loop != "split":   # a random horizontal flip per sample, as the demo's augmentation
-            x = jnp.where(jax.random.bernoulli(k, 0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)
+        if loop != "split":
+            x = _flip(x, k)
         return grads_of(model, x, y)
 
     def update_body(params: Any, opt: Any, grads: Any, lr: jax.Array) -> None:
@@ -164,7 +169,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
     split = SplitStep(grad_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
     update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
     if loop == "split":
-        xb, yb = shard_batch((x, y), mesh) if mesh is not None else (jax.device_put(x), jax.device_put(y))
+        xb, yb = fixed
         k, lr = jax.device_put(jax.random.key(0), place), jax.device_put(np.float32(0.1), place)
 
         def split_step() -> Any:
