@@ -245,11 +245,13 @@ def jax_table(cache: LRU, key: Any, build: Callable[[], tuple[Any, ...]], x: Any
 
     hit = cache.get(key)
     if hit is None:
-        table, *extra = build()
-        hit = (table, jnp.asarray(table), *extra)
+        hit = [None, *build()]   # [device copy (made at the first eager call), host table, *extra]
         cache.put(key, hit)
-    host, device, *extra = hit
-    return (jnp.asarray(host) if isinstance(x, jax.core.Tracer) else device, *extra)
+    if isinstance(x, jax.core.Tracer):
+        return (jnp.asarray(hit[1]), *hit[2:])
+    if hit[0] is None:
+        hit[0] = jnp.asarray(hit[1])
+    return (hit[0], *hit[2:])
 
 
 ALIGN = 16  # elements: rows after a segment's first start at a multiple of this (vector loads)
