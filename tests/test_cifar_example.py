@@ -312,3 +312,23 @@ def test_compiled_bucket_sizes_are_per_rank():
     assert static_batches((24, 48, 96, 192)) == (24, 48, 96, 192)
     assert static_batches((24, 48, 96, 192), SimpleNamespace(world_size=4)) == (6, 12, 24, 48)
     assert static_batches((12, 24, 36), SimpleNamespace(world_size=8)) == (3,)
+
+
+def test_torch_demo_under_torchrun_on_two_gloo_ranks(tmp_path):
+    """The demo as a user launches it on several GPUs, here two CPU ranks: the ranks agree, every image
+    trains once across them, and the summary holds the accuracy with the ranks' averaged BatchNorm
+    statistics beside rank 0's own."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "examples.cifar.train", "--backend", "torch", "--method", "triaccel", "--data", str(DATA),
+           "--epochs", "1", "--train-subset", "192", "--test-subset", "64", "--batch", "32", "--width", "0.125",
+           "--t-ctrl", "2", "--warmup-steps", "2", "--no-progress", "--device", "cpu", "--out", str(out)]
+    subprocess.run(cmd, check=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    s = json.loads((out / "summary.json").read_text())
+    assert s["world_size"] == 2 and s["ranks_agree"] is True
+    assert 0.0 <= s["final_acc"] <= 1.0 and 0.0 <= s["final_acc_rank0_buffers"] <= 1.0
+    steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert sum(r["samples"] for r in steps if r["type"] == "step") == 192   # global samples, once

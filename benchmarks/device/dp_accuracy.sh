@@ -24,7 +24,7 @@ f = sorted(glob.glob(sys.argv[1] + "/**/summary.json", recursive=True))
 if not f: sys.exit(print(sys.argv[2], "no summary"))
 s = json.load(open(f[0])); e = s["epoch_seconds"]
 print(f"{sys.argv[2]:<14} acc {s['final_acc']:.4f} train_s {sum(e):.1f} world {s.get('world_size', s.get('devices', 1))} "
-      f"agree {s.get('ranks_agree')} batch {s.get('final_batch')} accs {[round(a, 3) for a in s.get('accs', [])]}")
+      f"agree {s.get('ranks_agree')} rank0-stats {s.get('final_acc_rank0_buffers')} batch {s.get('final_batch')} accs {[round(a, 3) for a in s.get('accs', [])]}")
 PY
   done
 done

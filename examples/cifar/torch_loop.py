@@ -203,13 +203,15 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             torch.cuda.synchronize(device)
         epoch_times.append(time.perf_counter() - t0)
         bar.close()
-        if distributed is not None:
-            # every rank's BatchNorm statistics averaged: rank 0's alone saw 1 / world of each step's
-            # samples (evaluated with rank 0's, 4 GPUs at a global 512 scored 85.35% against one
-            # GPU's 86.05%, 3 seeds, 2026-11-27; the average is not measured on GPUs yet)
-            distributed.sync_buffers()
         # the evaluation's batch of 1000 is not the training step's memory: left out of the probe
         with opt.memory.excluded() if opts.method == "triaccel" else contextlib.nullcontext():
+            if distributed is not None:
+                if epoch == opts.epochs - 1:   # what the average buys: rank 0 with its own statistics
+                    own_acc = distributed.gather_objects(evaluate(model, xte, yte, prep, cast))[0]
+                # every rank's BatchNorm statistics averaged: rank 0's alone saw 1 / world of each step's
+                # samples (evaluated with rank 0's, 4 GPUs at a global 512 scored 85.35% against one
+                # GPU's 86.05%, 3 seeds, 2026-11-27)
+                distributed.sync_buffers()
             acc = evaluate(model, xte, yte, prep, cast)
             if device.type == "cuda":   # read before excluded() resets the counter: the run's peak keeps it
                 eval_peak = max(eval_peak, torch.cuda.max_memory_allocated(device))
@@ -225,7 +227,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     if distributed is not None:   # equal digests: every rank took the same decisions
         digests = distributed.gather_objects(decision_digest(controller.telemetry.records))
         ranks = {"world_size": distributed.world_size, "rank_decision_digests": digests,
-                 "ranks_agree": len(set(digests)) == 1}
+                 "ranks_agree": len(set(digests)) == 1, "final_acc_rank0_buffers": own_acc}
     return {**ranks, "final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times), "peak_alloc_bytes": peak,
             "steps": step, "final_batch": controller.decision.batch_size, "device": str(device),
