@@ -6,6 +6,8 @@
 #   pad: 10 epochs, seed SEED: AMP bs 192 cold; triaccel defaults (--budget 4GiB) cold, then with --pad-floor largest
 #        cold and warm (its cache again), then the defaults warm
 #   ahead: 10 epochs, seed SEED, cold: triaccel from its defaults (--budget 4GiB) with --compile-ahead on, then after
+#   top: 10 epochs, seed SEED, cold: AMP bs 192, triaccel (--budget 4GiB) with the ladder's top rung at 384
+#        (--batch-max 384, pad floor 384), then with the top at 512 but small batches padded to 384 only
 D=/tmp/data/cifar10-jpeg; mkdir -p /tmp/runs
 one() { name=$1; shift; timeout 220 python3 -m examples.cifar.train --backend jax --model resnet18 --data $D --seed ${SEED:-0} --no-progress --compile-cache /tmp/cc/${CACHE:-$name} --out /tmp/runs/$name "$@" > $OUT/$name.log 2>&1; echo "$name rc $?"; cp /tmp/runs/$name/log.jsonl $OUT/$name.jsonl
   cp /tmp/runs/$name/summary.json $OUT/$name.json || return; python3 -c "
@@ -25,6 +27,10 @@ pad)
   one tri-pad-s${SEED:-0} --method triaccel --budget 4GiB --epochs 10 --pad-floor largest
   CACHE=tri-pad-s${SEED:-0} one tri-pad-warm-s${SEED:-0} --method triaccel --budget 4GiB --epochs 10 --pad-floor largest
   CACHE=tri-s${SEED:-0} one tri-warm-s${SEED:-0} --method triaccel --budget 4GiB --epochs 10 ;;
+top)
+  one amp192-s${SEED:-0} --method amp --batch 192 --epochs 10
+  one tri-max384-s${SEED:-0} --method triaccel --budget 4GiB --epochs 10 --batch-max 384
+  one tri-pad384-s${SEED:-0} --method triaccel --budget 4GiB --epochs 10 --pad-floor 384 ;;
 ahead)
   for m in on after; do one tri-$m-s${SEED:-0} --method triaccel --budget 4GiB --epochs 10 --compile-ahead $m; done ;;
 esac
