@@ -146,12 +146,13 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     assert train.parse_args(["--trace-steps", "10:20"]).trace_steps == (10, 20)
     assert train.parse_args(["--backend", "torch"]).pad_floor == "auto"   # the default: off but for JAX on a GPU
     jax_opts = train.parse_args(["--backend", "jax", "--pad-floor", "largest", "--compile-ahead", "after"])
-    assert jax_opts.pad_floor == "largest" and jax_opts.compile_ahead == "after" and jax_opts.batch_stats == "global"
-    assert train.parse_args(["--backend", "jax", "--batch-stats", "per-device"]).batch_stats == "per-device"
+    assert jax_opts.pad_floor == "largest" and jax_opts.compile_ahead == "after" and jax_opts.batch_stats == "per-device"
+    assert train.parse_args(["--backend", "jax", "--batch-stats", "global"]).batch_stats == "global"
     # torch's DDP normalises by each rank's batch: its summary says so, and "global" is refused
     assert train.parse_args(["--backend", "torch"]).batch_stats == "per-device"
     assert train.parse_args(["--backend", "torch", "--batch-stats", "per-device"]).batch_stats == "per-device"
-    for bad in (["--backend", "torch", "--batch-stats", "global"], ["--method", "local", "--batch-stats", "global"]):
+    for bad in (["--backend", "torch", "--batch-stats", "global"], ["--method", "local", "--batch-stats", "global"],
+                ["--backend", "jax", "--batch-stats", "auto"]):
         with pytest.raises(SystemExit):
             train.parse_args(bad)
     with pytest.raises(SystemExit):   # shapes of a compiled model only
