@@ -210,6 +210,19 @@ def test_sync_buffers_averages_batchnorm_statistics_or_takes_rank_0s(dp_run: lis
         assert rep["bn_rank0"] == [[0.0] * 3, [1.0] * 3, 5]
 
 
+def test_two_ranks_train_as_one_process_on_the_same_global_batches(dp_run: list[dict]) -> None:
+    """The 4-GPU demo ended lower than one GPU at the same global batch (docs/results.md); whatever the
+    cause, with the levers fixed the reduced gradients must be one process's (a model without BatchNorm,
+    whose per-rank statistics are the one intended difference)."""
+    one = _train(None, "ddp", 1, inject=False, bn=False, cfg=_static_config())
+    for rep in dp_run:
+        assert rep["plain_digest"] == one["digest"]
+        np.testing.assert_allclose(rep["plain_params"], one["params"], rtol=1e-4, atol=1e-6)
+    # each rank's loss is its own part's mean; the parts are equal (16 = 8 + 8; the last step, 4 = 2 + 2)
+    mean = np.mean([rep["plain_losses"] for rep in dp_run], axis=0)
+    np.testing.assert_allclose(mean, one["losses"], rtol=1e-4, atol=1e-6)
+
+
 def test_fsdp2_matches_ddp(dp_run: list[dict]) -> None:
     a, b = dp_run
     assert a["fsdp_digest"] == b["fsdp_digest"]
@@ -224,12 +237,12 @@ def test_dead_rank_raises_a_clear_error(dp_run: list[dict]) -> None:
 
 
 # -- the workers ----------------------------------------------------------------------------------
-def _model():
+def _model(bn: bool = True):
     import torch
 
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
-                               torch.nn.Linear(32, 4))
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.BatchNorm1d(32) if bn else torch.nn.Identity(),
+                               torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
 
 def _data():
@@ -241,13 +254,22 @@ def _data():
     return x, y
 
 
+def _static_config() -> TriAccelConfig:
+    """Batch and precision (fp32) fixed: what is left is the data-parallel arithmetic (the noise estimate of
+    two ranks is not one process's split step, so the levers' decisions may differ)."""
+    return TriAccelConfig(batch_init=16, batch_min=16, batch_max=16, batch_buckets=(16,), batch_multiple=4,
+                          elastic_batch=False, adaptive_precision=False, base_precision="fp32")
+
+
 def _config() -> TriAccelConfig:
     return TriAccelConfig(batch_init=16, batch_min=4, batch_max=64, batch_buckets=(4, 8, 16, 32, 64),
                           batch_multiple=4, t_ctrl=2, t_noise=2, warmup_steps=0, noise_beta=0.0, noise_scale_c=50.0,
                           min_dwell=0)
 
 
-def _train(ddp, strategy: str, epochs: int, inject: bool, die: bool = False) -> dict:
+def _train(ddp, strategy: str, epochs: int, inject: bool, die: bool = False, bn: bool = True,
+           cfg: TriAccelConfig | None = None) -> dict:
+    """ddp None: one process, the same steps (the reference of the ranks' global batches)."""
     import torch
     import torch.nn.functional as F
 
@@ -255,9 +277,9 @@ def _train(ddp, strategy: str, epochs: int, inject: bool, die: bool = False) -> 
     from triaccel.backends.torch.data import ElasticLoader, elastic_step
     from triaccel.distributed import decision_digest
 
-    model = ddp.prepare(_model(), strategy)
-    fwd = ddp.training_module()   # DDP: the inner module (the elastic step reduces gradients)
-    cfg = _config()
+    model = _model(bn) if ddp is None else ddp.prepare(_model(bn), strategy)
+    fwd = model if ddp is None else ddp.training_module()   # DDP: the inner module (the elastic step reduces gradients)
+    cfg = cfg or _config()
     opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, cfg, distributed=ddp)
     x, y = _data()
     loader = ElasticLoader(x, y, batch_size=cfg.batch_init, seed=0)
@@ -280,11 +302,13 @@ def _train(ddp, strategy: str, epochs: int, inject: bool, die: bool = False) -> 
 
     replayed = 0
     noise = False
+    losses: list[float] = []
     for _ in range(epochs):
         while True:
             res = elastic_step(loader, opt.controller, loss_fn, opt, opt.step_count, scaler=opt,
                                apply_lr_batch_scale=False, optimizer_step=lambda d: opt.step_accumulated())
             replayed += res.replayed
+            losses.append(float(res.loss))
             noise = noise or len(res.micro_sizes) >= 2
             if res.end_of_epoch:
                 break
@@ -294,8 +318,8 @@ def _train(ddp, strategy: str, epochs: int, inject: bool, die: bool = False) -> 
     else:
         params = [float(v) for p in model.parameters() for v in p.detach().reshape(-1)]
     return {"decisions": ctl.telemetry.records, "digest": decision_digest(ctl.telemetry.records),
-            "params": params, "steps": opt.step_count, "used": used, "replayed": replayed,
-            "local_ooms": ddp.shard.total_ooms, "controller_ooms": ctl.report()["ooms"],
+            "params": params, "losses": losses, "steps": opt.step_count, "used": used, "replayed": replayed,
+            "local_ooms": None if ddp is None else ddp.shard.total_ooms, "controller_ooms": ctl.report()["ooms"],
             "b_noise": ctl.b_noise, "noise_observed": noise and ctl.b_noise is not None}
 
 
@@ -320,6 +344,9 @@ def _worker(out: Path) -> None:
     ref = _train(Distributed(), "ddp", 1, inject=False)
     fs = _train(Distributed(), "fsdp", 1, inject=False)
     rep.update(ddp_ref_params=ref["params"], fsdp_params=fs["params"], fsdp_digest=fs["digest"])
+    # without BatchNorm (whose statistics are each rank's own) two ranks compute one process's steps
+    plain = _train(Distributed(), "ddp", 1, inject=False, bn=False, cfg=_static_config())
+    rep.update(plain_params=plain["params"], plain_digest=plain["digest"], plain_losses=plain["losses"])
     (out / f"rank{ddp.rank}.json").write_text(json.dumps(rep, default=str))
     # a dead rank: rank 1 exits in its first forward; rank 0 must fail at its next collective
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=DEAD_TIMEOUT_S))
