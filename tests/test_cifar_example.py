@@ -333,3 +333,26 @@ def test_torch_demo_under_torchrun_on_two_gloo_ranks(tmp_path):
     assert 0.0 <= s["final_acc"] <= 1.0 and 0.0 <= s["final_acc_rank0_buffers"] <= 1.0
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert sum(r["samples"] for r in steps if r["type"] == "step") == 192   # global samples, once
+
+
+def test_bn_parts_normalise_each_slice_by_its_own_statistics(tmp_path):
+    """--bn-parts K: one process computes the BatchNorm statistics K data-parallel ranks would, one per
+    slice of the batch; the demo trains with it, every image once."""
+    import torch
+
+    from examples.cifar.torch_loop import parts_forward
+
+    bn = torch.nn.BatchNorm1d(3).train()
+    x = torch.randn(10, 3) * torch.arange(1, 11, dtype=torch.float32)[:, None]   # slices with unlike statistics
+    got = parts_forward(bn, 3)(x)
+    want = torch.cat([torch.nn.functional.batch_norm(c, None, None, training=True) for c in x.tensor_split(3)])
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, torch.nn.functional.batch_norm(x, None, None, training=True))
+    assert parts_forward(bn, 1) is bn
+    for bad in (["--bn-parts", "0"], ["--backend", "jax", "--bn-parts", "2"],
+                ["--bn-parts", "2", "--compile", "default"], ["--method", "local", "--bn-parts", "2"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
+    summary, out = _run(tmp_path, "--backend", "torch", "--method", "triaccel", "--bn-parts", "2")
+    steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert sum(r["samples"] for r in steps if r["type"] == "step") == 192 and summary["options"]["bn_parts"] == 2

@@ -5,6 +5,9 @@
 #   GLOBAL=1024 bash benchmarks/device/dp_accuracy.sh 0 1 2     (device tool, kind nvidia-h200-x2, carry [".device"])
 #   NGPU=4 GLOBAL=512 bash benchmarks/device/dp_accuracy.sh 0 1 2   (nvidia-h200-x4)
 #   BACKEND=jax NGPU=4 GLOBAL=512 bash benchmarks/device/dp_accuracy.sh 0 1 2
+# PARTS=K (torch) adds a third run per seed: one GPU with --bn-parts K (BatchNorm statistics over K slices of
+# each batch, as K ranks compute them), to tell the ranks' BatchNorm apart from the rest of data parallelism:
+#   NGPU=4 GLOBAL=512 PARTS=4 bash benchmarks/device/dp_accuracy.sh 0 1 2
 source benchmarks/device/prep.sh; cd /tmp/pkg
 G=${GLOBAL:-1024}; N=${NGPU:-2}; B=${BACKEND:-torch}; D=/tmp/data/cifar10-jpeg
 common="-m examples.cifar.train --backend $B --method triaccel --levers precision --batch $G --batch-max $G --epochs 10 --data $D --no-progress"
@@ -16,8 +19,10 @@ for s in "$@"; do
   else
     timeout 150 python3 $common --seed $s --out /tmp/runs/dp1-s$s > $OUT/dp1-s$s.log 2>&1
     timeout 150 torchrun --standalone --nproc-per-node $N $common --seed $s --out /tmp/runs/dp$N-s$s > $OUT/dp$N-s$s.log 2>&1
+    [ -n "$PARTS" ] && timeout 150 python3 $common --bn-parts $PARTS --seed $s --out /tmp/runs/dp1p$PARTS-s$s \
+      > $OUT/dp1p$PARTS-s$s.log 2>&1
   fi
-  for n in 1 $N; do
+  for n in 1 $N ${PARTS:+1p$PARTS}; do
     python3 - /tmp/runs/dp$n-s$s "$n GPU seed $s" <<'PY'
 import glob, json, sys
 f = sorted(glob.glob(sys.argv[1] + "/**/summary.json", recursive=True))

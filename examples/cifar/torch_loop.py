@@ -66,6 +66,15 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, prep: Cal
     return correct / len(x)
 
 
+def parts_forward(module: torch.nn.Module, parts: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A forward that runs `module` on `parts` near-equal slices of each batch and concatenates the
+    outputs: in training mode BatchNorm normalises each slice by its own statistics, as `parts`
+    data-parallel ranks would (one GPU standing in for several, --bn-parts)."""
+    if parts == 1:
+        return module
+    return lambda xb: torch.cat([module(x) for x in xb.tensor_split(parts)])
+
+
 def static_batches(buckets: Sequence[int], distributed: Any = None) -> tuple[int, ...]:
     """The forward's batch sizes at the global batch buckets: each rank runs global / world size (a
     bucket that does not divide gives uneven rank parts, which run uncompiled)."""
@@ -132,7 +141,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # Training steps run the compiled forward; evaluation, FLOP counting and curvature the module.
     # Data parallel: the module DDP wraps (the elastic step reduces gradients itself).
     train_model = model if distributed is None else distributed.training_module()
-    fwd = train_model if opts.compile == "off" else compile_model(
+    fwd = parts_forward(train_model, opts.bn_parts) if opts.compile == "off" else compile_model(
         train_model, opt if opts.method == "triaccel" else None, mode=opts.compile,
         static_batches=static_batches(cfg.batch_buckets, distributed) if opts.compile_shapes == "buckets" else None)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: lr_factor(seen[0], total_samples, warmup_samples))

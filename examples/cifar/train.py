@@ -174,6 +174,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "layer and pass). Two H200s, ResNet-18, global batch 512, 3 seeds: per-device 85.21%% against "
                         "one device's 85.00%%; 0.95 / 0.90 of linear scaling at 2 / 4 devices against 0.88 / 0.83 "
                         "global (docs/results.md)")
+    p.add_argument("--bn-parts", type=int, default=1, metavar="K",
+                   help="torch, --compile off: each micro-batch's forward runs on K near-equal slices, so "
+                        "BatchNorm normalises each by its own statistics, as K data-parallel ranks would: one GPU "
+                        "standing in for K ranks' BatchNorm (diagnostic; default 1)")
     p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="after",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
                         "down/up, noise half batch, next precision policy) on a background thread, none while "
@@ -243,6 +247,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                                    (a.fused_step == "on" and a.in_flight == "off")):
         p.error(f"--fused-step={a.fused_step}: only for --backend jax, not with --method local, and 'on' needs "
                 "--in-flight on (a failed fused step is restored from the step in flight)")
+    if a.bn_parts < 1 or (a.bn_parts > 1 and (a.backend != "torch" or a.compile != "off" or a.method == "local")):
+        p.error(f"--bn-parts={a.bn_parts}: an integer >= 1; above 1 only for --backend torch with --compile off, "
+                "not with --method local")
     if a.batch_stats == "global" and (a.method == "local" or a.backend == "torch"):
         p.error("--batch-stats=global: only with --backend jax, not with --method local (torch's DDP normalises by "
                 "each rank's batch: per-device)")
@@ -277,7 +284,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
