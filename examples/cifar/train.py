@@ -177,7 +177,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--bn-parts", type=int, default=1, metavar="K",
                    help="torch, --compile off: each micro-batch's forward runs on K near-equal slices, so "
                         "BatchNorm normalises each by its own statistics, as K data-parallel ranks would: one GPU "
-                        "standing in for K ranks' BatchNorm (diagnostic; default 1)")
+                        "standing in for K ranks' BatchNorm; its running statistics then update K times a step "
+                        "(diagnostic; default 1)")
     p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="after",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
                         "down/up, noise half batch, next precision policy) on a background thread, none while "
