@@ -14,10 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("probe, rows", [("jax_compile_pair_probe", 2), ("xla_options_probe", 1)])
-def test_probe_smoke(tmp_path, probe, rows):
+@pytest.mark.parametrize("probe, rows, extra", [("jax_compile_pair_probe", 2, []),
+                                               ("xla_options_probe", 2, ["--sets", "default", "threads1"])])
+def test_probe_smoke(tmp_path, probe, rows, extra):
     env = {**os.environ, "OUT": str(tmp_path), "JAX_PLATFORMS": "cpu"}
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device" / f"{probe}.py"), "--smoke"],
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device" / f"{probe}.py"), "--smoke", *extra],
                        capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads((tmp_path / f"{probe}.json").read_text())

@@ -2,6 +2,7 @@
 
     python3 benchmarks/device/xla_options_probe.py                # GPU machine, after prep.sh
     python3 benchmarks/device/xla_options_probe.py --smoke        # CPU: the mechanics only
+    python3 benchmarks/device/xla_options_probe.py --sets default threads1 threads1-autotune2   # one GPU call
 
 The demo's ResNet-18 step (AMP-bf16 policy, SGD-nesterov) on random CIFAR-shaped data. Each option set
 runs in its own process (XLA keeps autotuning results in-process): compile the foreground step at
@@ -31,6 +32,10 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "autotune2": {"xla_gpu_autotune_level": 2},
     "no-triton-gemm": {"xla_gpu_enable_triton_gemm": False},
     "autotune0": {"xla_gpu_autotune_level": 0},
+    # one compilation thread: whether the foreground's slowdown beside a compilation is XLA's thread
+    # pool taking the host's cores (the foreground is host-bound) rather than the GPU's autotuning
+    "threads1": {"xla_gpu_force_compilation_parallelism": 1},
+    "threads1-autotune2": {"xla_gpu_force_compilation_parallelism": 1, "xla_gpu_autotune_level": 2},
 }
 
 
@@ -95,19 +100,22 @@ def child(name: str, fg: int, bg: int, steps: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sets", nargs="+", default=list(OPTION_SETS), choices=list(OPTION_SETS))
+    ap.add_argument("--sets", nargs="+", default=None, choices=list(OPTION_SETS),
+                    help="option sets to run (default: all; with --smoke: default)")
     ap.add_argument("--fg", type=int, default=96)
     ap.add_argument("--bg", type=int, default=384)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per option set's process")
-    ap.add_argument("--smoke", action="store_true", help="CPU, small batches, the default set only")
+    ap.add_argument("--smoke", action="store_true", help="CPU, small batches (the default set unless --sets)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(a.child, a.fg, a.bg, a.steps)), flush=True)
         return
     if a.smoke:
-        a.sets, a.fg, a.bg, a.steps = ["default"], 8, 16, 3
+        a.fg, a.bg, a.steps = 8, 16, 3
+    if a.sets is None:
+        a.sets = ["default"] if a.smoke else list(OPTION_SETS)
     rows = []
     for name in a.sets:
         cmd = [sys.executable, __file__, "--child", name, "--fg", str(a.fg), "--bg", str(a.bg), "--steps", str(a.steps)]
