@@ -223,6 +223,17 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batches(dp_run: list[
     np.testing.assert_allclose(mean, one["losses"], rtol=1e-4, atol=1e-6)
 
 
+def test_bn_parts_train_as_the_ranks_do(dp_run: list[dict]) -> None:
+    """The demo's --bn-parts K on one process computes what K ranks compute, BatchNorm included (each
+    rank's part is a contiguous slice of the global batch, as tensor_split's): the one-GPU stand-in
+    for the ranks' statistics (fp32, levers fixed; augmentation aside)."""
+    one = _train(None, "ddp", 1, inject=False, cfg=_static_config(), parts=2)
+    whole = _train(None, "ddp", 1, inject=False, cfg=_static_config())
+    for rep in dp_run:
+        np.testing.assert_allclose(rep["bn_params"], one["params"], rtol=1e-4, atol=1e-6)
+        assert not np.allclose(rep["bn_params"], whole["params"], rtol=1e-4, atol=1e-6)   # the test can fail
+
+
 def test_fsdp2_matches_ddp(dp_run: list[dict]) -> None:
     a, b = dp_run
     assert a["fsdp_digest"] == b["fsdp_digest"]
@@ -268,8 +279,9 @@ def _config() -> TriAccelConfig:
 
 
 def _train(ddp, strategy: str, epochs: int, inject: bool, die: bool = False, bn: bool = True,
-           cfg: TriAccelConfig | None = None) -> dict:
-    """ddp None: one process, the same steps (the reference of the ranks' global batches)."""
+           cfg: TriAccelConfig | None = None, parts: int = 1) -> dict:
+    """ddp None: one process, the same steps (the reference of the ranks' global batches), its
+    forward over `parts` slices of each batch (the demo's --bn-parts)."""
     import torch
     import torch.nn.functional as F
 
@@ -277,8 +289,11 @@ def _train(ddp, strategy: str, epochs: int, inject: bool, die: bool = False, bn:
     from triaccel.backends.torch.data import ElasticLoader, elastic_step
     from triaccel.distributed import decision_digest
 
+    from examples.cifar.torch_loop import parts_forward
+
     model = _model(bn) if ddp is None else ddp.prepare(_model(bn), strategy)
-    fwd = model if ddp is None else ddp.training_module()   # DDP: the inner module (the elastic step reduces gradients)
+    # DDP: the inner module (the elastic step reduces gradients)
+    fwd = parts_forward(model, parts) if ddp is None else ddp.training_module()
     cfg = cfg or _config()
     opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model, cfg, distributed=ddp)
     x, y = _data()
@@ -347,6 +362,7 @@ def _worker(out: Path) -> None:
     # without BatchNorm (whose statistics are each rank's own) two ranks compute one process's steps
     plain = _train(Distributed(), "ddp", 1, inject=False, bn=False, cfg=_static_config())
     rep.update(plain_params=plain["params"], plain_digest=plain["digest"], plain_losses=plain["losses"])
+    rep["bn_params"] = _train(Distributed(), "ddp", 1, inject=False, cfg=_static_config())["params"]
     (out / f"rank{ddp.rank}.json").write_text(json.dumps(rep, default=str))
     # a dead rank: rank 1 exits in its first forward; rank 0 must fail at its next collective
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=DEAD_TIMEOUT_S))
