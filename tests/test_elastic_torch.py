@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -303,6 +304,19 @@ def test_plain_iteration_and_transform():
     assert sorted(torch.cat([b[1] for b in got]).tolist()) == list(range(10))
     torch.testing.assert_close(got[0][0], 2 * x[got[0][1]])
     assert loader.sampler.epoch_done
+
+
+def test_index_transform_gets_each_batch_sample_indices():
+    x, ids = make_data(10)
+    loader = ElasticLoader(x, ids, batch_size=4, seed=0, index_transform=lambda t, i: t + i[:, None].to(t.dtype))
+    for xb, yb in loader:   # ids are the samples' indices: the transform saw the same ones
+        torch.testing.assert_close(xb, x[yb] + yb[:, None].to(x.dtype))
+    idx = np.array([7, 2, 9])   # a replay's arbitrary indices (not a slice of the epoch order)
+    xb, yb = loader.fetch(idx)
+    assert yb.tolist() == [7, 2, 9]
+    torch.testing.assert_close(xb, x[idx] + torch.tensor([[7.0], [2.0], [9.0]], dtype=x.dtype))
+    with pytest.raises(ValueError, match="transform, index_transform"):
+        ElasticLoader(x, ids, batch_size=4, transform=lambda t: t, index_transform=lambda t, i: t)
 
 
 def test_bad_input():

@@ -341,6 +341,31 @@ def test_torch_augment_crop_flip_real_seeded_normalised() -> None:
         taug.normalize(x, mean, [0.2, 0.0, 0.2])
 
 
+def test_torch_keyed_crop_flip_depends_on_each_images_key_only() -> None:
+    """keyed_crop_flip: real crops and flips, spread like random ones; an image's output depends on its
+    key alone (not on the rest of its batch), so ranks and micro-batches agree on every sample's."""
+    src = np.random.default_rng(0).integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
+    x = torch.from_numpy(src)
+    keys = torch.arange(64, dtype=torch.int64) + (5 << 33)   # keys above 2^32 fold in their high half
+    out = taug.keyed_crop_flip(x, keys)
+    assert out.dtype == torch.uint8 and out.shape == x.shape
+    _check_params(_match_crop_flip(src, out.numpy()))
+    assert torch.equal(out, taug.keyed_crop_flip(x, keys))
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(taug.keyed_crop_flip(x[perm], keys[perm]), out[perm])              # batch order
+    assert torch.equal(torch.cat([taug.keyed_crop_flip(x[:20], keys[:20]),
+                                  taug.keyed_crop_flip(x[20:], keys[20:])]), out)       # micro-batching
+    assert not torch.equal(taug.keyed_crop_flip(x, keys + 64), out)                       # another epoch
+    assert torch.equal(taug.keyed_crop_flip(x, keys, pad=0, flip=False), x)
+    big = taug._hash32(torch.arange(90_000, dtype=torch.int64)) % 9      # offsets near-uniform over 0..8
+    assert torch.bincount(big, minlength=9).min() > 9_500
+    for bad in (keys.int(), keys[:3], [0] * 64):
+        with pytest.raises(ValueError, match="keys must be an int64 tensor"):
+            taug.keyed_crop_flip(x, bad)
+    with pytest.raises(ValueError, match="pad"):
+        taug.keyed_crop_flip(x, keys, pad=-1)
+
+
 def test_jax_augment_crop_flip_real_seeded_normalised() -> None:
     src = np.random.default_rng(0).integers(0, 256, size=(64, 32, 32, 3), dtype=np.uint8)
     key = jax.random.key(1)

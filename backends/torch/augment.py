@@ -15,7 +15,7 @@ import torch
 
 from triaccel.data.cifar import normalization
 
-__all__ = ["random_crop_flip", "normalize", "augment"]
+__all__ = ["random_crop_flip", "keyed_crop_flip", "normalize", "augment"]
 
 ArrayLike = torch.Tensor | np.ndarray | Sequence[float]
 
@@ -26,6 +26,26 @@ def _check_batch(x: torch.Tensor) -> None:
         raise ValueError(f"images must be a uint8 (N, H, W, 3) tensor, got {got}")
 
 
+def _check_pad(pad: int) -> None:
+    if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+        raise ValueError(f"pad must be an integer >= 0, got {pad!r}")
+
+
+def _crop_flip(images: torch.Tensor, oy: torch.Tensor, ox: torch.Tensor, mirrored: torch.Tensor | None,
+               pad: int) -> torch.Tensor:
+    """Crops at offsets (oy, ox) (N,) of the zero-padded images, mirrored where `mirrored` (N,)."""
+    n, h, w, _ = images.shape
+    dev = images.device
+    padded = torch.nn.functional.pad(images, (0, 0, pad, pad, pad, pad))  # (N, H+2p, W+2p, 3)
+    cols = torch.arange(w, device=dev).expand(n, w)
+    if mirrored is not None:
+        cols = torch.where(mirrored[:, None], (w - 1) - cols, cols)
+    rows = oy[:, None] + torch.arange(h, device=dev)  # (N, H)
+    cols = ox[:, None] + cols  # (N, W)
+    idx = torch.arange(n, device=dev)[:, None, None]
+    return padded[idx, rows[:, :, None], cols[:, None, :]]
+
+
 def random_crop_flip(
     images: torch.Tensor, generator: torch.Generator | None = None, pad: int = 4, flip: bool = True
 ) -> torch.Tensor:
@@ -33,21 +53,47 @@ def random_crop_flip(
     mirrored left-right with probability 1/2 (when ``flip``). uint8 (N, H, W, 3) -> same shape,
     on the same device; one gather for the whole batch, no host sync."""
     _check_batch(images)
-    if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
-        raise ValueError(f"pad must be an integer >= 0, got {pad!r}")
-    n, h, w, _ = images.shape
-    dev = images.device
-    padded = torch.nn.functional.pad(images, (0, 0, pad, pad, pad, pad))  # (N, H+2p, W+2p, 3)
+    _check_pad(pad)
+    n, dev = images.shape[0], images.device
     oy = torch.randint(0, 2 * pad + 1, (n,), generator=generator, device=dev)
     ox = torch.randint(0, 2 * pad + 1, (n,), generator=generator, device=dev)
-    cols = torch.arange(w, device=dev).expand(n, w)
-    if flip:
-        mirrored = torch.randint(0, 2, (n,), generator=generator, device=dev).bool()
-        cols = torch.where(mirrored[:, None], (w - 1) - cols, cols)
-    rows = oy[:, None] + torch.arange(h, device=dev)  # (N, H)
-    cols = ox[:, None] + cols  # (N, W)
-    idx = torch.arange(n, device=dev)[:, None, None]
-    return padded[idx, rows[:, :, None], cols[:, None, :]]
+    mirrored = torch.randint(0, 2, (n,), generator=generator, device=dev).bool() if flip else None
+    return _crop_flip(images, oy, ox, mirrored, pad)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for x in [0, 2^32) (int64), without int64 overflow."""
+    return ((x * (c & 0xFFFF)) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (lowbias32, C. Wellons) of int64 values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def keyed_crop_flip(images: torch.Tensor, keys: torch.Tensor, pad: int = 4, flip: bool = True) -> torch.Tensor:
+    """`random_crop_flip` whose crop offsets and flip come from a hash of each image's key
+    (int64 (N,), on the images' device), not from a generator: an image gets the same crop
+    whatever else is in its batch, so a key of (seed, epoch, sample index) gives every sample the
+    same augmentation on any number of data-parallel ranks, in any micro-batching, on a replay."""
+    _check_batch(images)
+    _check_pad(pad)
+    if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64 or keys.shape != images.shape[:1]:
+        got = f"{keys.dtype} {tuple(keys.shape)}" if isinstance(keys, torch.Tensor) else type(keys).__name__
+        raise ValueError(f"keys must be an int64 tensor of shape ({images.shape[0]},), got {got}")
+    k = _hash32((keys & _M32) ^ _hash32((keys >> 32) & _M32))
+    h1 = _hash32(k ^ 0x9E3779B9)
+    h2 = _hash32(h1 ^ 0x85EBCA6B)
+    n_off = 2 * pad + 1
+    mirrored = ((_hash32(h2 ^ 0xC2B2AE35) & 1) == 1) if flip else None
+    return _crop_flip(images, h1 % n_off, h2 % n_off, mirrored, pad)
 
 
 def _constant(name: str, v: ArrayLike, device: torch.device) -> torch.Tensor:

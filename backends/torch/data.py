@@ -115,14 +115,19 @@ class ElasticLoader(ElasticIndexLoader):
       `targets` (N,) or None. A batch is `(transform(data[idx]), targets[idx])`, or
       `transform(data[idx])` without targets; `transform` (optional) maps a batch tensor to a
       batch tensor (augmentation, normalisation, dtype/layout conversion) and runs where the data
-      lives. Index tensors are built on the data's device.
+      lives. Index tensors are built on the data's device. `index_transform` (instead of
+      `transform`) is called as `index_transform(data[idx], idx)`, `idx` the batch's sample indices
+      (int64, on the data's device): for augmentation keyed by sample (`augment.keyed_crop_flip`).
     batch_size: initial micro-batch size (samples); `set_batch_size`/`apply(decision)` change it.
     seed/shuffle: the per-epoch order (see `ElasticSampler`).
     """
 
     def __init__(self, data: torch.Tensor, targets: torch.Tensor | None = None, *, batch_size: int,
                  seed: int = 0, shuffle: bool = True,
-                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 index_transform: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
+        if transform is not None and index_transform is not None:
+            raise ValueError("transform, index_transform: give at most one")
         if not isinstance(data, torch.Tensor) or data.dim() == 0:
             raise ValueError(f"data: expected a torch.Tensor with a leading sample axis, got "
                              f"{type(data).__name__}; use ElasticLoader.from_dataset for a Dataset")
@@ -131,6 +136,7 @@ class ElasticLoader(ElasticIndexLoader):
                              f"{getattr(targets, 'shape', type(targets).__name__)}")
         super().__init__(int(data.shape[0]), batch_size=batch_size, seed=seed, shuffle=shuffle)
         self.data, self.targets, self.transform = data, targets, transform
+        self.index_transform = index_transform
         self.dataset: Any = None
         self.device = data.device
         self._order: tuple[np.ndarray, torch.Tensor] | None = None   # (host order, its device copy)
@@ -162,7 +168,7 @@ class ElasticLoader(ElasticIndexLoader):
             raise ValueError(f"num_workers={num_workers!r}: must be an integer >= 0")
         self = cls.__new__(cls)
         ElasticIndexLoader.__init__(self, len(dataset), batch_size=batch_size, seed=seed, shuffle=shuffle)
-        self.data = self.targets = None
+        self.data = self.targets = self.index_transform = None
         self.dataset, self.transform = dataset, transform
         self.collate_fn = collate_fn or torch.utils.data.default_collate
         self.device = torch.device(device) if device is not None else None
@@ -180,6 +186,8 @@ class ElasticLoader(ElasticIndexLoader):
             x = self.data.index_select(0, idx)
             if self.transform is not None:
                 x = self.transform(x)
+            elif self.index_transform is not None:
+                x = self.index_transform(x, idx)
             return x if self.targets is None else (x, self.targets.index_select(0, idx))
         ids = [int(i) for i in indices]
         items = list(self._pool.map(self.dataset.__getitem__, ids)) if self._pool else [self.dataset[i] for i in ids]

@@ -111,7 +111,15 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     def transform(xb: torch.Tensor) -> torch.Tensor:
         return prep(augment.random_crop_flip(xb, gen))
 
-    loader = ElasticLoader(xtr, ytr, batch_size=cfg.batch_init, seed=opts.seed, transform=transform)
+    def keyed(xb: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        # --augment-rng sample: each sample's crop and flip from (seed, epoch, index), the same on any
+        # number of ranks (whose generators are seeded apart), micro-batching or replay
+        key = (opts.seed * 1_000_003 + loader.epoch) * len(xtr) + idx
+        return prep(augment.keyed_crop_flip(xb, key))
+
+    loader = (ElasticLoader(xtr, ytr, batch_size=cfg.batch_init, seed=opts.seed, index_transform=keyed)
+              if opts.augment_rng == "sample" else
+              ElasticLoader(xtr, ytr, batch_size=cfg.batch_init, seed=opts.seed, transform=transform))
     total_samples = opts.epochs * len(xtr)
     warmup_samples = int(opts.warmup_epochs * len(xtr))
     seen = [0]

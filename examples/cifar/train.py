@@ -179,6 +179,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "BatchNorm normalises each by its own statistics, as K data-parallel ranks would: one GPU "
                         "standing in for K ranks' BatchNorm; its running statistics then update K times a step "
                         "(diagnostic; default 1)")
+    p.add_argument("--augment-rng", choices=["stream", "sample"], default="stream",
+                   help="torch: where the crops and flips come from: stream (default), each rank's generator "
+                        "(seeded by rank); sample, a hash of (seed, epoch, sample index), so every sample is "
+                        "augmented alike on any number of ranks (with --bn-parts: one GPU computes what the ranks "
+                        "do; backends.torch.augment.keyed_crop_flip)")
     p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="after",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
                         "down/up, noise half batch, next precision policy) on a background thread, none while "
@@ -251,6 +256,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     if a.bn_parts < 1 or (a.bn_parts > 1 and (a.backend != "torch" or a.compile != "off" or a.method == "local")):
         p.error(f"--bn-parts={a.bn_parts}: an integer >= 1; above 1 only for --backend torch with --compile off, "
                 "not with --method local")
+    if a.augment_rng == "sample" and (a.backend != "torch" or a.method == "local"):
+        p.error("--augment-rng=sample: only for --backend torch, not with --method local")
     if a.batch_stats == "global" and (a.method == "local" or a.backend == "torch"):
         p.error("--batch-stats=global: only with --backend jax, not with --method local (torch's DDP normalises by "
                 "each rank's batch: per-device)")
@@ -285,7 +292,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
