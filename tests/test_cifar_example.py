@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from examples.cifar import train
@@ -350,9 +351,39 @@ def test_bn_parts_normalise_each_slice_by_its_own_statistics(tmp_path):
     assert not torch.allclose(got, torch.nn.functional.batch_norm(x, None, None, training=True))
     assert parts_forward(bn, 1) is bn
     for bad in (["--bn-parts", "0"], ["--backend", "jax", "--bn-parts", "2"],
-                ["--bn-parts", "2", "--compile", "default"], ["--method", "local", "--bn-parts", "2"]):
+                ["--bn-parts", "2", "--compile", "default"], ["--method", "local", "--bn-parts", "2"],
+                ["--backend", "jax", "--augment-rng", "sample"], ["--method", "local", "--augment-rng", "sample"]):
         with pytest.raises(SystemExit):
             train.parse_args(bad)
     summary, out = _run(tmp_path, "--backend", "torch", "--method", "triaccel", "--bn-parts", "2")
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert sum(r["samples"] for r in steps if r["type"] == "step") == 192 and summary["options"]["bn_parts"] == 2
+
+
+def test_one_process_with_bn_parts_and_keyed_augmentation_trains_as_two_ranks(tmp_path):
+    """--augment-rng sample gives every sample the same crops on any number of ranks, and --bn-parts 2
+    the two ranks' BatchNorm statistics: one process then takes the two ranks' steps (the mean of their
+    step losses, each rank's its own half's), to float rounding. One CPU thread each: oneDNN's
+    convolutions sum in another order with two, which moves the losses by 1e-3 within a few steps."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    args = ["-m", "examples.cifar.train", "--backend", "torch", "--method", "fp32", "--data", str(DATA), "--epochs", "1",
+            "--train-subset", "192", "--test-subset", "64", "--batch", "32", "--width", "0.125", "--no-progress",
+            "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def step_losses(log):
+        return np.array([r["loss"] for r in map(json.loads, log.read_text().splitlines()) if r["type"] == "step"])
+
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args,
+                    "--augment-rng", "sample", "--out", str(tmp_path / "ranks")], check=True, timeout=300, cwd=root, env=env)
+    ranks = (step_losses(tmp_path / "ranks" / "log.jsonl") + step_losses(tmp_path / "ranks" / "log.rank1.jsonl")) / 2
+    for aug, out in (("sample", "one"), ("stream", "stream")):
+        subprocess.run([sys.executable, *args, "--bn-parts", "2", "--augment-rng", aug, "--out", str(tmp_path / out)],
+                       check=True, timeout=300, cwd=root, env=env)
+    assert len(ranks) == 6
+    np.testing.assert_allclose(step_losses(tmp_path / "one" / "log.jsonl"), ranks, rtol=1e-6)
+    assert not np.allclose(step_losses(tmp_path / "stream" / "log.jsonl"), ranks, rtol=1e-6)   # the test can fail

@@ -8,9 +8,12 @@
 # PARTS=K (torch) adds a third run per seed: one GPU with --bn-parts K (BatchNorm statistics over K slices of
 # each batch, as K ranks compute them), to tell the ranks' BatchNorm apart from the rest of data parallelism:
 #   NGPU=4 GLOBAL=512 PARTS=4 bash benchmarks/device/dp_accuracy.sh 0 1 2
+# AUG=sample (torch): every run with --augment-rng sample (each sample's crops from (seed, epoch, index), alike on
+# any number of ranks), so that one GPU with --bn-parts N computes what N ranks do (a CPU test checks it):
+#   NGPU=4 GLOBAL=512 PARTS=4 AUG=sample bash benchmarks/device/dp_accuracy.sh 0 1 2
 source benchmarks/device/prep.sh; cd /tmp/pkg
 G=${GLOBAL:-1024}; N=${NGPU:-2}; B=${BACKEND:-torch}; D=/tmp/data/cifar10-jpeg
-common="-m examples.cifar.train --backend $B --method triaccel --levers precision --batch $G --batch-max $G --epochs 10 --data $D --no-progress"
+common="-m examples.cifar.train --backend $B --method triaccel --levers precision --batch $G --batch-max $G --epochs 10 --data $D --no-progress${AUG:+ --augment-rng $AUG}"
 for s in "$@"; do
   if [ "$B" = jax ]; then
     timeout 150 python3 $common --devices 1 --seed $s --out /tmp/runs/dp1-s$s > $OUT/dp1-s$s.log 2>&1
