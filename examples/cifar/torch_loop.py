@@ -117,9 +117,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         key = (opts.seed * 1_000_003 + loader.epoch) * len(xtr) + idx
         return prep(augment.keyed_crop_flip(xb, key))
 
-    loader = (ElasticLoader(xtr, ytr, batch_size=cfg.batch_init, seed=opts.seed, index_transform=keyed)
-              if opts.augment_rng == "sample" else
-              ElasticLoader(xtr, ytr, batch_size=cfg.batch_init, seed=opts.seed, transform=transform))
+    keyed_aug = opts.augment_rng == "sample"
+    loader = ElasticLoader(xtr, ytr, batch_size=cfg.batch_init, seed=opts.seed,
+                           transform=None if keyed_aug else transform, index_transform=keyed if keyed_aug else None)
     total_samples = opts.epochs * len(xtr)
     warmup_samples = int(opts.warmup_epochs * len(xtr))
     seen = [0]

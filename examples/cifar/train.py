@@ -171,8 +171,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="on several devices: BatchNorm statistics of each device's part (default; torch's DDP has no "
                         "other; JAX: one gradient all-reduce per step, sharding.per_device_value_and_grad) or, JAX "
                         "only, of the global batch (the same results as one device; one all-reduce per BatchNorm "
-                        "layer and pass). Two H200s, ResNet-18, global batch 512, 3 seeds: per-device 85.21%% against "
-                        "one device's 85.00%%; 0.95 / 0.90 of linear scaling at 2 / 4 devices against 0.88 / 0.83 "
+                        "layer and pass). Two H200s, ResNet-18, global batch 512, 3 seeds (two calls, 2026-11-27): per-device "
+                        "85.21%% against one device's 85.00%%; 0.95 / 0.90 of linear scaling at 2 / 4 devices against 0.88 / 0.83 "
                         "global (docs/results.md)")
     p.add_argument("--bn-parts", type=int, default=1, metavar="K",
                    help="torch, --compile off: each micro-batch's forward runs on K near-equal slices, so "
