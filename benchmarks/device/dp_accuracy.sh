@@ -13,17 +13,19 @@
 #   NGPU=4 GLOBAL=512 PARTS=4 AUG=sample bash benchmarks/device/dp_accuracy.sh 0 1 2
 source benchmarks/device/prep.sh; cd /tmp/pkg
 G=${GLOBAL:-1024}; N=${NGPU:-2}; B=${BACKEND:-torch}; D=/tmp/data/cifar10-jpeg
+# logs gather in L and are packed into $OUT/logs.tgz after each seed (the device tool returns few files)
+L=/tmp/dplogs; mkdir -p $L
 common="-m examples.cifar.train --backend $B --method triaccel --levers precision --batch $G --batch-max $G --epochs 10 --data $D --no-progress${AUG:+ --augment-rng $AUG}"
 for s in "$@"; do
   if [ "$B" = jax ]; then
-    timeout 150 python3 $common --devices 1 --seed $s --out /tmp/runs/dp1-s$s > $OUT/dp1-s$s.log 2>&1
+    timeout 150 python3 $common --devices 1 --seed $s --out /tmp/runs/dp1-s$s > $L/dp1-s$s.log 2>&1
     timeout 150 python3 $common --devices $N --batch-stats ${STATS:-per-device} --seed $s --out /tmp/runs/dp$N-s$s \
-      > $OUT/dp$N-s$s.log 2>&1
+      > $L/dp$N-s$s.log 2>&1
   else
-    timeout 150 python3 $common --seed $s --out /tmp/runs/dp1-s$s > $OUT/dp1-s$s.log 2>&1
-    timeout 150 torchrun --standalone --nproc-per-node $N $common --seed $s --out /tmp/runs/dp$N-s$s > $OUT/dp$N-s$s.log 2>&1
+    timeout 150 python3 $common --seed $s --out /tmp/runs/dp1-s$s > $L/dp1-s$s.log 2>&1
+    timeout 150 torchrun --standalone --nproc-per-node $N $common --seed $s --out /tmp/runs/dp$N-s$s > $L/dp$N-s$s.log 2>&1
     [ -n "$PARTS" ] && timeout 150 python3 $common --bn-parts $PARTS --seed $s --out /tmp/runs/dp1p$PARTS-s$s \
-      > $OUT/dp1p$PARTS-s$s.log 2>&1
+      > $L/dp1p$PARTS-s$s.log 2>&1
   fi
   for n in 1 $N ${PARTS:+1p$PARTS}; do
     python3 - /tmp/runs/dp$n-s$s "$n GPU seed $s" <<'PY'
@@ -35,4 +37,6 @@ print(f"{sys.argv[2]:<14} acc {s['final_acc']:.4f} train_s {sum(e):.1f} world {s
       f"agree {s.get('ranks_agree')} rank0-stats {s.get('final_acc_rank0_buffers')} batch {s.get('final_batch')} accs {[round(a, 3) for a in s.get('accs', [])]}")
 PY
   done
+  for d in /tmp/runs/dp*-s$s; do f=$(find $d -name summary.json | head -1); [ -n "$f" ] && cp $f $L/$(basename $d).json; done
+  tar -czf $OUT/logs.tgz -C $L .
 done
