@@ -36,6 +36,10 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     # pool taking the host's cores (the foreground is host-bound) rather than the GPU's autotuning
     "threads1": {"xla_gpu_force_compilation_parallelism": 1},
     "threads1-autotune2": {"xla_gpu_force_compilation_parallelism": 1, "xla_gpu_autotune_level": 2},
+    # between one thread (foreground unslowed, compilation 4.4x longer: H200, 2026-11-27) and all cores
+    "threads4": {"xla_gpu_force_compilation_parallelism": 4},
+    "threads8": {"xla_gpu_force_compilation_parallelism": 8},
+    "threads12": {"xla_gpu_force_compilation_parallelism": 12},
 }
 
 
