@@ -6,6 +6,8 @@ One run, one process, ratios against baselines measured in the same run:
             saved-tensor bytes, pinned-host bandwidth) -> CostModel.
   plain     the largest batch B0 whose measured peak (torch.cuda.max_memory_allocated over a step,
             SGD-momentum included) stays within --budget without a plan.
+            With --remeasure on (default), the cost tables are then measured again at B0/2 and B0:
+            the model that plans extrapolates from where the GPU is busy, not from launch-bound 16/32.
   plan      the largest batch Bp that a plan (triaccel.swap_plan.plan_for_budget) fits into the
             budget; its measured peak is checked and the plan re-made with the budget lowered by the
             model's error until it fits (at most 3 tries, then one grid step down).
@@ -43,7 +45,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +54,7 @@ from torch import nn
 from triaccel import TriAccelConfig, parse_bytes
 from triaccel.backends.torch.models import create_model
 from triaccel.backends.torch.offload import ActivationOffload, CudaBytes, LiveBytes, measure_bandwidth
-from triaccel.swap_plan import CostModel, OffloadPlanner, SwapPlan, largest_fitting, plan_for_budget, simulate
+from triaccel.swap_plan import CostModel, CostTable, OffloadPlanner, SwapPlan, largest_fitting, plan_for_budget, simulate
 from _results import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -448,7 +450,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--min-bytes", type=int, default=64 * 2**10, help="saved tensors below this stay on the device")
     ap.add_argument("--multiple", type=int, default=8, help="batch grid step")
     ap.add_argument("--max-batch", type=int, default=512)
-    ap.add_argument("--measure-batches", default="16,32", help="two batches for the cost model")
+    ap.add_argument("--measure-batches", default="16,32",
+                    help="two batches for the first cost model (it finds B0); with --remeasure on, the model "
+                         "that plans is measured again at B0/2 and B0")
+    ap.add_argument("--remeasure", choices=("on", "off"), default="on",
+                    help="on: once B0 is measured, the cost tables are taken again at B0/2 and B0 (rounded to "
+                         "--multiple), where the step is as busy per sample as at the planned batches. At 16/32 "
+                         "ResNet-152's step is launch-bound (bf16, H200, 2026-11-27: 60.4 / 59.3 ms fwd+bwd), "
+                         "and a line through them modelled the plan's step at 160.5 ms against 243 ms measured")
     ap.add_argument("--lr-batch", type=int, default=32,
                     help="batch the LR is set for (TriAccelConfig.batch_init): the joint choice's LR scale "
                          "is relative to it")
@@ -468,6 +477,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return bench_main(args, device, budget, mb, grid, mem)
 
 
+def measure_tables(bench: Bench, batches: Sequence[int], bw: tuple[float, float], n_units: int) -> list[CostTable]:
+    """One cost table per batch (`ActivationOffload.measure`), each logged with its modelled no-plan peak."""
+    tables = []
+    for b in batches:
+        x, y = bench.data(b)
+        t = bench.off.measure(bench.loss_fn(x, y), b, bandwidth=bw, memory=bench.mem)
+        tables.append(t)
+        log(f"table bs {b}: static {nbytes(t.static_bytes)}, saved {nbytes(t.saved_bytes)} (resident "
+            f"{nbytes(t.resident_bytes)}), transient {nbytes(t.transient_bytes)}, no-plan peak "
+            f"{nbytes(simulate(t, ['keep'] * n_units).peak_bytes)}, fwd+bwd "
+            f"{sum(u.forward_ms + u.backward_ms for u in t.layers):.1f} ms")
+        bench.opt.zero_grad(set_to_none=True)
+        del x, y
+    return tables
+
+
+def table_dict(t: CostTable) -> dict[str, Any]:
+    return {"batch": t.batch, "static_bytes": t.static_bytes, "transient_bytes": t.transient_bytes,
+            "other_ms": t.other_ms, "layers": [u.__dict__ for u in t.layers]}
+
+
 def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: list[int], grid: list[int],
         mem: LiveBytes | None) -> dict[str, Any]:
     """The benchmark proper (main's steps 1-4, table, JSON); mem: the CPU byte counter or None."""
@@ -483,17 +513,7 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
     bw = measure_bandwidth(device)
     log(f"bandwidth: d2h {bw[0] / 1e9:.1f} GB/s, h2d {bw[1] / 1e9:.1f} GB/s")
     bench.run(mb[0], "plain", 1)  # optimizer state exists before the tables count static bytes
-    tables = []
-    for b in mb:
-        x, y = bench.data(b)
-        t = bench.off.measure(bench.loss_fn(x, y), b, bandwidth=bw, memory=bench.mem)
-        tables.append(t)
-        log(f"table bs {b}: static {nbytes(t.static_bytes)}, saved {nbytes(t.saved_bytes)} (resident "
-            f"{nbytes(t.resident_bytes)}), transient {nbytes(t.transient_bytes)}, no-plan peak "
-            f"{nbytes(simulate(t, ['keep'] * L).peak_bytes)}, fwd+bwd "
-            f"{sum(u.forward_ms + u.backward_ms for u in t.layers):.1f} ms")
-        bench.opt.zero_grad(set_to_none=True)
-        del x, y
+    tables = measure_tables(bench, mb, bw, L)
     model = CostModel(tuple(tables))
 
     # 2. largest batch without a plan (modelled, then checked by measurement)
@@ -520,6 +540,14 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
         b0 = b0 - args.multiple if b0 > args.multiple else None
     log(f"B0 = {b0}")
     plain_b0 = bench.run(b0, "plain", args.steps) if b0 else None
+    first_tables = tables
+    if args.remeasure == "on" and b0 is not None:
+        half = max(b0 // 2 // args.multiple * args.multiple, args.multiple)
+        if half < b0 and half > max(mb):
+            tables = measure_tables(bench, [half, b0], bw, L)
+            model = CostModel(tuple(tables))
+        else:
+            log(f"cost tables kept: B0/2 = {half} is not above the first measurements' {max(mb)}")
 
     # 3. largest batch with a plan, checked by measurement
     cfg = TriAccelConfig(offload="auto", batch_init=args.lr_batch, batch_min=args.multiple, batch_max=args.max_batch,
@@ -634,8 +662,8 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
         "bandwidth_bytes_per_s": {"d2h": bw[0], "h2d": bw[1]},
-        "cost_tables": [{"batch": t.batch, "static_bytes": t.static_bytes, "transient_bytes": t.transient_bytes,
-                         "other_ms": t.other_ms, "layers": [u.__dict__ for u in t.layers]} for t in tables],
+        "cost_tables": [table_dict(t) for t in tables],
+        "first_cost_tables": [table_dict(t) for t in first_tables],
         "b0": b0, "bp": bp, "bp_over_b0": (bp / b0) if bp and b0 else None,
         "plan_bp": plan_bp.to_dict() if plan_bp else None, "measured_peak_bp": peak_bp, "replans": replans,
         "model_margin_bytes": planner.margin,
