@@ -12,6 +12,11 @@ Variants, each in its own process, one after the other, same data, same model, s
               SHAPES` (default reduce-overhead, buckets): issue #15's compiled step against the eager
               plain loop (target <= 0.6).
 
+`--backend jax`: the same variants but the compiled ones, on the JAX demo (`--backend jax`); its `plain`
+is the JAX loop a user would write for speed: one `jax.jit` program per step (gradient and update,
+state donated, graph split once with `nnx.split`), the demo's AMP precision policy, augmentation and
+optimizer, the epoch's permutation on the device. `--model efficientnet_b0` in either backend.
+
 Step cost = median seconds per epoch over epochs 2..E (epoch 1 holds cuDNN/Triton start-up), as a
 ratio to `plain` at the same batch. `--profile` adds a cProfile of the triaccel-fixed run (top
 functions by own time, to $OUT-style `--out` folder). Targets: amp/plain <= 1.05 (harness),
@@ -21,6 +26,8 @@ triaccel-fixed/amp <= 1.03 (wrapper).
     python benchmarks/harness.py --data <cifar10-jpeg> --epochs 5 --batch-sizes 384 \
         --variants plain amp amp-compiled triaccel-fixed-compiled
     python benchmarks/harness.py --data <cifar10-jpeg> --device cpu --epochs 2 --train-subset 512 --width 0.25
+    python benchmarks/harness.py --backend jax --data <cifar10-jpeg> --epochs 4 --batch-sizes 96 512 \
+        --variants plain amp triaccel-fixed [--model efficientnet_b0]
 """
 
 from __future__ import annotations
@@ -49,14 +56,16 @@ def plain_loop(a: argparse.Namespace) -> dict[str, Any]:
     from examples.cifar.common import lr_factor
     from examples.cifar.datasets import load
     from triaccel.backends.torch import augment
-    from triaccel.backends.torch.models import create_model
+    from triaccel.backends.torch.models import create_model, uses_channels_last
 
     dev = torch.device(a.device)
     data = load("cifar10", a.data, a.train_subset, 512, a.seed)
     torch.manual_seed(a.seed)
-    model = create_model("resnet18", num_classes=10, width=a.width, seed=a.seed).to(dev)
-    if dev.type == "cuda":
+    model = create_model(a.model, num_classes=10, width=a.width, seed=a.seed).to(dev)
+    channels_last = uses_channels_last(a.model, "auto", dev.type)  # the demo's default memory format
+    if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if dev.type == "cuda":
         torch.backends.cudnn.benchmark = False  # the demo's default
     lr = 0.1 * a.batch / 96
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
@@ -76,7 +85,7 @@ def plain_loop(a: argparse.Namespace) -> dict[str, Any]:
         perm = torch.randperm(n, device=dev, generator=gen)
         for i in range(0, n, a.batch):
             idx = perm[i:i + a.batch]
-            xb = augment.normalize(augment.random_crop_flip(x[idx], gen), mean, std, channels_last=dev.type == "cuda")
+            xb = augment.normalize(augment.random_crop_flip(x[idx], gen), mean, std, channels_last=channels_last)
             with torch.autocast(dev.type, dtype=torch.bfloat16):
                 loss = F.cross_entropy(model(xb), y[idx])
             loss.backward()
@@ -90,11 +99,73 @@ def plain_loop(a: argparse.Namespace) -> dict[str, Any]:
     return {"epoch_seconds": times}
 
 
+def plain_loop_jax(a: argparse.Namespace) -> dict[str, Any]:
+    """The JAX loop a user would write for speed: one jitted program per step, state donated."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    from examples.cifar.common import lr_factor
+    from examples.cifar.datasets import load
+    from triaccel import Precision
+    from triaccel.backends.jax import augment, layer_map_from_model, precision_policy
+    from triaccel.backends.jax.models import create_model
+
+    data = load("cifar10", a.data, a.train_subset, 512, a.seed)
+    model = create_model(a.model, num_classes=10, width=a.width, seed=a.seed)
+    lm = layer_map_from_model(model)   # AMP as the demo's: bf16 everywhere but the norm layers
+    precision_policy(model, [Precision.FP32 if sp.kind == "norm" else Precision.BF16 for sp in lm.specs], lm)
+    lr = 0.1 * a.batch / 96
+
+    def make(learning_rate: float) -> optax.GradientTransformation:
+        return optax.chain(optax.add_decayed_weights(5e-4), optax.sgd(learning_rate, momentum=0.9, nesterov=True))
+
+    opt = nnx.Optimizer(model, optax.inject_hyperparams(make)(learning_rate=lr), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, opt))
+    x, y = jax.device_put(data.train_x), jax.device_put(data.train_y.astype(np.int32))
+    mean, std = jnp.asarray(data.mean, jnp.float32), jnp.asarray(data.std, jnp.float32)
+    n = len(data.train_x)
+
+    @functools.partial(jax.jit, static_argnums=(6,), donate_argnums=(0,))
+    def step(state: Any, perm: jax.Array, start: jax.Array, key: jax.Array, lr_now: jax.Array, k: jax.Array,
+             size: int) -> tuple[Any, jax.Array]:
+        m, o = nnx.merge(graphdef, state)
+        idx = jax.lax.dynamic_slice(perm, (start,), (size,))
+        xb = augment.normalize(augment.random_crop_flip(x[idx], jax.random.fold_in(key, k)), mean, std)
+
+        def loss_of(mm: Any) -> jax.Array:
+            return optax.softmax_cross_entropy_with_integer_labels(mm(xb).astype(jnp.float32), y[idx]).mean()
+
+        loss, grads = nnx.value_and_grad(loss_of)(m)
+        o.opt_state.hyperparams["learning_rate"].set_value(lr_now)
+        o.update(m, grads)
+        return nnx.state((m, o)), loss
+
+    key, rng = jax.random.key(a.seed), np.random.default_rng(a.seed)
+    total, warm, seen, k = a.epochs * n, n, 0, 0
+    times = []
+    for _ in range(a.epochs):
+        t0 = time.perf_counter()
+        perm = jax.device_put(rng.permutation(n).astype(np.int32))
+        for i in range(0, n, a.batch):
+            size = min(a.batch, n - i)
+            state, loss = step(state, perm, np.int32(i), key, np.float32(lr * lr_factor(seen, total, warm)),
+                               np.int32(k), size)
+            seen, k = seen + size, k + 1
+        jax.block_until_ready(loss)
+        times.append(time.perf_counter() - t0)
+    return {"epoch_seconds": times, "last_loss": float(loss)}
+
+
 def demo_args(a: argparse.Namespace, variant: str, out: Path) -> list[str]:
     method = "amp" if variant.startswith("amp") else "triaccel"
     args = ["--method", method, "--epochs", str(a.epochs), "--batch", str(a.batch), "--seed", str(a.seed),
             "--width", str(a.width), "--device", a.device, "--no-progress", "--out", str(out),
-            "--test-subset", "512"]
+            "--test-subset", "512", "--backend", a.backend, "--model", a.model]
     if a.data:
         args += ["--data", a.data]
     if a.train_subset:
@@ -142,7 +213,9 @@ def profile_table(prof: Path, top: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="", help="CIFAR-10 image folder (default: resolved as the demo does)")
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--backend", choices=("torch", "jax"), default="torch")
+    ap.add_argument("--model", choices=("resnet18", "efficientnet_b0"), default="resnet18")
+    ap.add_argument("--device", default="cuda", help="torch device (the JAX runs take JAX's default device)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[96, 384])
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
@@ -159,10 +232,15 @@ def main() -> None:
     ap.add_argument("--_plain", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._plain is not None:
-        print(json.dumps(plain_loop(argparse.Namespace(**json.loads(a._plain)))))
+        sub = argparse.Namespace(**json.loads(a._plain))
+        print(json.dumps((plain_loop_jax if sub.backend == "jax" else plain_loop)(sub)))
         return
     if a.epochs < 1:
         ap.error(f"--epochs={a.epochs}: allowed >= 1")
+    compiled = [v for v in a.variants if v.endswith("-compiled")]
+    if a.backend == "jax" and compiled:
+        ap.error(f"--variants {' '.join(compiled)}: torch.compile variants, not with --backend jax (XLA compiles "
+                 "every JAX variant)")
     a.out.mkdir(parents=True, exist_ok=True)
     work = a.out / "runs"
     rows = []
@@ -182,16 +260,21 @@ def main() -> None:
         r["ratio_to_plain"] = r["steady_s_per_epoch"] / base[r["batch"]] if r["batch"] in base else None
         r["ratio_to_amp"] = r["steady_s_per_epoch"] / amp[r["batch"]] if r["batch"] in amp else None
     dev_name = a.device
-    if a.device.startswith("cuda"):
+    if a.backend == "jax":
+        import jax
+
+        dev_name = jax.devices()[0].device_kind
+    elif a.device.startswith("cuda"):
         import torch
 
         dev_name = torch.cuda.get_device_name(0)
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "device": dev_name,
+            "backend": a.backend, "model": a.model,
             "host": platform.node(), "command": " ".join([os.path.basename(sys.executable), *sys.argv])}
     (a.out / "harness.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     if prof_text is not None:
         print("\n".join(prof_text.splitlines()[:a.top + 12]))
-    print(f"\n{meta['device']}  {meta['date']}  steady = median s/epoch over epochs 2..{a.epochs}")
+    print(f"\n{a.backend} {a.model}, {meta['device']}  {meta['date']}  steady = median s/epoch over epochs 2..{a.epochs}")
     print(f"{'variant':>24} {'batch':>5} {'s/epoch':>8} {'/plain':>7} {'/amp':>6}")
     for r in rows:
         rp = "" if r["ratio_to_plain"] is None else f"{r['ratio_to_plain']:.3f}"
