@@ -227,7 +227,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
                     own_acc = distributed.gather_objects(evaluate(model, xte, yte, prep, cast))[0]
                 # every rank's BatchNorm statistics averaged: rank 0's alone saw 1 / world of each step's
                 # samples (4 GPUs at a global 512, 3 seeds, 2026-11-27: 85.39% averaged, 85.36% with rank
-                # 0's, one GPU 86.05%: not the gap's cause, docs/results.md)
+                # 0's; the gap to one GPU's 86.05% was the ranks' augmentation draws, docs/results.md)
                 distributed.sync_buffers()
             acc = evaluate(model, xte, yte, prep, cast)
             if device.type == "cuda":   # read before excluded() resets the counter: the run's peak keeps it
