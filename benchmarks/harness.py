@@ -109,8 +109,9 @@ def plain_loop_jax(a: argparse.Namespace) -> dict[str, Any]:
     import optax
     from flax import nnx
 
-    from examples.cifar.common import lr_factor
+    from examples.cifar.common import RunOptions, lr_factor
     from examples.cifar.datasets import load
+    from examples.cifar.jax_loop import _sgd
     from triaccel import Precision
     from triaccel.backends.jax import augment, layer_map_from_model, precision_policy
     from triaccel.backends.jax.models import create_model
@@ -120,11 +121,7 @@ def plain_loop_jax(a: argparse.Namespace) -> dict[str, Any]:
     lm = layer_map_from_model(model)   # AMP as the demo's: bf16 everywhere but the norm layers
     precision_policy(model, [Precision.FP32 if sp.kind == "norm" else Precision.BF16 for sp in lm.specs], lm)
     lr = 0.1 * a.batch / 96
-
-    def make(learning_rate: float) -> optax.GradientTransformation:
-        return optax.chain(optax.add_decayed_weights(5e-4), optax.sgd(learning_rate, momentum=0.9, nesterov=True))
-
-    opt = nnx.Optimizer(model, optax.inject_hyperparams(make)(learning_rate=lr), wrt=nnx.Param)
+    opt = nnx.Optimizer(model, _sgd(lr, RunOptions()), wrt=nnx.Param)   # the demo's optimizer and its defaults
     graphdef, state = nnx.split((model, opt))
     x, y = jax.device_put(data.train_x), jax.device_put(data.train_y.astype(np.int32))
     mean, std = jnp.asarray(data.mean, jnp.float32), jnp.asarray(data.std, jnp.float32)
