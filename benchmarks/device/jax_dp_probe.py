@@ -17,6 +17,12 @@ program to the demo's per-step pattern (`--loops`), so that one call shows which
              draws its flip from a key folded with the step number; the per-step host work is one
              upload of the indices and one of the scalars (LR, step number)
   fused-np   fused-fed with the scalars passed as a numpy array (JAX uploads them inside the call)
+  fused-keep fused-fed with the state not donated (the demo's SplitStep(donate_argnums=()), which
+             `data.InFlight` needs to restore a failed step)
+  fused-wait fused-keep, each step waiting for the previous one once queued (`data.InFlight`), and
+             reading the device's memory statistics (the demo's step records)
+  fused-flat fused-keep with the state as one flat float32 buffer (`ravel_pytree`) unravelled and
+             ravelled inside the program: how much of fused-keep's cost is per state buffer
 
 Per configuration also the host's milliseconds per step in each part of the loop (timed in a second
 pass, without the profiler): a part whose host time nears the step's wall is where the host waits.
@@ -65,7 +71,7 @@ def _flip(x: jax.Array, k: jax.Array) -> jax.Array:
     return jnp.where(jax.random.bernoulli(k, 0.5, (x.shape[0], 1, 1, 1)), x[:, :, ::-1], x)
 
 
-LOOPS = ("fused", "split", "fed", "in-flight", "waiting", "fused-fed", "fused-np")
+LOOPS = ("fused", "split", "fed", "in-flight", "waiting", "fused-fed", "fused-np", "fused-keep", "fused-wait", "fused-flat")
 
 
 class Parts:
@@ -131,7 +137,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
         turn[0] += 1
         return index_sets[turn[0] % len(index_sets)]
 
-    if loop in ("fused-fed", "fused-np"):
+    if loop in ("fused-fed", "fused-np", "fused-keep", "fused-wait", "fused-flat"):
         base = jax.random.key(0)
 
         def fed_body(model: Any, opt: Any, dx: jax.Array, dy: jax.Array, idx: jax.Array, sc: jax.Array) -> jax.Array:
@@ -145,16 +151,48 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
             opt.update(model, jax.tree_util.tree_map(lambda g: g * sc[0], grads))
             return loss
 
-        fstep = SplitStep(fed_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
+        if loop == "fused-flat":
+            from jax.flatten_util import ravel_pytree
+
+            graphdef, state = nnx.split((model, opt))
+            flat, unravel = ravel_pytree(state)   # the integer leaves as float32: a timing probe only
+
+            @jax.jit
+            def flat_step(flat: jax.Array, dx: jax.Array, dy: jax.Array, idx: jax.Array, sc: jax.Array) -> Any:
+                m, o = nnx.merge(graphdef, unravel(flat))
+                loss = fed_body(m, o, dx, dy, idx, sc)
+                return loss, ravel_pytree(nnx.state((m, o)))[0]
+
+            held = [flat]
+            nflat = [0]
+
+            def fused_flat() -> Any:
+                nflat[0] += 1
+                sc = part("scalars", jax.device_put, np.array([0.1, nflat[0]], np.float32), place)
+                i = part("indices", jax.device_put, next_indices(), bsh)
+                loss, held[0] = part("step", flat_step, held[0], data_x, data_y, i, sc)
+                return loss
+            return fused_flat
+        keep = loop in ("fused-keep", "fused-wait")
+        fstep = SplitStep(fed_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh,
+                          **({"donate_argnums": ()} if keep else {}))
         count = [0]
+        waiting: list[Any] = []
+        dev = jax.devices()[0]
 
         def fused_fed() -> Any:
             count[0] += 1
             sc = np.array([0.1, count[0]], np.float32)
-            if loop == "fused-fed":
+            if loop != "fused-np":
                 sc = part("scalars", jax.device_put, sc, place)
             i = part("indices", jax.device_put, next_indices(), bsh)
-            return part("step", fstep, data_x, data_y, i, sc)
+            loss = part("step", fstep, data_x, data_y, i, sc)
+            if loop == "fused-wait":
+                if waiting:
+                    part("wait", jax.block_until_ready, waiting.pop())
+                waiting.append(loss)
+                part("memory_stats", dev.memory_stats)
+            return loss
         return fused_fed
 
     def grad_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, k: jax.Array) -> tuple[jax.Array, Any]:

@@ -126,8 +126,16 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     per_device = (per_device_value_and_grad(lambda m, xb, y, mask: _cross_entropy_sum(m(xb), y, mask), mesh)
                   if mesh is not None and opts.batch_stats == "per-device" else None)
 
-    def grad_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, mask: jax.Array, k: jax.Array):
-        xb = prep(x, k)
+    # Every step program gathers its micro-batch from the device-resident training set by the
+    # uploaded indices and draws its augmentation key from (base key, micro-batch counter): per
+    # micro-batch the host uploads the indices and two scalars and calls one program. Gathers and a
+    # key split as programs of their own cost more host time per step than the step's launch
+    # (benchmarks/device/jax_dp_probe.py, bs 96 on an H200: 2.93 ms per step as one program that
+    # gathers, 8.6-9.1 ms with the gathers, key split and update apart; docs/results.md).
+    def grad_body(model: Any, opt: Any, idx: jax.Array, mask: jax.Array, xs: jax.Array, ys: jax.Array,
+                  base: jax.Array, lr: jax.Array, count: jax.Array):
+        xb = prep(xs[idx], jax.random.fold_in(base, count))
+        y = ys[idx]
         scale = loss_scale(opt.opt_state) if ta is not None else jnp.ones((), jnp.float32)
         if per_device is not None:
             loss, grads = per_device(model, xb, y, mask, scale=scale)
@@ -160,21 +168,24 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # per ResNet-18 step variant) and the batch can climb; on a CPU compute dominates
     pad_floor = pad_floor_size(opts.pad_floor, dev.platform, ta is not None and cfg.elastic_batch,
                                cfg.batch_buckets or (), cfg.batch_max)
-    loader = ElasticLoader((xtr, ytr), batch_size=cfg.batch_init, seed=opts.seed, pad_to_batch=True,
-                           pad_floor=pad_floor, buckets=cfg.batch_buckets,
+    # The loader serves sample indices (host arrays: one upload per micro-batch, split across the
+    # devices on a mesh); the step programs gather the images and labels themselves (grad_body).
+    loader = ElasticLoader((np.arange(len(data.train_x), dtype=np.int32),), batch_size=cfg.batch_init,
+                           seed=opts.seed, pad_to_batch=True, pad_floor=pad_floor, buckets=cfg.batch_buckets,
                            device=None if mesh is None else batch_sharding(mesh))
     # With a step in flight (and --fused-step), a step of one micro-batch that measures nothing runs as
     # one program, gradient and update (`train_body`, the step's main program: compiled ahead for the
     # sizes and policies the controller may ask for); the two programs `grad_body` then `update_body`
     # run the noise steps' halves and OOM replays only. On 4 GPUs the second program per step held the
     # step at 0.53-0.69 of linear scaling, one program at 0.85-0.88 (benchmarks/device/jax_dp_probe.py).
-    # auto: on over a mesh only; on one device it gained 0.5-1.5% per step, and compiling the fused
-    # program besides the two took a cold run's first epoch 29.0 -> 38.6 s (one H200, 2026-11-27)
-    fused = opts.in_flight == "on" and (opts.fused_step == "on" or (opts.fused_step == "auto" and mesh is not None))
+    # auto: on (with the step in flight). On one H200 at bs 96 two programs per step took 12.8 ms
+    # against 2.6 ms for one (jax_dp_probe.py, 2026-11-27 ~16:20Z): each call holds the host for
+    # about its program's device time, so the host cannot run ahead of the second one.
+    fused = opts.in_flight == "on" and opts.fused_step in ("on", "auto")
 
-    def train_body(model: Any, opt: Any, x: jax.Array, y: jax.Array, mask: jax.Array, k: jax.Array,
-                   lr: jax.Array) -> jax.Array:
-        loss, grads, _ = grad_body(model, opt, x, y, mask, k)
+    def train_body(model: Any, opt: Any, idx: jax.Array, mask: jax.Array, xs: jax.Array, ys: jax.Array,
+                   base: jax.Array, lr: jax.Array, count: jax.Array) -> jax.Array:
+        loss, grads, _ = grad_body(model, opt, idx, mask, xs, ys, base, lr, count)
         update_body(model, opt, grads, lr)
         return loss
 
@@ -195,14 +206,17 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # after the background jobs) and replays (compiled when needed)
     update = split.bind(update_body, params, opt, soon=not fused,
                         example_args=(grads_like, lr_like) if noise_steps or not fused else None)
-    step_key = [key if mesh is None else jax.device_put(key, place)]
+    base_key = jax.device_put(key, place)
+    micro_count = [0]   # micro-batches run so far: each one's augmentation key is fold_in(base_key, count)
     if fused:
         size = loader.bucket_for(max(cfg.batch_init, pad_floor or 0))   # the first steps' micro-batch
         on = loader.device or jax.sharding.SingleDeviceSharding(dev)
-        batch_like = tuple(jax.ShapeDtypeStruct((size, *a.shape[1:]), a.dtype, sharding=on) for a in (xtr, ytr))
+        idx_like = jax.ShapeDtypeStruct((size,), jnp.int32, sharding=on)
         mask_like = jax.ShapeDtypeStruct((size,), jnp.float32, sharding=on)
+        count_like = jax.device_put(np.int32(0), place)
         grads_of = split.bind(grad_body, model, opt, soon=False,
-                              example_args=(*batch_like, mask_like, step_key[0]) if noise_steps else None)
+                              example_args=(idx_like, mask_like, xtr, ytr, base_key, lr_like, count_like)
+                              if noise_steps else None)
     eval_chunk = min(1000, len(data.test_x))
     # needed at the epoch's end: queued after the noise programs the first noise step needs
     evaluate = split.bind(eval_body, model, example_args=(xte[:eval_chunk], yte[:eval_chunk]), soon=False)
@@ -212,22 +226,19 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # test-only (off by default): an XLA runtime error with RESOURCE_EXHAUSTED, as a real OOM
     inject = OOMInjector(opts.inject_oom_every, OOM_ERROR_TYPES[0])
 
-    def micro_key() -> jax.Array:   # each micro-batch: its augmentation key (and a test OOM, if armed)
+    def scalars(lr: float) -> tuple[jax.Array, jax.Array]:
+        """Each micro-batch: (LR, its key's counter) in one upload (and a test OOM, if armed)."""
         inject.fire()
-        step_key[0], k = jax.random.split(step_key[0])
-        return k
+        micro_count[0] += 1
+        return jax.device_put((np.float32(lr), np.int32(micro_count[0])), place)
 
-    def micro(x: jax.Array, y: jax.Array, mask: jax.Array) -> Any:
-        loss, grads, grad_scale[0] = (grads_of if fused else split)(x, y, mask, micro_key())
+    def micro(idx: jax.Array, mask: jax.Array, lr: float) -> Any:
+        loss, grads, grad_scale[0] = (grads_of if fused else split)(idx, mask, xtr, ytr, base_key, *scalars(lr))
         return loss, grads
 
-    def whole(batch: Any, mask: jax.Array, lr: jax.Array) -> Any:
-        return split(batch[0], batch[1], mask, micro_key(), lr)
+    def whole(idx: jax.Array, mask: jax.Array, lr: float) -> Any:
+        return split(idx, mask, xtr, ytr, base_key, *scalars(lr))
 
-    if ta is not None and cfg.elastic_batch:   # the gathers of the larger buckets the batch may climb to
-        up = [b for b in cfg.batch_buckets or () if cfg.batch_init < b <= cfg.batch_max]
-        for name, job in loader.gather_compilations(up):
-            split.compile_in_background(name, job)
     total_samples = opts.epochs * len(data.train_x)
     warmup_samples = int(opts.warmup_epochs * len(data.train_x))
     seen = 0
@@ -259,7 +270,6 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
         while True:
             tracer.at(step)
             lr_now = opts.lr * lr_factor(seen, total_samples, warmup_samples)
-            lr = jax.device_put(np.float32(lr_now), place)
             if ta is not None:
                 curv = None
                 if in_flight is not None and (controller.is_control_step(step) or controller.is_curvature_step(step)):
@@ -270,11 +280,11 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
                     curv = (prep(xtr[idx], k), ytr[idx])
                 split.control(step, batch=curv)
             inject.arm(step)
-            res = elastic_step(loader, controller, lambda b, m: micro(b[0], b[1], m), step,
-                               update_fn=lambda g, d, lr=lr: update(g, lr),
+            res = elastic_step(loader, controller, lambda b, m, lr=lr_now: micro(b[0], m, lr), step,
+                               update_fn=lambda g, d, lr=lr_now: update(g, jax.device_put(np.float32(lr), place)),
                                tensor_layer=lm if ta is not None else None,
                                grad_scale=lambda: grad_scale[0], in_flight=in_flight, quiet=split.quiet,
-                               step_fn=(lambda b, m, d, lr=lr: whole(b, m, lr)) if fused else None)
+                               step_fn=(lambda b, m, d, lr=lr_now: whole(b[0], m, lr)) if fused else None)
             seen += res.samples
             flops.add(res.decision.precisions if static_prec is None else static_prec, res.samples)
             # kept for its loss (a late OOM's replay replaces it), read at the epoch's end; not its

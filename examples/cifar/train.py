@@ -198,10 +198,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--fused-step", choices=["auto", "on", "off"], default="auto",
                    help="JAX with --in-flight on: run a step of one micro-batch that measures no gradient noise as one "
                         "program, gradient and update together (elastic_step(step_fn=...)); off: two programs, as "
-                        "the noise steps and OOM replays. auto (default): on over several devices, off on one. 4 H200s, "
-                        "2026-11-27, 1024 per GPU: 0.88 / 0.83 of linear scaling at 2 / 4 GPUs on, 0.71 / 0.53 off; one "
-                        "H200, ResNet-18 from the defaults, cold: training 51.1 s on, 45.6 s off (its extra "
-                        "compilations; docs/results.md)")
+                        "the noise steps and OOM replays. auto (default): on. One H200, ResNet-18 bs 96: 2.6 ms per step "
+                        "as one program, 12.8 ms as two; 4 H200s, 1024 per GPU: 0.88 / 0.83 of linear scaling at 2 / 4 "
+                        "GPUs on, 0.71 / 0.53 off (docs/results.md)")
     p.add_argument("--gc-freeze", choices=["on", "off"], default="on",
                    help="JAX: after set-up and after each epoch, move the objects alive then out of the garbage "
                         "collector's scans (gc.freeze; examples/cifar/common.HeapFreeze), every method alike; off "
