@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from .compile_ahead import AheadCompiler, abstract, enable_compilation_cache
+from .packing import StatePacking
 from .policy import CountingJit, applied_policy, commit, policy_names
 
 __all__ = ["SplitStep"]
@@ -110,6 +111,25 @@ class SplitStep:
         """The objects' current state (`nnx.State`), as the step last left it."""
         return self._tree_util.tree_unflatten(self._treedef, self._leaves)
 
+    # The state lives as its flat leaves (after a split, or once the host has read or written them)
+    # or as the packed buffers the programs take and return (`packing.StatePacking`: a few buffers
+    # instead of one per leaf, which costs the host per call); each form is made from the other
+    # when needed, and only one is kept.
+    @property
+    def _leaves(self) -> list[Any]:
+        if self._flat is None:
+            self._flat, self._buffers = self._packing.unpack_now(self._buffers), None
+        return self._flat
+
+    @_leaves.setter
+    def _leaves(self, leaves: list[Any]) -> None:
+        self._flat, self._buffers = list(leaves), None
+
+    def _packed(self) -> list[Any]:
+        if self._buffers is None:
+            self._buffers, self._flat = self._packing.pack_now(self._flat), None
+        return self._buffers
+
     def resplit(self) -> None:
         """Split the objects again (after a change to their structure or static attributes); the
         graph definition is hashed and compared once, at the next call, not on every call."""
@@ -117,6 +137,7 @@ class SplitStep:
         self._graphdef, state = nnx.split(self.objects)
         # committed: the placement the step's outputs will have (see `commit`; replicated on a mesh)
         self._leaves, self._treedef = self._tree_util.tree_flatten(self._place(state))
+        self._packing = StatePacking(self._flat)
         variables = self._variable_leaves(state)
         # The objects' Variables in leaf order (one array each): values move between them and the
         # flat leaves without walking the graph. Otherwise (a Variable holding a tree) the slow path.
@@ -140,21 +161,27 @@ class SplitStep:
         for b in self._bound:
             b.locate()
 
-    def snapshot(self) -> tuple[Any, list[Any]]:
-        """The current state as it is (its structure and flat leaves; no copy): `restore` takes it
-        back while the arrays are alive and not donated (`data.InFlight` uses the pair)."""
-        return self._treedef, self._leaves
+    def snapshot(self) -> tuple[Any, Any, list[Any]]:
+        """The current state as it is (its structure, its packing or None, and its packed buffers or
+        flat leaves; no copy): `restore` takes it back while the arrays are alive and not donated
+        (`data.InFlight` uses the pair)."""
+        if self._buffers is not None:
+            return self._treedef, self._packing, self._buffers
+        return self._treedef, None, self._flat
 
-    def restore(self, snapshot: tuple[Any, list[Any]]) -> None:
+    def restore(self, snapshot: tuple[Any, Any, list[Any]]) -> None:
         """Put back a `snapshot` of this step's state (same structure: no re-split since)."""
-        treedef, leaves = snapshot
-        if treedef is not self._treedef or len(leaves) != len(self._leaves):
+        treedef, packing, arrays = snapshot
+        if treedef is not self._treedef or (packing is not None and packing is not self._packing):
             raise ValueError("snapshot: the state was split again since it was taken (a new precision policy "
                              "or structure); settle steps in flight before a control boundary")
-        if any(getattr(a, "is_deleted", lambda: False)() for a in leaves):
+        if any(getattr(a, "is_deleted", lambda: False)() for a in arrays):
             raise ValueError("snapshot: some of its arrays were donated to a later call; build the step with "
                              "donate_argnums=() to restore its state")
-        self._leaves = list(leaves)
+        if packing is None:
+            self._leaves = arrays
+        else:
+            self._buffers, self._flat = list(arrays), None
 
     def _variable_leaves(self, tree: Any) -> list[Any]:
         """The `nnx.Variable`s of `tree` (an `nnx.State` or a pytree holding Variables), in leaf order."""
@@ -166,7 +193,7 @@ class SplitStep:
         if self._variables is None:
             self._nnx.update(self.objects, self.state)
         else:
-            self._sync(range(len(self._leaves)))
+            self._sync(range(self._packing.n))
 
     def _sync(self, idx: Any) -> None:
         for i in idx:
@@ -231,7 +258,7 @@ class SplitStep:
             return
         # The curvature pass reads the model's parameters: everything moves; else the TriAccelState only.
         partial = not curv and self._ctl_idx is not None
-        part = self._ctl_idx if partial else range(len(self._leaves))
+        part = self._ctl_idx if partial else range(self._packing.n)
         if self._variables is None:
             self.sync()
         else:
@@ -241,7 +268,7 @@ class SplitStep:
         ta.control(step, optimizer, model, batch=batch)
         if ta.policy_version != version or self._variables is None:
             if partial:  # the values not moved yet (the control's own writes stay), then re-split
-                self._sync(sorted(set(range(len(self._leaves))) - set(part)))
+                self._sync(sorted(set(range(self._packing.n)) - set(part)))
             self.resplit()
         else:
             self._refresh(part)
@@ -352,7 +379,7 @@ class SplitStep:
         job = (id(b), key, sig)
         if sig in b.exes.get(key, {}) or self.ahead.pending(job):
             return 0
-        leaves = [abstract(x) for x in (self._leaves if b.pos is None else [self._leaves[i] for i in b.pos])]
+        leaves = self._packing.abstract()
         batched = next((a for a in args if hasattr(a, "shape") and len(a.shape) > 0), None)
         name = f"{b.name}@{batched.shape[0]}" if batched is not None else b.name
         # lowered at once (Python: it overlaps a caller's XLA compilation well), compiled outside a hold
@@ -368,8 +395,8 @@ class SplitStep:
         if ta is None or ta.layers is None:
             return [None] * len(bound)
         with applied_policy(self.objects[0], policy, ta.layers):
-            return [(self._nnx.split(self.objects)[0], self._treedef) if b.everything
-                    else (self._nnx.split(b.objects)[0], b.key[1]) for b in bound]
+            return [(self._nnx.split(self.objects)[0], self._treedef, self._packing.signature) if b.everything
+                    else (self._nnx.split(b.objects)[0], b.key[1], b.key[2]) for b in bound]
 
     def compile_in_background(self, name: str, fn: Callable[[], Any]) -> bool:
         """Queue another compilation on this step's background compiler: ``fn()`` (e.g. a
@@ -430,7 +457,7 @@ class _Bound:
         o = self.owner
         self._cur = None  # looked up at the next call
         if self.everything:
-            self.key = (o._graphdef, o._treedef)
+            self.key = (o._graphdef, o._treedef, o._packing.signature)
             return
         self.graphdef, state = o._nnx.split(self.objects)
         variables = o._variable_leaves(state)
@@ -440,7 +467,7 @@ class _Bound:
             raise ValueError(f"objects: {len(missing)} of their Variables are not in the SplitStep's "
                              "objects; bind only parts of the model and optimizer it was built with")
         self.pos = [pos[id(v)] for v in variables]
-        self.key = (self.graphdef, o._tree_util.tree_structure(state))
+        self.key = (self.graphdef, o._tree_util.tree_structure(state), o._packing.signature)
 
     def step_for(self, key: Any) -> CountingJit:
         """The jitted function of the variant family `key` (graph definition, treedef)."""
@@ -452,16 +479,23 @@ class _Bound:
     def _jit(self, key: Any) -> CountingJit:
         o, fn = self.owner, self.fn
         nnx, tree_util = o._nnx, o._tree_util
-        graphdef, treedef = key
+        graphdef, treedef, _ = key
+        packing, pos = o._packing, self.pos   # the packing the key's signature names
 
-        def pure(leaves: list[Any], *args: Any) -> tuple[Any, list[Any]]:
-            objects = nnx.merge(graphdef, tree_util.tree_unflatten(treedef, leaves))
+        def pure(buffers: list[Any], *args: Any) -> tuple[Any, list[Any]]:
+            leaves = packing.unpack(buffers)
+            mine = leaves if pos is None else [leaves[i] for i in pos]
+            objects = nnx.merge(graphdef, tree_util.tree_unflatten(treedef, mine))
             out = fn(*objects, *args)
             new, new_def = tree_util.tree_flatten(nnx.state(objects))
             if new_def != treedef:
                 raise ValueError("fn: the step changed the structure of the objects' state (added or "
                                  "removed a Variable); SplitStep needs the same structure after each call")
-            return out, new
+            if pos is not None:
+                for i, a in zip(pos, new):
+                    leaves[i] = a
+                new = leaves
+            return out, packing.pack(new)
 
         pure.__name__ = pure.__qualname__ = self.name
         if o.ta is not None:
@@ -491,21 +525,15 @@ class _Bound:
             cur = self._cur = self.exes.setdefault(self.key, {})
         o = self.owner
         sig = _signature(args)
-        leaves = o._leaves if self.pos is None else [o._leaves[i] for i in self.pos]
+        buffers = o._packed()
         exe = cur.get(sig)
         if exe is None:
-            exe = cur[sig] = self._obtain(sig, leaves, args)
+            exe = cur[sig] = self._obtain(sig, buffers, args)
         self.last_sig = sig
         if self.everything and o._prepare_after_first_call and o.ta is not None and o.ta.controller is not None:
             o.prepare(o.ta.controller.decision.step)
-        if self.pos is None:
-            out, o._leaves = exe(leaves, *args)
-            return out
-        out, new = exe(leaves, *args)
-        leaves = list(o._leaves)
-        for i, a in zip(self.pos, new):
-            leaves[i] = a
-        o._leaves = leaves
+        out, new = exe(buffers, *args)
+        o._buffers, o._flat = list(new), None
         return out
 
 

@@ -1,0 +1,108 @@
+"""`StatePacking`: a train state's leaves carried between jitted calls as a few flat buffers.
+
+An XLA program call costs the host time per argument and per output buffer: a ResNet-18 train state
+is ~200 arrays, and when the step cannot donate them (a step left in flight must leave the state it
+may be restored to, `data.InFlight`) the call allocates and tracks each output anew. On an H200 at
+batch 96 that held the host 3.7 ms per call against 2.4 ms donated; with the state as one flat
+buffer, unravelled and ravelled inside the program, 2.5 ms (`benchmarks/device/jax_dp_probe.py
+--loops fused-fed fused-keep fused-flat`, 2026-11-27, docs/results.md). Packing the leaves of one
+dtype and placement into one 1-D buffer gives that without changing what the program computes:
+the slices and the concatenation are copies XLA fuses into the step's own reads and writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .compile_ahead import abstract
+
+__all__ = ["StatePacking"]
+
+
+def _packable(x: Any) -> bool:
+    """Leaves that can share a flat buffer: plain numeric arrays of a fixed dtype (not PRNG keys, not
+    weakly typed scalars, whose type the buffer would make strong)."""
+    if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+        return False
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return False
+    weak = x.aval.weak_type if isinstance(x, jax.Array) else x.weak_type
+    return not weak
+
+
+class StatePacking:
+    """The packing of a list of leaves (arrays): those of one (dtype, sharding) raveled into one 1-D
+    buffer in leaf order, groups in order of first appearance, then every other leaf on its own.
+
+    `pack(leaves) -> buffers` and `unpack(buffers) -> leaves` are pure jnp functions (trace them
+    inside a program); `pack_now` / `unpack_now` run them as jitted programs. `signature`: hashable,
+    equal for packings of the same leaf shapes, dtypes and placements. `abstract()`: the buffers as
+    `jax.ShapeDtypeStruct`s (for compiling ahead without packing anything).
+    """
+
+    def __init__(self, leaves: Sequence[Any]) -> None:
+        self.n = len(leaves)
+        groups: dict[tuple[Any, Any], list[int]] = {}
+        alone: list[int] = []
+        for i, x in enumerate(leaves):
+            if _packable(x):
+                groups.setdefault((np.dtype(x.dtype), getattr(x, "sharding", None)), []).append(i)
+            else:
+                alone.append(i)
+        # a group of one gains nothing from a buffer of its own
+        for key in [k for k, idx in groups.items() if len(idx) == 1]:
+            alone.extend(groups.pop(key))
+        self.alone = sorted(alone)
+        self.shapes = [tuple(x.shape) for x in leaves]
+        self.dtypes = [x.dtype for x in leaves]
+        self.groups: list[tuple[np.dtype, Any, list[int], list[int]]] = []   # dtype, sharding, leaves, offsets
+        for (dtype, sharding), idx in groups.items():
+            sizes = [int(np.prod(self.shapes[i], dtype=np.int64)) for i in idx]
+            self.groups.append((dtype, sharding, idx, [0, *np.cumsum(sizes).tolist()]))
+        self._alone_abstract = [abstract(leaves[i]) for i in self.alone]
+        self.signature = (self.n, tuple(self.shapes), tuple((str(d), s, tuple(i)) for d, s, i, _ in self.groups),
+                          tuple(self.alone))
+        self._pack_jit = jax.jit(self.pack)
+        self._unpack_jit = jax.jit(self.unpack)
+
+    @property
+    def num_buffers(self) -> int:
+        return len(self.groups) + len(self.alone)
+
+    def pack(self, leaves: Sequence[Any]) -> list[Any]:
+        """The buffers of `leaves` (n leaves, as the packing's): one 1-D array per group, then the lone leaves."""
+        if len(leaves) != self.n:
+            raise ValueError(f"leaves: expected {self.n} leaves (the packing's), got {len(leaves)}")
+        for i, x in enumerate(leaves):
+            if tuple(x.shape) != self.shapes[i] or x.dtype != self.dtypes[i]:
+                raise ValueError(f"leaves[{i}]: {x.dtype}{list(x.shape)}, the packing's {self.dtypes[i]}"
+                                 f"{list(self.shapes[i])}: a step must keep each leaf's shape and dtype")
+        out = [jnp.concatenate([jnp.ravel(leaves[i]) for i in idx]) for _, _, idx, _ in self.groups]
+        return out + [leaves[i] for i in self.alone]
+
+    def unpack(self, buffers: Sequence[Any]) -> list[Any]:
+        """The n leaves of `buffers` (as `pack` returns them), in their original order and shapes."""
+        if len(buffers) != self.num_buffers:
+            raise ValueError(f"buffers: expected {self.num_buffers} (the packing's), got {len(buffers)}")
+        leaves: list[Any] = [None] * self.n
+        for buf, (_, _, idx, off) in zip(buffers, self.groups):
+            for j, i in enumerate(idx):
+                leaves[i] = jax.lax.slice(buf, (off[j],), (off[j + 1],)).reshape(self.shapes[i])
+        for buf, i in zip(buffers[len(self.groups):], self.alone):
+            leaves[i] = buf
+        return leaves
+
+    def pack_now(self, leaves: Sequence[Any]) -> list[Any]:
+        return list(self._pack_jit(list(leaves)))
+
+    def unpack_now(self, buffers: Sequence[Any]) -> list[Any]:
+        return list(self._unpack_jit(list(buffers)))
+
+    def abstract(self) -> list[jax.ShapeDtypeStruct]:
+        """The buffers' shapes, dtypes and placements."""
+        out = [jax.ShapeDtypeStruct((off[-1],), dtype, sharding=sharding) for dtype, sharding, _, off in self.groups]
+        return out + list(self._alone_abstract)
