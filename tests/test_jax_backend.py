@@ -369,9 +369,11 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
     split.sync()
     np.testing.assert_allclose(np.asarray(find_state(opt_b).lr_mult.get_value()), ta_b.decision.lr_multipliers,
                                rtol=1e-6)
+    # The split step carries its state packed (flat buffers sliced and concatenated inside the program),
+    # so XLA fuses the update differently: last-bit differences over 24 steps (3e-7 seen on this CPU).
     for a, b in zip(jax.tree_util.tree_leaves(nnx.state(model_a, nnx.Param)),
                     jax.tree_util.tree_leaves(nnx.state(model_b, nnx.Param))):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
     assert current_policy(model_b, ta_b.layers) == current_policy(model_a, ta_a.layers)
     policies = {tuple(r["precisions"]) for r in ta_b.controller.telemetry.records}
     assert split.traces == len(split._main.steps) == len(policies) == ta_b.report()["compilations"]

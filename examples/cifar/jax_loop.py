@@ -178,10 +178,14 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # sizes and policies the controller may ask for); the two programs `grad_body` then `update_body`
     # run the noise steps' halves and OOM replays only. On 4 GPUs the second program per step held the
     # step at 0.53-0.69 of linear scaling, one program at 0.85-0.88 (benchmarks/device/jax_dp_probe.py).
-    # auto: on (with the step in flight). On one H200 at bs 96 two programs per step took 12.8 ms
-    # against 2.6 ms for one (jax_dp_probe.py, 2026-11-27 ~16:20Z): each call holds the host for
-    # about its program's device time, so the host cannot run ahead of the second one.
-    fused = opts.in_flight == "on" and opts.fused_step in ("on", "auto")
+    # auto: on, but off on one device for a run that measures gradient noise (triaccel's batch law),
+    # which compiles the two programs anyway. ResNet-18 bs 96 on one H200 (2026-11-27): the demo's
+    # AMP epoch 1.48 s as one program (0.86x a plain loop's) against 3.1-3.5 s as two before the
+    # state was packed; triaccel from its defaults, cold, 10 epochs: 50.8 s wall on, 42.5 s off (its
+    # fused program's compilation; steady epochs 0.77 vs 0.76 s). docs/results.md
+    noise_steps = ta is not None and cfg.elastic_batch and cfg.batch_law == "noise"   # the first: step 100
+    fused = opts.in_flight == "on" and (opts.fused_step == "on" or (
+        opts.fused_step == "auto" and (mesh is not None or not noise_steps)))
 
     def train_body(model: Any, opt: Any, idx: jax.Array, mask: jax.Array, xs: jax.Array, ys: jax.Array,
                    base: jax.Array, lr: jax.Array, count: jax.Array) -> jax.Array:
@@ -197,7 +201,6 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     params = nnx.state(model, nnx.Param)
     sharding = jax.sharding.SingleDeviceSharding(dev) if mesh is None else place
     grads_like = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding), params)
-    noise_steps = ta is not None and cfg.elastic_batch and cfg.batch_law == "noise"   # the first: step 100
     if noise_steps:
         for name, job in noise_step_compilations(grads_like):
             split.compile_in_background(name, job)

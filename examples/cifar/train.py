@@ -198,8 +198,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--fused-step", choices=["auto", "on", "off"], default="auto",
                    help="JAX with --in-flight on: run a step of one micro-batch that measures no gradient noise as one "
                         "program, gradient and update together (elastic_step(step_fn=...)); off: two programs, as "
-                        "the noise steps and OOM replays. auto (default): on. One H200, ResNet-18 bs 96: 2.6 ms per step "
-                        "as one program, 12.8 ms as two; 4 H200s, 1024 per GPU: 0.88 / 0.83 of linear scaling at 2 / 4 "
+                        "the noise steps and OOM replays. auto (default): on, except on one device for a run that "
+                        "measures gradient noise (triaccel's batch law: it compiles the two programs anyway; "
+                        "ResNet-18 cold, one H200: 50.8 s wall on, 42.5 s off). The demo's AMP at bs 96: 1.48 s per "
+                        "epoch as one program (state packed), 3.1-3.5 s as two (unpacked); 4 H200s, 1024 per GPU: 0.88 / 0.83 of linear scaling at 2 / 4 "
                         "GPUs on, 0.71 / 0.53 off (docs/results.md)")
     p.add_argument("--gc-freeze", choices=["on", "off"], default="on",
                    help="JAX: after set-up and after each epoch, move the objects alive then out of the garbage "
