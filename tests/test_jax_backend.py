@@ -341,7 +341,8 @@ def _split_setup(curvature: str = "off"):
     return x, y, model, opt, ta, step
 
 
-def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
+@pytest.mark.parametrize("pack", [False, True])   # the CPU's default, and the state packed (an accelerator's)
+def test_split_step_matches_nnx_jit_and_reuses_compiled_policies(pack):
     """SplitStep: the same losses and parameters as the nnx.jit step, through boundaries that change
     the policy (re-split) and boundaries that change only values (curvature's LR multipliers: moved
     without a re-split); one compilation per policy (a policy seen before reuses its variant);
@@ -349,7 +350,7 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
     x, y, model_a, opt_a, ta_a, step = _split_setup("fisher")
     jitted = ta_a.jit(step)
     x, y, model_b, opt_b, ta_b, step_b = _split_setup("fisher")
-    split = SplitStep(step_b, model_b, opt_b, ta=ta_b, compile_ahead=False)   # foreground compilations only
+    split = SplitStep(step_b, model_b, opt_b, ta=ta_b, compile_ahead=False, pack=pack)   # foreground compilations only
     la, lb = [], []
     xc, yc = jax.device_put((x[:16], y[:16]), jax.devices()[0])   # committed data: committed outputs
     curv = (x[16:24], y[16:24])
@@ -369,8 +370,8 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
     split.sync()
     np.testing.assert_allclose(np.asarray(find_state(opt_b).lr_mult.get_value()), ta_b.decision.lr_multipliers,
                                rtol=1e-6)
-    # The split step carries its state packed (flat buffers sliced and concatenated inside the program),
-    # so XLA fuses the update differently: last-bit differences over 24 steps (3e-7 seen on this CPU).
+    # Packed (pack=True: flat buffers sliced and concatenated inside the program), XLA fuses the update
+    # differently: last-bit differences over 24 steps (3e-7 seen on this CPU).
     for a, b in zip(jax.tree_util.tree_leaves(nnx.state(model_a, nnx.Param)),
                     jax.tree_util.tree_leaves(nnx.state(model_b, nnx.Param))):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
@@ -388,7 +389,8 @@ def test_split_step_matches_nnx_jit_and_reuses_compiled_policies():
         SplitStep(step_b, model_b, opt_b).control(0)
 
 
-def test_bound_update_shares_the_state_and_is_not_recompiled_by_a_new_policy():
+@pytest.mark.parametrize("pack", [False, True])
+def test_bound_update_shares_the_state_and_is_not_recompiled_by_a_new_policy(pack):
     """A gradient step and an update bound over the parameters' state and the optimizer (the CIFAR
     demo's split, for the elastic batch) give the fused nnx.jit step's losses; the update compiles
     once although the policy changes."""
@@ -404,7 +406,7 @@ def test_bound_update_shares_the_state_and_is_not_recompiled_by_a_new_policy():
     def update(params, opt, g):
         opt.update(params, g)
 
-    split = SplitStep(grad, model_b, opt_b, ta=ta_b, donate_argnums=(), compile_ahead=False)
+    split = SplitStep(grad, model_b, opt_b, ta=ta_b, donate_argnums=(), compile_ahead=False, pack=pack)
     upd = split.bind(update, nnx.state(model_b, nnx.Param), opt_b)
     la, lb = [], []
     for s in range(16):

@@ -179,7 +179,8 @@ def test_ungated_job_runs_until_it_waits_for_the_hold():
         ahead.close()
 
 
-def test_compile_ahead_after_gives_the_same_steps_and_uses_the_background():
+@pytest.mark.parametrize("pack", [False, True])
+def test_compile_ahead_after_gives_the_same_steps_and_uses_the_background(pack):
     """compile_ahead="after": the step's first compilation holds the queue; the variants it queued
     are then compiled in the background and taken, with the losses of compile_ahead=True."""
     from triaccel.backends.jax import SplitStep, TriAccel
@@ -191,7 +192,7 @@ def test_compile_ahead_after_gives_the_same_steps_and_uses_the_background():
         model = Net()
         ta = TriAccel(cfg, model)
         opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
-        split = SplitStep(_body, model, opt, ta=ta, compile_ahead=mode, compile_cache=False)
+        split = SplitStep(_body, model, opt, ta=ta, compile_ahead=mode, compile_cache=False, pack=pack)
         split.control(0)
         first = float(split(XS[0]))
         split.wait_compiled()

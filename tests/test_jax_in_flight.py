@@ -239,7 +239,8 @@ def test_other_errors_propagate_and_bad_input():
         elastic_step(h.loader, h.ctl, h.grad_fn, 2, in_flight=h.in_flight)
 
 
-def test_split_step_snapshot_restore():
+@pytest.mark.parametrize("pack", [False, True])
+def test_split_step_snapshot_restore(pack):
     model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
     opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
 
@@ -248,7 +249,7 @@ def test_split_step_snapshot_restore():
         o.update(m, g)
         return loss
 
-    split = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, donate_argnums=())
+    split = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, donate_argnums=(), pack=pack)
     x = jnp.ones((4, 3))
     split(x)
     snap = split.snapshot()
@@ -258,7 +259,7 @@ def test_split_step_snapshot_restore():
     split.resplit()
     with pytest.raises(ValueError, match="split again"):
         split.restore(snap)
-    donating = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False)
+    donating = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, pack=pack)
     donating(x)
     old = donating.snapshot()
     donating(x)

@@ -68,7 +68,7 @@ def test_split_step_carries_the_state_packed_and_trains_as_nnx_jit():
     ref_model, ref_opt = _model_and_opt()
     ref = nnx.jit(_train)
     model, opt = _model_and_opt()
-    step = SplitStep(_train, model, opt, compile_ahead=False, compile_cache=False, donate_argnums=())
+    step = SplitStep(_train, model, opt, compile_ahead=False, compile_cache=False, donate_argnums=(), pack=True)
     n_leaves = len(jax.tree_util.tree_leaves(nnx.state((model, opt))))
     for _ in range(3):
         want = ref(ref_model, ref_opt, x, y)
@@ -82,3 +82,15 @@ def test_split_step_carries_the_state_packed_and_trains_as_nnx_jit():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
     step.restore((treedef, packing, arrays))   # a packed snapshot taken before the read comes back
     np.testing.assert_allclose(float(step(x, y)), float(ref(ref_model, ref_opt, x, y)), rtol=1e-6)
+
+
+def test_pack_auto_leaves_a_cpu_state_unpacked_and_bad_values_raise():
+    model, opt = _model_and_opt()
+    step = SplitStep(_train, model, opt, compile_ahead=False, compile_cache=False)   # pack="auto" on a CPU
+    n_leaves = len(jax.tree_util.tree_leaves(nnx.state((model, opt))))
+    assert step._packing.num_buffers == n_leaves and not step._packing.groups
+    x, y = jnp.ones((4, 4), jnp.float32), jnp.zeros((4,), jnp.int32)
+    step(x, y)
+    assert len(step.snapshot()[2]) == n_leaves
+    with pytest.raises(ValueError, match="pack='yes': allowed True, False or 'auto'"):
+        SplitStep(_train, model, opt, pack="yes")

@@ -80,8 +80,9 @@ def _worker() -> dict:
         def update_body(params, o, grads):
             o.update(params, grads)
 
+        # packed (as on GPUs; host devices default to unpacked): the buffers replicated on the mesh
         split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=(), compile_cache=False,
-                          compile_ahead=compile_ahead)
+                          compile_ahead=compile_ahead, pack=True)
         update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
         if mesh is None:
             dev = jax.devices()[0]

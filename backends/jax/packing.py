@@ -8,6 +8,10 @@ buffer, unravelled and ravelled inside the program, 2.5 ms (`benchmarks/device/j
 --loops fused-fed fused-keep fused-flat`, 2026-11-27, docs/results.md). Packing the leaves of one
 dtype and placement into one 1-D buffer gives that without changing what the program computes:
 the slices and the concatenation are copies XLA fuses into the step's own reads and writes.
+
+The slices lengthen XLA's compilation: EfficientNet-B0's step +14% on an H200 (78.6 -> 89.5 s), about
+2x on a CPU (a width-0.25 model's step 15.3 -> 32.3 s, nearly all in the slices), where a call's
+per-buffer cost is small. So `SplitStep(pack="auto")` packs where the state lives on an accelerator.
 """
 
 from __future__ import annotations
@@ -44,12 +48,13 @@ class StatePacking:
     `jax.ShapeDtypeStruct`s (for compiling ahead without packing anything).
     """
 
-    def __init__(self, leaves: Sequence[Any]) -> None:
+    def __init__(self, leaves: Sequence[Any], group: bool = True) -> None:
+        """group=False: every leaf travels alone (no buffers: `pack`/`unpack` return the leaves)."""
         self.n = len(leaves)
         groups: dict[tuple[Any, Any], list[int]] = {}
         alone: list[int] = []
         for i, x in enumerate(leaves):
-            if _packable(x):
+            if group and _packable(x):
                 groups.setdefault((np.dtype(x.dtype), getattr(x, "sharding", None)), []).append(i)
             else:
                 alone.append(i)
@@ -97,10 +102,10 @@ class StatePacking:
         return leaves
 
     def pack_now(self, leaves: Sequence[Any]) -> list[Any]:
-        return list(self._pack_jit(list(leaves)))
+        return list(self._pack_jit(list(leaves))) if self.groups else list(leaves)
 
     def unpack_now(self, buffers: Sequence[Any]) -> list[Any]:
-        return list(self._unpack_jit(list(buffers)))
+        return list(self._unpack_jit(list(buffers))) if self.groups else list(buffers)
 
     def abstract(self) -> list[jax.ShapeDtypeStruct]:
         """The buffers' shapes, dtypes and placements."""

@@ -64,6 +64,10 @@ class SplitStep:
     floor is compiled.
     compile_cache: JAX's persistent compilation cache: True (default) -> ``<cache>/jax`` unless
     the user set a folder, a folder, or False/None -> off (`enable_compilation_cache`).
+    pack: carry the state between calls as a few flat buffers (`packing.StatePacking`: a call costs
+    the host time per buffer, most where the state is not donated); "auto" (default): where the
+    state lives on an accelerator, not on a CPU (where the packing's slices double the compilation
+    and a call's per-buffer cost is small).
     mesh: data parallelism (`sharding.data_mesh`; default: ``ta.mesh``): the state is replicated
     on the mesh, the batch arguments are expected split along its data axis (`sharding.shard_batch`,
     an `ElasticLoader` with ``device=batch_sharding(mesh)``), other arguments replicated or
@@ -76,7 +80,7 @@ class SplitStep:
     def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
                  compile_ahead: bool | str = "after", compile_cache: str | Path | bool | None = True,
                  mesh: Any = None, pad_to_batch: bool = False, loader: Any = None,
-                 **jit_kwargs: Any) -> None:
+                 pack: bool | str = "auto", **jit_kwargs: Any) -> None:
         import jax
         from flax import nnx
 
@@ -85,6 +89,9 @@ class SplitStep:
         self._hold_ahead = compile_ahead == "after"
         if not isinstance(pad_to_batch, bool):
             raise ValueError(f"pad_to_batch={pad_to_batch!r}: allowed True or False")
+        if not (isinstance(pack, bool) or pack == "auto"):
+            raise ValueError(f"pack={pack!r}: allowed True, False or 'auto'")
+        self._pack = pack
         self.pad_to_batch = pad_to_batch
         self.loader = loader
         self._nnx, self._tree_util = nnx, jax.tree_util
@@ -137,7 +144,11 @@ class SplitStep:
         self._graphdef, state = nnx.split(self.objects)
         # committed: the placement the step's outputs will have (see `commit`; replicated on a mesh)
         self._leaves, self._treedef = self._tree_util.tree_flatten(self._place(state))
-        self._packing = StatePacking(self._flat)
+        pack = self._pack
+        if pack == "auto":
+            first = next((x for x in self._flat if hasattr(x, "sharding")), None)
+            pack = first is not None and all(d.platform != "cpu" for d in first.sharding.device_set)
+        self._packing = StatePacking(self._flat, group=pack)
         variables = self._variable_leaves(state)
         # The objects' Variables in leaf order (one array each): values move between them and the
         # flat leaves without walking the graph. Otherwise (a Variable holding a tree) the slow path.
