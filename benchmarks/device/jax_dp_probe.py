@@ -23,6 +23,8 @@ program to the demo's per-step pattern (`--loops`), so that one call shows which
              reading the device's memory statistics (the demo's step records)
   fused-flat fused-keep with the state as one flat float32 buffer (`ravel_pytree`) unravelled and
              ravelled inside the program: how much of fused-keep's cost is per state buffer
+Every `SplitStep` here keeps its leaves apart (pack=False), as when these loops were first measured;
+fused-flat is the packed form (`SplitStep(pack="auto")` packs on a GPU, `packing.StatePacking`).
 
 Per configuration also the host's milliseconds per step in each part of the loop (timed in a second
 pass, without the profiler): a part whose host time nears the step's wall is where the host waits.
@@ -120,7 +122,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
             opt.update(model, grads)
             return loss
 
-        step = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
+        step = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh, pack=False)
         xb, yb = fixed
         return lambda: part("step", step, xb, yb)
 
@@ -174,7 +176,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
                 return loss
             return fused_flat
         keep = loop in ("fused-keep", "fused-wait")
-        fstep = SplitStep(fed_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh,
+        fstep = SplitStep(fed_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh, pack=False,
                           **({"donate_argnums": ()} if keep else {}))
         count = [0]
         waiting: list[Any] = []
@@ -204,7 +206,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
     def update_body(params: Any, opt: Any, grads: Any, lr: jax.Array) -> None:
         opt.update(params, jax.tree_util.tree_map(lambda g: g * lr, grads))
 
-    split = SplitStep(grad_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh)
+    split = SplitStep(grad_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh, pack=False)
     update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
     if loop == "split":
         xb, yb = fixed
