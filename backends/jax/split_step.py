@@ -5,7 +5,9 @@ host work was ~5.5 ms per step on an H200 host (docs/benchmarks.md), more than t
 batch 96. `SplitStep` splits (model, optimizer) once into a static graph definition and a state
 pytree, and calls one `jax.jit` per graph definition with the state's leaves as a flat list: per
 call the host hands jit a list of arrays (flattened in C++) and rebuilds no `nnx.Variable`; the
-state's tree is rebuilt inside the trace only. The graph definition changes only when a static attribute
+state's tree is rebuilt inside the trace only. On an accelerator the list is packed (`pack`,
+`packing.StatePacking`: one flat buffer per dtype and placement), as a call costs the host time per
+buffer. The graph definition changes only when a static attribute
 does (a new precision policy at a control boundary); each one seen keeps its compiled step, found
 by identity, so a policy seen before is not recompiled. `SplitStep.bind` runs further functions
 over part of the same state (e.g. an optimizer update over the parameters' state and the optimizer,
