@@ -1,17 +1,17 @@
 """`StatePacking`: a train state's leaves carried between jitted calls as a few flat buffers.
 
-An XLA program call costs the host time per argument and per output buffer: a ResNet-18 train state
-is ~200 arrays, and when the step cannot donate them (a step left in flight must leave the state it
-may be restored to, `data.InFlight`) the call allocates and tracks each output anew. On an H200 at
-batch 96 that held the host 3.7 ms per call against 2.4 ms donated; with the state as one flat
-buffer, unravelled and ravelled inside the program, 2.5 ms (`benchmarks/device/jax_dp_probe.py
+An XLA program call costs the host time per buffer, most when the step cannot donate its state (a
+step left in flight must leave the state it may be restored to, `data.InFlight`): a ResNet-18 train
+state is ~200 arrays. On an H200 at batch 96 the call held the host 3.7 ms against 2.4 ms donated;
+with the state as one flat buffer, unravelled and ravelled inside the program, 2.5 ms (`benchmarks/device/jax_dp_probe.py
 --loops fused-fed fused-keep fused-flat`, 2026-11-27, docs/results.md). Packing the leaves of one
 dtype and placement into one 1-D buffer gives that without changing what the program computes:
 the slices and the concatenation are copies XLA fuses into the step's own reads and writes.
 
-The slices lengthen XLA's compilation: EfficientNet-B0's step +14% on an H200 (78.6 -> 89.5 s), about
-2x on a CPU (a width-0.25 model's step 15.3 -> 32.3 s, nearly all in the slices), where a call's
-per-buffer cost is small. So `SplitStep(pack="auto")` packs where the state lives on an accelerator.
+The slices lengthen XLA's compilation: on a 2-core CPU a width-0.25 EfficientNet-B0 step's first call
+took 16.4 s packed against 8.2 s apart, for 82.5 against 83.0 ms per step (`python3
+benchmarks/jax_packing.py`, 2026-11-27). On the GPU the packing's compile cost is not measured in
+one run yet. So `SplitStep(pack="auto")` packs where the state lives on an accelerator.
 """
 
 from __future__ import annotations
@@ -30,12 +30,9 @@ __all__ = ["StatePacking"]
 def _packable(x: Any) -> bool:
     """Leaves that can share a flat buffer: plain numeric arrays of a fixed dtype (not PRNG keys, not
     weakly typed scalars, whose type the buffer would make strong)."""
-    if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+    if not isinstance(x, jax.Array) or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         return False
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        return False
-    weak = x.aval.weak_type if isinstance(x, jax.Array) else x.weak_type
-    return not weak
+    return not x.aval.weak_type
 
 
 class StatePacking:

@@ -1,6 +1,7 @@
 # Issue 15 item 2 (JAX): where the demo's step spends the host's time. The harness's plain loop and the demo's
 # AMP at bs 96 (ResNet-18, 3 epochs), the demo's triaccel-fixed under cProfile (the .prof file comes back), and
 # the demo's AMP with --fused-step on.   bash benchmarks/device/jax_host_profile.sh   (nvidia-h200, carry [".device"])
+# The .prof file (MBs) belongs in ../shared/results/, not in the repository.
 source benchmarks/device/prep.sh; cd /tmp/pkg
 D=/tmp/data/cifar10-jpeg
 timeout 300 python3 benchmarks/harness.py --backend jax --model resnet18 --data $D --epochs 3 --batch-sizes 96 \
