@@ -421,7 +421,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
                  update_fn: Callable[[Any, Any], Any] | None = None, tensor_layer: Any = None,
                  grad_scale: Any = None, in_flight: InFlight | None = None,
                  quiet: Callable[[], Any] | None = None,
-                 step_fn: Callable[[Any, jax.Array, Any], Any] | None = None) -> ElasticStepResult:
+                 step_fn: Callable[[Any, jax.Array, Any], Any] | None = None,
+                 noise_step_fn: Callable[[Any, jax.Array, Any, int], Any] | None = None) -> ElasticStepResult:
     """One optimizer step over the controller's logical batch, surviving out-of-memory errors.
 
     grad_fn(batch, mask) -> (loss, grads), or ((loss, aux), grads) with has_aux=True, as from
@@ -456,12 +457,19 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     `in_flight`, a step that runs as one micro-batch and measures no gradient noise (the common
     step) runs through it, and its result has grads None; the other steps, and a step replayed
     after an OOM, run through grad_fn and update_fn.
+    noise_step_fn(batch, mask, decision, part) -> loss (with has_aux: (loss, aux)): optional, needs
+    `in_flight`: a gradient-noise step runs as two calls of it, its halves, part 1 then 2, each one
+    program that leaves the measurement and the update to the optimizer state (the TriAccel
+    wrapper's ``noise_in_update``: the halves' squared norms are read at the next control boundary,
+    not here); the step is then left running as a fused one. After an OOM, or when the step in
+    flight before it failed, the step runs through grad_fn and update_fn, measured here as above.
     """
     if in_flight is not None and update_fn is None:
         raise ValueError("in_flight: needs update_fn (a step replayed after a late OOM runs its update again)")
-    if step_fn is not None and in_flight is None:
-        raise ValueError("step_fn: needs in_flight (a fused step that fails is restored from its snapshot and "
-                         "replayed through grad_fn and update_fn)")
+    for name, fn in (("step_fn", step_fn), ("noise_step_fn", noise_step_fn)):
+        if fn is not None and in_flight is None:
+            raise ValueError(f"{name}: needs in_flight (a fused step that fails is restored from its snapshot and "
+                             "replayed through grad_fn and update_fn)")
     before = [in_flight.snapshot()] if in_flight is not None else None   # the state before this step
     cfg = getattr(controller, "config", None)
     cfg_buckets = getattr(cfg, "batch_buckets", None)
@@ -472,6 +480,9 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
                          "must all be loader buckets, or micro-batches get padded to a larger size")
     split = noise_split(controller, step)
     measure = split > 1
+    # the halves run inside the step's programs (noise_step_fn): the step is taken whole, halved there
+    in_update = measure and noise_step_fn is not None
+    halves: list[int] = []   # the halves' sizes once the step ran through noise_step_fn
     layer_of = _tensor_layer_fn(tensor_layer, controller) if measure else None
     acc: dict[str, Any] = {}
     sq: list[jax.Array] = []   # per successful micro-batch of a noise step: (T,) squared norms
@@ -513,9 +524,15 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     # caller dropped the result: hundreds of MB per step on a GPU.
     def run_micro(chunk: np.ndarray, weight: float) -> jax.Array:
         # weight 1 and no chunk before: the micro-batch is the whole step
-        one = step_fn is not None and not wait[0] and not measure and weight == 1.0 and not chunks
-        if one:
-            out, grads = step_fn(*fetch(chunk), getattr(controller, "decision", None)), None
+        whole = not wait[0] and weight == 1.0 and not chunks
+        one = step_fn is not None and whole and not measure
+        halved = in_update and whole and len(chunk) >= 2
+        decision = getattr(controller, "decision", None)
+        if halved:   # the first half now (the step in flight before is settled behind it), the second below
+            cut = -(-len(chunk) // 2)
+            out, grads = noise_step_fn(*fetch(chunk[:cut]), decision, 1), None
+        elif one:
+            out, grads = step_fn(*fetch(chunk), decision), None
         else:
             out, grads = queue(chunk)
         if in_flight is not None and in_flight.settle():
@@ -532,6 +549,13 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             rerun[0] += again.ooms   # OOMs of this re-run, counted with the step's own
             rerun[1] += again.replayed
             return _step_loss(again)
+        if halved:
+            last = noise_step_fn(*fetch(chunk[cut:]), decision, 2)
+            halves[:] = [cut, len(chunk) - cut]
+            fused[0] = unwaited[0] = True
+            acc["aux"] = last[1] if has_aux else None
+            losses = (out[0], last[0]) if has_aux else (out, last)
+            return _weighted_losses(losses, (cut / len(chunk), 1.0 - cut / len(chunk)))
         if one:
             fused[0] = unwaited[0] = True
             acc["aux"] = out[1] if has_aux else None
@@ -581,7 +605,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         with held:
             result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
                                      is_oom=is_oom, free_memory=free_and_unpad, read_memory=read_memory,
-                                     split=split)
+                                     split=1 if in_update else split)
     except OOMAtMinimumBatch as e:
         if in_flight is not None or update_fn is None:
             raise
@@ -592,6 +616,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
                                 "helps: pass in_flight=InFlight(snapshot, restore) to restore and replay such a "
                                 "step, or leave the update more memory.") from e
     result.end_of_epoch = loader.end_of_epoch
+    if halves and fused[0]:
+        result.micro_sizes = list(halves)
 
     def count(ooms: int, replayed: int) -> None:   # outside controlled_step's own counting
         result.ooms += ooms

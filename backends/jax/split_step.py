@@ -157,8 +157,9 @@ class SplitStep:
         ok = len(variables) == len(self._leaves) and all(isinstance(v, nnx.Variable) for v in variables)
         self._variables = variables if ok else None
         self._pos = {id(v): i for i, v in enumerate(variables)} if ok else {}  # Variable -> leaf index
-        # Positions of the TriAccelState's own Variables (not the inner optimizer's): all a control
-        # boundary without curvature reads and writes, so only these move there.
+        # Positions of the TriAccelState's own Variables (not the inner optimizer's, nor its
+        # parameter-sized accumulators): all a control boundary without curvature reads and writes,
+        # so only these move there.
         self._ctl_idx: list[int] | None = None
         if ok and self.ta is not None:
             from .transform import find_state
@@ -168,7 +169,7 @@ class SplitStep:
             except ValueError:  # an optimizer without the wrapper: `control` has nothing to read
                 ts = None
             if ts is not None:
-                own = self._variable_leaves(ts._replace(inner=()))
+                own = self._variable_leaves(ts._replace(inner=(), acc=(), noise_acc=()))
                 if all(id(v) in self._pos for v in own):
                     self._ctl_idx = [self._pos[id(v)] for v in own]
         for b in self._bound:

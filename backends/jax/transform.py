@@ -13,6 +13,13 @@ loss-scale state and, for ``lr_rule="accumulate"``, the micro-batch accumulator.
    schedule keep working;
 4. writes the step's moments into the ring buffer row ``step % t_ctrl``.
 
+With ``TriAccel(noise_in_update=True)`` the update also takes a gradient-noise step's two halves
+as two calls (``noise_part=1`` then ``2``, with ``noise_samples`` each; `update_fn`): the first
+holds its gradient on the device and changes nothing else, the second updates with the halves'
+sample-weighted mean and logs the squared norms per tensor that the batch law's noise estimate
+needs, read at the next control boundary. A fused train step (gradient and update in one
+program) then measures the noise with no program of its own.
+
 Host side: `TriAccel.control(step, opt_state, model, batch)` once per optimizer step, before the
 step runs. Off boundaries it returns at once (no device work). At a control boundary it reads the
 buffer (the only host sync), feeds the core `Controller` (variances; per-layer non-finite counts of
@@ -35,7 +42,7 @@ import numpy as np
 import optax
 
 from triaccel import Controller, Decision, Precision, TriAccelConfig
-from triaccel.stats import feed_statistics
+from triaccel.stats import feed_statistics, group_by_layer
 
 from .curvature import FisherTopK, HessianTopK, nnx_loss
 from .layers import LayerMap, layer_map
@@ -74,6 +81,12 @@ class TriAccelState(NamedTuple):
     loss scaling is on; skipped: int32 () non-finite steps skipped so far. acc: params-shaped float32
     accumulator (``()`` unless lr_rule="accumulate"); micro: int32 () micro-batches in acc;
     accum: int32 () micro-batches per optimizer step.
+    Gradient-noise halves (``noise_in_update``; else ``()``): noise_acc: params-shaped float32,
+    the first half's gradient x its samples; noise_held: float32 (T + 1,) its squared norm per
+    tensor and its samples; noise_rows: float32 (S, 3 T + 2) a ring of measurements, each the
+    squared norms per tensor of the two halves' and the step's mean (unscaled) gradients, then
+    the halves' samples; noise_steps: int32 (S,) the step of each row (-1: empty); noise_count:
+    int32 () measurements logged so far.
     """
 
     inner: Any
@@ -88,6 +101,11 @@ class TriAccelState(NamedTuple):
     acc: Any
     micro: jax.Array
     accum: jax.Array
+    noise_acc: Any = ()
+    noise_held: Any = ()
+    noise_rows: Any = ()
+    noise_steps: Any = ()
+    noise_count: Any = ()
 
 
 def _grad_moments_fn() -> Callable[..., Any]:
@@ -131,6 +149,50 @@ def loss_scale(opt_state: Any) -> jax.Array:
     return jnp.asarray(_value(find_state(opt_state).loss_scale))
 
 
+class _Half(NamedTuple):
+    """A gradient-noise half inside the update (`_noise_halves`): which half, its own moments and
+    unscaled mean gradient, its real samples (float32 ())."""
+
+    first: jax.Array
+    second: jax.Array
+    moments: Any
+    grads: Any
+    samples: jax.Array
+
+    def log(self, state: TriAccelState, step_moments: Any) -> dict[str, Any]:
+        """The state's noise fields after this half: the first one held, the second one's
+        measurement logged in the ring (only when every value of it is finite)."""
+        n, f32 = self.samples, jnp.float32
+        acc = jax.tree_util.tree_map(lambda a, x: jnp.where(self.first, x.astype(f32) * n, a), state.noise_acc,
+                                     self.grads)
+        held = jnp.where(self.first, jnp.concatenate([self.moments.sumsq.astype(f32), n[None]]), state.noise_held)
+        t = state.noise_held.shape[0] - 1
+        row = jnp.concatenate([state.noise_held[:t], self.moments.sumsq.astype(f32), step_moments.sumsq.astype(f32),
+                               state.noise_held[t:], n[None]])
+        ok = (self.second & (jnp.sum(self.moments.nonfinite) == 0) & (jnp.sum(step_moments.nonfinite) == 0)
+              & jnp.all(jnp.isfinite(row)))
+        slot = state.noise_count % state.noise_steps.shape[0]
+        return {"noise_acc": acc, "noise_held": held,
+                "noise_rows": jnp.where(ok, state.noise_rows.at[slot].set(row), state.noise_rows),
+                "noise_steps": jnp.where(ok, state.noise_steps.at[slot].set(state.count), state.noise_steps),
+                "noise_count": state.noise_count + ok.astype(jnp.int32)}
+
+
+def _noise_halves(state: TriAccelState, m: Any, g: Any, part: Any, samples: Any,
+                  grad_moments: Callable[..., Any]) -> tuple[Any, Any, _Half]:
+    """(moments, gradient) the update goes on with, and the half: on the second half the two halves'
+    sample-weighted mean gradient and its moments (one more moments pass, on that half only),
+    else the micro-batch's own."""
+    part, n = jnp.asarray(part, jnp.int32), jnp.asarray(samples, jnp.float32)
+    first, second = part == 1, part == 2
+    total = jnp.maximum(state.noise_held[-1] + n, 1.0)
+    g_step = jax.tree_util.tree_map(
+        lambda a, x: jnp.where(second, ((a + x.astype(jnp.float32) * n) / total).astype(x.dtype), x),
+        state.noise_acc, g)
+    m_step = jax.lax.cond(second, lambda t: grad_moments(t), lambda t: m, g_step)
+    return m_step, g_step, _Half(first, second, m, g, n)
+
+
 class TriAccelTransformation(optax.GradientTransformationExtraArgs):
     """An optax GradientTransformationExtraArgs that also carries its host hook: ``tx.host`` is the
     `TriAccel` object, and ``tx.control(...)`` forwards to ``tx.host.control(...)``."""
@@ -154,12 +216,15 @@ class TriAccel:
     divide by its data shards (ValueError), the memory probe reads the tightest device, and a
     `SplitStep` given this TriAccel runs on the mesh (state replicated, batch split; the statistics
     the controller reads are the global batch's, `backends.jax.sharding`).
+    noise_in_update: the update accepts a gradient-noise step's halves (``noise_part``, module
+    docstring), at the cost of a float32 copy of the parameters in the state; the measurements go
+    to the controller at the next control boundary (`control`, `report`), before its decision.
     """
 
     def __init__(self, config: TriAccelConfig, model: Any = None, *, loss_fn: Callable[..., Any] | None = None,
                  hessian_iters: int = 3, hessian_layers_per_event: int | None = None,
                  loss_scaling: LossScaleConfig = LossScaleConfig(), device: Any = None,
-                 mesh: Any = None) -> None:
+                 mesh: Any = None, noise_in_update: bool = False) -> None:
         if not isinstance(config, TriAccelConfig):
             raise ValueError(f"config={config!r}: expected a TriAccelConfig")
         if config.offload == "auto":  # see backends/jax/offload.py: units must be pure fn(params, x)
@@ -174,7 +239,10 @@ class TriAccel:
                 or loss_scaling.growth <= 1 or loss_scaling.min_scale <= 0:
             raise ValueError(f"loss_scaling={loss_scaling}: need init>0, growth_interval>=1, 0<backoff<1, "
                              "growth>1, min_scale>0")
+        if not isinstance(noise_in_update, bool):
+            raise ValueError(f"noise_in_update={noise_in_update!r}: allowed True or False")
         self.config = config
+        self.noise_in_update = noise_in_update
         self.model = model
         self.loss_fn = loss_fn
         self.hessian_iters = hessian_iters
@@ -207,6 +275,9 @@ class TriAccel:
         self.curvature_batch: int | None = None   # samples of the curvature pass (fit to the budget)
         self.rows_lost = 0          # steps overwritten in the ring before a boundary read them
         self.rows_skipped = 0       # non-finite steps fed (-> observe_nonfinite, not observe_grad_moments)
+        self.last_noise_fed = -1    # last step whose in-update noise measurement went to the controller
+        self.noise_logged = 0       # in-update noise measurements seen on the device (read at boundaries)
+        self.noise_lost = 0         # ... overwritten in their ring before a boundary read them
         # Read from the device at each read of the ring (boundaries and report()): non-finite
         # steps skipped (all of them, also those lost from the ring), steps counted, loss scale.
         self.skipped_steps = 0
@@ -262,12 +333,23 @@ class TriAccel:
                 lr_mult=jnp.ones((L,), jnp.float32), loss_scale=jnp.ones((), jnp.float32),
                 good_steps=jnp.zeros((), jnp.int32), scaling=jnp.zeros((), bool),
                 skipped=jnp.zeros((), jnp.int32), acc=acc, micro=jnp.zeros((), jnp.int32),
-                accum=jnp.ones((), jnp.int32))
+                accum=jnp.ones((), jnp.int32), **(self._noise_init(params, n) if self.noise_in_update else {}))
 
-        def update_fn(grads: Any, state: TriAccelState, params: Any = None, **extra: Any) -> tuple[Any, TriAccelState]:
+        def update_fn(grads: Any, state: TriAccelState, params: Any = None, *, noise_part: Any = None,
+                      noise_samples: Any = None, **extra: Any) -> tuple[Any, TriAccelState]:
+            """noise_part: None or int32 () 0 (a plain step), 1 (a noise step's first half: held, no
+            update) or 2 (its second half: the halves' mean applied, the measurement logged);
+            noise_samples: float32 () the micro-batch's real samples (with noise_part)."""
             tl = self.layers.tensor_layer_of(grads)  # static: from the tree's paths
             inv = (1.0 / state.loss_scale).astype(jnp.float32).reshape(1)
             m, g = grad_moments(grads, inv_scale=inv)
+            held = None
+            if noise_part is not None:
+                if not self.noise_in_update:
+                    raise ValueError("noise_part: the update takes noise halves only with TriAccel(noise_in_update=True)")
+                if self.accumulate:
+                    raise ValueError("noise_part: not with lr_rule='accumulate' (a noise step runs at accumulation 1)")
+                m, g, held = _noise_halves(state, m, g, noise_part, noise_samples, grad_moments)
             m0 = m
             finite_micro = jnp.sum(m.nonfinite) == 0
             if self.accumulate:
@@ -289,6 +371,8 @@ class TriAccel:
             if self.accumulate:  # the row counts the values that made the step non-finite, per tensor
                 m = m._replace(nonfinite=jnp.where(finite_micro, m.nonfinite, m0.nonfinite))
 
+            if held is not None:   # a first half completes no step: no update, no row, no scale change
+                emit = emit & ~held.first
             inner_updates, inner_state = inner.update(g, state.inner, params, **extra)
             mult = state.lr_mult
             apply = emit & finite
@@ -300,7 +384,7 @@ class TriAccel:
                                                  inner_state, state.inner)
 
             # Ring buffer: one row per optimizer step (finite or not; the host skips non-finite rows).
-            step_done = emit | ~finite
+            step_done = emit | (~finite & (True if held is None else ~held.first))
             row = state.count % cfg.t_ctrl
             stats = jnp.stack([m.sum, m.sumsq, m.nonfinite.astype(jnp.float32)], axis=1)
             moments = jnp.where(step_done, state.moments.at[row].set(stats), state.moments)
@@ -315,14 +399,31 @@ class TriAccel:
             good = jnp.where(grow, 0, good)
             scale = jnp.where(state.scaling, scale, 1.0).astype(jnp.float32)
             good = jnp.where(state.scaling, good, 0).astype(jnp.int32)
+            noise: dict[str, Any] = {}
+            if held is not None:
+                scale = jnp.where(held.first, state.loss_scale, scale)
+                good = jnp.where(held.first, state.good_steps, good)
+                noise = held.log(state, m)
 
             return updates, state._replace(
                 inner=inner_state, count=count, moments=moments, row_step=row_step, loss_scale=scale,
-                good_steps=good, skipped=state.skipped + (~finite).astype(jnp.int32), acc=acc, micro=micro)
+                good_steps=good, skipped=state.skipped + (step_done & ~finite).astype(jnp.int32), acc=acc,
+                micro=micro, **noise)
 
         tx = TriAccelTransformation(init_fn, update_fn)
         tx.host = self
         return tx
+
+    def _noise_init(self, params: Any, n: int) -> dict[str, Any]:
+        """The noise fields of a new state for `n` gradient tensors: a ring of
+        ceil(t_ctrl / t_noise) + 1 measurements, as many as can fall between two boundaries."""
+        c = self.config
+        slots = -(-c.t_ctrl // (c.t_noise or c.t_ctrl)) + 1
+        acc = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(_value(p)), jnp.float32), params,
+                                     is_leaf=lambda x: hasattr(x, "get_value"))
+        return {"noise_acc": acc, "noise_held": jnp.zeros((n + 1,), jnp.float32),
+                "noise_rows": jnp.zeros((slots, 3 * n + 2), jnp.float32),
+                "noise_steps": jnp.full((slots,), -1, jnp.int32), "noise_count": jnp.zeros((), jnp.int32)}
 
     # -- host side ---------------------------------------------------------------------------
     @property
@@ -371,7 +472,29 @@ class TriAccel:
             bad = feed_statistics(self.controller, [st for st, _ in rows], np.stack([r for _, r in rows]),
                                   self._tensor_layer, self._tensor_counts, float(scale) if scaled else None)
             self.rows_skipped += int(bad.sum())
+        if self.noise_in_update:
+            self._feed_noise(*jax.device_get((_value(ts.noise_rows), _value(ts.noise_steps),
+                                              _value(ts.noise_count))))
         return int(count)
+
+    def _feed_noise(self, rows: np.ndarray, steps: np.ndarray, logged: Any) -> None:
+        """The in-update noise measurements not fed yet -> `Controller.observe_gradient_noise`, in
+        step order (rows: (S, 3 T + 2), steps: (S,), logged: measurements so far)."""
+        new, self.noise_logged = int(logged) - self.noise_logged, int(logged)
+        if new > len(steps):
+            self.noise_lost += new - len(steps)
+            warnings.warn(f"triaccel: {new - len(steps)} gradient-noise measurement(s) were overwritten before a "
+                          f"control boundary read them (t_noise={self.config.t_noise} < t_ctrl/"
+                          f"{len(steps) - 1})", RuntimeWarning, stacklevel=4)
+        t = len(self._tensor_layer)
+        for i in np.argsort(steps):
+            step = int(steps[i])
+            if step <= self.last_noise_fed:
+                continue
+            row = np.asarray(rows[i], dtype=np.float64)
+            sq = group_by_layer(row[:3 * t].reshape(3, t), self._tensor_layer, self.layers.num_layers)
+            self.controller.observe_gradient_noise(step, [int(round(row[-2])), int(round(row[-1]))], sq[:2], sq[2])
+            self.last_noise_fed = step
 
     def _curvature(self, step: int, params: Any, model: Any, batch: Any) -> None:
         cfg = self.config
@@ -544,7 +667,7 @@ class TriAccel:
             self._feed(ts)
         out = self.controller.report() if self.controller is not None else {}
         out.update(compilations=sum(j.traces for j in self._jits), rows_lost=self.rows_lost,
-                   rows_skipped=self.rows_skipped, optimizer_step=self._device_count,
+                   rows_skipped=self.rows_skipped, noise_lost=self.noise_lost, optimizer_step=self._device_count,
                    skipped_steps=self.skipped_steps, loss_scale=self._loss_scale)
         return out
 
@@ -573,7 +696,9 @@ class TriAccel:
         The Hessian estimator's warm-start vectors are not included: after a resume the first
         Hessian pass starts from random vectors (one pass of `hessian_iters` less accurate)."""
         return {"controller": self.controller.state_dict() if self.controller else None,
-                "last_fed": self.last_fed, "rows_lost": self.rows_lost, "rows_skipped": self.rows_skipped}
+                "last_fed": self.last_fed, "rows_lost": self.rows_lost, "rows_skipped": self.rows_skipped,
+                "last_noise_fed": self.last_noise_fed, "noise_logged": self.noise_logged,
+                "noise_lost": self.noise_lost}
 
     def load_state_dict(self, sd: dict[str, Any], model: Any = None) -> None:
         """Resume the host state; re-applies the decision's precision policy to `model` (or the
@@ -583,6 +708,9 @@ class TriAccel:
                 raise ValueError("load_state_dict: no layers yet; call tx.init(params) first")
             self.controller.load_state_dict(sd["controller"])
         self.last_fed, self.rows_lost, self.rows_skipped = sd["last_fed"], sd["rows_lost"], sd["rows_skipped"]
+        # (absent from states saved before in-update noise existed: none was logged then)
+        self.last_noise_fed = sd.get("last_noise_fed", -1)
+        self.noise_logged, self.noise_lost = sd.get("noise_logged", 0), sd.get("noise_lost", 0)
         model = model if model is not None else self.model
         if model is not None and self.controller is not None:
             precision_policy(model, self.controller.decision, self.layers)

@@ -61,6 +61,16 @@ def pad_floor_size(option: str, platform: str, climbing: bool, buckets: tuple[in
     return int(option)
 
 
+def _noise_law(cfg: Any) -> bool:
+    """The batch lever measures the gradient noise (its noise law)."""
+    return cfg.elastic_batch and cfg.batch_law == "noise"
+
+
+def _fused(opts: RunOptions) -> bool:
+    """--fused-step: one program per micro-batch (auto and on), with a step left in flight only."""
+    return opts.in_flight == "on" and opts.fused_step in ("auto", "on")
+
+
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any) -> dict[str, Any]:
     with HeapFreeze(opts.gc_freeze == "on") as heap:
         return _train(opts, data, log, progress, heap)
@@ -99,7 +109,8 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
             x, y = batch
             return _cross_entropy(m(x), y, jnp.ones(y.shape, jnp.float32))
 
-        ta = TriAccel(cfg, model, loss_fn=curv_loss, mesh=mesh)
+        # a fused step measures the gradient noise in its own program, halves through the update
+        ta = TriAccel(cfg, model, loss_fn=curv_loss, mesh=mesh, noise_in_update=_fused(opts) and _noise_law(cfg))
         tx: Any = ta.wrap(_sgd(opts.lr, opts))
         controller: Controller = ta.controller
         lm = ta.layers
@@ -148,9 +159,9 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
         (_, loss), grads = nnx.value_and_grad(lf, has_aux=True)(model)
         return loss, grads, scale   # the scale the grads carry (the noise measurement unscales them)
 
-    def update_body(params: Any, opt: Any, grads: Any, lr: jax.Array) -> None:
+    def update_body(params: Any, opt: Any, grads: Any, lr: jax.Array, **noise: jax.Array) -> None:
         hyper(opt).set_value(lr)
-        opt.update(params, grads)
+        opt.update(params, grads, **noise)
 
     def eval_body(model: Any, x: jax.Array, y: jax.Array) -> jax.Array:
         model.eval()   # the trace's own copy of the model: the training graph is not touched
@@ -173,24 +184,24 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     loader = ElasticLoader((np.arange(len(data.train_x), dtype=np.int32),), batch_size=cfg.batch_init,
                            seed=opts.seed, pad_to_batch=True, pad_floor=pad_floor, buckets=cfg.batch_buckets,
                            device=None if mesh is None else batch_sharding(mesh))
-    # With a step in flight (and --fused-step), a step of one micro-batch that measures nothing runs as
-    # one program, gradient and update (`train_body`, the step's main program: compiled ahead for the
-    # sizes and policies the controller may ask for); the two programs `grad_body` then `update_body`
-    # run the noise steps' halves and OOM replays only. On 4 GPUs the second program per step held the
-    # step at 0.53-0.69 of linear scaling, one program at 0.85-0.88 (benchmarks/device/jax_dp_probe.py).
-    # auto: on, but off on one device for a run that measures gradient noise (triaccel's batch law),
-    # which compiles the two programs anyway. ResNet-18 bs 96 on one H200 (2026-11-27): the demo's
-    # AMP epoch 1.48 s as one program (0.86x a plain loop's) against 3.1-3.5 s as two before the
-    # state was packed; triaccel from its defaults, cold, 10 epochs: 50.8 s wall on, 42.5 s off (its
-    # fused program's compilation; steady epochs 0.77 vs 0.76 s). docs/results.md
-    noise_steps = ta is not None and cfg.elastic_batch and cfg.batch_law == "noise"   # the first: step 100
-    fused = opts.in_flight == "on" and (opts.fused_step == "on" or (
-        opts.fused_step == "auto" and (mesh is not None or not noise_steps)))
+    # With a step in flight (and --fused-step), every step runs as one program per micro-batch,
+    # gradient and update (`train_body`, the step's main program: compiled ahead for the sizes and
+    # policies the controller may ask for); a gradient-noise step as two calls of it, its halves,
+    # which the wrapper's update accumulates and measures (TriAccel(noise_in_update=True)). The two
+    # programs `grad_body` then `update_body` run OOM replays only (compiled when one happens). On 4
+    # GPUs a second program per step held the step at 0.53-0.69 of linear scaling, one program at
+    # 0.85-0.88 (benchmarks/device/jax_dp_probe.py); ResNet-18 bs 96 on one H200 (2026-11-27): the
+    # demo's AMP epoch 1.48 s as one program (0.86x a plain loop's) against 3.1-3.5 s as two before
+    # the state was packed. docs/results.md
+    noise_steps = ta is not None and _noise_law(cfg)   # the first: step 100
+    fused = _fused(opts)
+    in_update = ta is not None and ta.noise_in_update
 
     def train_body(model: Any, opt: Any, idx: jax.Array, mask: jax.Array, xs: jax.Array, ys: jax.Array,
-                   base: jax.Array, lr: jax.Array, count: jax.Array) -> jax.Array:
+                   base: jax.Array, lr: jax.Array, count: jax.Array, *part: jax.Array) -> jax.Array:
+        """part (with in-update noise): 0 a plain step, 1 / 2 a noise step's first / second half."""
         loss, grads, _ = grad_body(model, opt, idx, mask, xs, ys, base, lr, count)
-        update_body(model, opt, grads, lr)
+        update_body(model, opt, grads, lr, **({"noise_part": part[0], "noise_samples": mask.sum()} if part else {}))
         return loss
 
     split = SplitStep(train_body if fused else grad_body, model, opt, ta=ta, donate_argnums=(),
@@ -201,14 +212,15 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     params = nnx.state(model, nnx.Param)
     sharding = jax.sharding.SingleDeviceSharding(dev) if mesh is None else place
     grads_like = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding), params)
-    if noise_steps:
+    eager_noise = noise_steps and not in_update   # noise halves as gradients the host combines
+    if eager_noise:
         for name, job in noise_step_compilations(grads_like):
             split.compile_in_background(name, job)
     lr_like = jax.device_put(np.float32(opts.lr), place)
-    # without the fused step every step needs it at once; with it the noise steps (compiled ahead
-    # after the background jobs) and replays (compiled when needed)
+    # without the fused step every step needs it at once; with it the eager noise steps (compiled
+    # ahead after the background jobs) and replays (compiled when needed)
     update = split.bind(update_body, params, opt, soon=not fused,
-                        example_args=(grads_like, lr_like) if noise_steps or not fused else None)
+                        example_args=(grads_like, lr_like) if eager_noise or not fused else None)
     base_key = jax.device_put(key, place)
     micro_count = [0]   # micro-batches run so far: each one's augmentation key is fold_in(base_key, count)
     if fused:
@@ -219,7 +231,7 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
         count_like = jax.device_put(np.int32(0), place)
         grads_of = split.bind(grad_body, model, opt, soon=False,
                               example_args=(idx_like, mask_like, xtr, ytr, base_key, lr_like, count_like)
-                              if noise_steps else None)
+                              if eager_noise else None)
     eval_chunk = min(1000, len(data.test_x))
     # needed at the epoch's end: queued after the noise programs the first noise step needs
     evaluate = split.bind(eval_body, model, example_args=(xte[:eval_chunk], yte[:eval_chunk]), soon=False)
@@ -229,18 +241,19 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # test-only (off by default): an XLA runtime error with RESOURCE_EXHAUSTED, as a real OOM
     inject = OOMInjector(opts.inject_oom_every, OOM_ERROR_TYPES[0])
 
-    def scalars(lr: float) -> tuple[jax.Array, jax.Array]:
-        """Each micro-batch: (LR, its key's counter) in one upload (and a test OOM, if armed)."""
+    def scalars(lr: float, *part: int) -> tuple[jax.Array, ...]:
+        """Each micro-batch: (LR, its key's counter[, its noise part]) in one upload (and a test OOM,
+        if armed)."""
         inject.fire()
         micro_count[0] += 1
-        return jax.device_put((np.float32(lr), np.int32(micro_count[0])), place)
+        return jax.device_put((np.float32(lr), np.int32(micro_count[0]), *map(np.int32, part)), place)
 
     def micro(idx: jax.Array, mask: jax.Array, lr: float) -> Any:
         loss, grads, grad_scale[0] = (grads_of if fused else split)(idx, mask, xtr, ytr, base_key, *scalars(lr))
         return loss, grads
 
-    def whole(idx: jax.Array, mask: jax.Array, lr: float) -> Any:
-        return split(idx, mask, xtr, ytr, base_key, *scalars(lr))
+    def whole(idx: jax.Array, mask: jax.Array, lr: float, part: int = 0) -> Any:
+        return split(idx, mask, xtr, ytr, base_key, *scalars(lr, *((part,) if in_update else ())))
 
     total_samples = opts.epochs * len(data.train_x)
     warmup_samples = int(opts.warmup_epochs * len(data.train_x))
@@ -287,7 +300,9 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
                                update_fn=lambda g, d, lr=lr_now: update(g, jax.device_put(np.float32(lr), place)),
                                tensor_layer=lm if ta is not None else None,
                                grad_scale=lambda: grad_scale[0], in_flight=in_flight, quiet=split.quiet,
-                               step_fn=(lambda b, m, d, lr=lr_now: whole(b[0], m, lr)) if fused else None)
+                               step_fn=(lambda b, m, d, lr=lr_now: whole(b[0], m, lr)) if fused else None,
+                               noise_step_fn=(lambda b, m, d, part, lr=lr_now: whole(b[0], m, lr, part))
+                               if in_update else None)
             seen += res.samples
             flops.add(res.decision.precisions if static_prec is None else static_prec, res.samples)
             # kept for its loss (a late OOM's replay replaces it), read at the epoch's end; not its

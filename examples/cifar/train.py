@@ -196,14 +196,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "(H100, 2026-11-25: median epoch after the first 0.78-0.88x of waiting's in 3 pairs, peak +0.0-0.4 GiB; "
                         "docs/results.md); off waits for every micro-batch")
     p.add_argument("--fused-step", choices=["auto", "on", "off"], default="auto",
-                   help="JAX with --in-flight on: run a step of one micro-batch that measures no gradient noise as one "
-                        "program, gradient and update together (elastic_step(step_fn=...)); off: two programs, as "
-                        "the noise steps and OOM replays. auto (default): on, except on one device for a run that "
-                        "measures gradient noise (triaccel's batch law: it compiles the two programs anyway; "
-                        "ResNet-18 cold, one H200, 2026-11-27: 50.8 s wall on, 42.5 s off, benchmarks/device/jax_fused_cold.sh). "
-                        "The demo's AMP at bs 96: 1.48 s per epoch as one program (state packed), 3.1-3.5 s as two "
-                        "(unpacked; benchmarks/device/jax_harness.sh); 4 H200s, 1024 per GPU: 0.88 / 0.83 of linear scaling at 2 / 4 "
-                        "GPUs on, 0.71 / 0.53 off (docs/results.md)")
+                   help="JAX with --in-flight on: run each micro-batch as one program, gradient and update together "
+                        "(elastic_step(step_fn=...)); a gradient-noise step as two of them, its halves, accumulated "
+                        "and measured in the wrapper's update (TriAccel(noise_in_update=True)); off: two programs, "
+                        "as OOM replays. auto (default): on. "
+                        "The demo's AMP at bs 96 on one H200 (2026-11-27): 1.48 s per epoch as one program (state "
+                        "packed), 3.1-3.5 s as two (unpacked; benchmarks/device/jax_harness.sh); 4 H200s, 1024 per "
+                        "GPU: 0.88 / 0.83 of linear scaling at 2 / 4 GPUs on, 0.71 / 0.53 off (docs/results.md)")
     p.add_argument("--gc-freeze", choices=["on", "off"], default="on",
                    help="JAX: after set-up and after each epoch, move the objects alive then out of the garbage "
                         "collector's scans (gc.freeze; examples/cifar/common.HeapFreeze), every method alike; off "
