@@ -105,7 +105,7 @@ def _probed_net(cfg, loss_fn=None):
         opt.update(model, g)
 
     seen = []
-    ta.controller.observe_memory = lambda s, used, limit: seen.append((s, used))
+    ta.controller.observe_memory = lambda s, used, limit, at_batch=None: seen.append((s, used))
     return model, ta, opt, dev, step, seen
 
 
@@ -133,13 +133,31 @@ def test_control_feeds_the_controller_in_use_plus_the_compiled_footprint():
     nnx.update(opt2, nnx.state(opt))          # the checkpointed optimizer state
     resumed.load_state_dict(ta.state_dict())
     resumed.probe = MemoryProbe(dev)
-    resumed.controller.observe_memory = lambda s, used, limit: seen.append((s, used))
+    resumed.controller.observe_memory = lambda s, used, limit, at_batch=None: seen.append((s, used))
     rstep = resumed.jit(step.fn)
     seen.clear()
     for s in range(4, 7):
         resumed.control(s, opt2, model)
         rstep(jnp.ones((8, 4)), model, opt2)
     assert [s for s, _u in seen] == [6]
+
+
+def test_padded_steps_are_read_at_their_run_size_and_every_bucket_below_modelled():
+    """A loader padding to a floor of 32 runs batch 8 as the 32-sample program: the reading takes
+    that program's footprint, and the buckets that run it (8-32) are modelled at the same peak."""
+    from triaccel import TriAccelConfig
+
+    cfg = TriAccelConfig(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=8, batch_max=64,
+                         batch_buckets=(8, 16, 32, 64))
+    model, ta, opt, _dev, step, _seen = _probed_net(cfg)
+    seen = []
+    ta.controller.observe_memory = lambda s, used, limit, at_batch=None: seen.append((s, used, at_batch))
+    for s in range(3):
+        ta.control(s, opt, model, run_size=lambda b: max(b, 32))
+        step(jnp.ones((32, 4)), model, opt)
+    fp = ta.footprint(32)
+    assert ta.footprint(8) is None and fp is not None
+    assert seen == [(2, 1000 + fp, {8: 1000 + fp, 16: 1000 + fp, 32: 1000 + fp})]   # 64: not compiled
 
 
 @pytest.mark.parametrize("curvature", ["fisher", "hessian"])

@@ -167,7 +167,8 @@ def _run(in_update: bool, steps: int):
         return loss
 
     split = SplitStep(train_body, model, opt, ta=ta, donate_argnums=(), compile_ahead=False, compile_cache=False,
-                      pad_to_batch=True)
+                      pad_to_batch=True, loader=loader)
+    assert [split.run_size(b) for b in (8, 12, 40)] == [8, 16, 64]   # its bucket (no pad floor here)
     grads_of = split.bind(grad_body, model, opt)
     update = split.bind(lambda p, o, g: o.update(p, g), nnx.state(model, nnx.Param), opt)
     in_flight = InFlight(split.snapshot, split.restore)

@@ -1,5 +1,7 @@
 """Gradient noise scale: the estimator, the noise batch law and the evidence precision law."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -93,6 +95,30 @@ def test_noise_law_memory_is_the_ceiling():
     assert ctl.decide(20).batch_size == 16
     ctl.observe_memory(25, 100, 10_000)
     assert ctl.decide(30).batch_size == 32          # room again: grows, the noise still allows it
+
+
+def test_a_modelled_peak_at_the_grown_batch_replaces_the_proportional_guess():
+    """A backend that pads micro-batches to a floor runs a larger batch below it with the same
+    program: its modelled peak there (at_batch) lets the batch grow where used x 2 would not."""
+    cfg = _cfg(memory_budget=1000, batch_buckets=(8, 16, 32, 64, 128, 256))
+    ctl = Controller(cfg, ["a"])
+    ctl.decide(0)
+    _measure(ctl, 0, b_noise=1e6, batch=32)
+    ctl.observe_memory(5, 600, 10_000, at_batch={64: 600, 128: 600})
+    assert ctl.decide(10).batch_size == 64                 # 600 <= 0.85 * 1000, not 1200
+    ctl.observe_memory(15, 600, 10_000, at_batch={128: 900})
+    ctl.observe_memory(16, 500, 10_000, at_batch={128: 700})   # the interval's largest counts
+    assert ctl.decide(20).batch_size == 64                 # 900 > 850: held
+    ctl.observe_memory(25, 300, 10_000)                    # no model this interval: 300 x 2 = 600
+    assert ctl.decide(30).batch_size == 128
+    restored = Controller(cfg, ["a"])
+    ctl.observe_memory(35, 300, 10_000, at_batch={256: 400})
+    restored.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
+    assert restored.decide(40).batch_size == ctl.decide(40).batch_size == 256
+    for bad, match in (({0: 5}, "key 0"), ({True: 5}, "key True"), ({64: -1}, r"at_batch\[64\]"),
+                       ({64: float("nan")}, r"at_batch\[64\]")):
+        with pytest.raises(ValueError, match=match):
+            ctl.observe_memory(45, 300, 10_000, at_batch=bad)
 
 
 def test_noise_law_without_estimate_does_not_grow_and_c_scales_the_bound():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 from .config import TriAccelConfig
 
@@ -85,10 +85,13 @@ class BatchLaw:
         """Whether the grid holds a batch larger than the current one (below the ceiling)."""
         return self._grid()[-1] > self.batch
 
-    def update(self, used: int | None, mem_max: int | None, step: int, b_noise: float | None = None) -> int:
+    def update(self, used: int | None, mem_max: int | None, step: int, b_noise: float | None = None,
+               mem_at: Mapping[int, int] | None = None) -> int:
         """One control decision at `step` from memory use `used` (bytes) against MemMax (bytes),
         either None when memory is not measured, and the gradient noise scale `b_noise` (samples,
-        None while unknown) under batch_law="noise"."""
+        None while unknown) under batch_law="noise". mem_at: {batch: modelled peak bytes} for
+        batches whose memory the backend knows (`Controller.observe_memory`); a grown batch not in
+        it is assumed to need `used` x its ratio to the current batch."""
         c = self.cfg
         self._lift_cap(step)
         b = self.batch
@@ -112,8 +115,9 @@ class BatchLaw:
                 b = min(b + c.delta_up, self.ceiling)
         if b > self.batch:
             held = step < c.batch_hold_steps
-            # the grown batch would likely land above rho_high (memory assumed proportional to B)
-            held = held or (mem and used * b / self.batch > c.rho_high * mem_max)
+            # the grown batch would likely land above rho_high (memory as modelled, else proportional to B)
+            grown = (mem_at or {}).get(b, used * b / self.batch if mem else None)
+            held = held or (mem and grown > c.rho_high * mem_max)
             # a larger batch no longer buys progress per sample beyond c x the noise scale
             held = held or (c.batch_law == "noise" and b > c.noise_scale_c * b_noise)
             if held:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -87,6 +87,13 @@ class Decision:
                 and self.offload_plan == other.offload_plan)
 
 
+
+def _check_bytes(name: str, v: Any, lo: int) -> None:
+    """ValueError unless `v` is a finite number of bytes >= lo."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(v) or v < lo:
+        raise ValueError(f"{name}={v!r}: must be a finite number of bytes >= {lo}")
+
 class Controller:
     """Collects per-step observations and re-decides at control boundaries.
 
@@ -127,6 +134,8 @@ class Controller:
         self._batch = BatchLaw(config)
         self._groups = precision_groups(pinned, config.precision_groups)
         self._mem_used: int | None = None   # peak bytes in use since the last batch decision
+        # modelled peak bytes of a step at other batch sizes, since the last batch decision
+        self._mem_at: dict[int, int] = {}
         self._mem_limit: int | None = None  # MemMax, bytes
         self._curv_pending = False
         # offload="auto": cost model from the backend, planner (built once MemMax is known), plan in force
@@ -241,15 +250,25 @@ class Controller:
         """Gradient noise scale B_noise in samples (None while unknown)."""
         return self._noise.b_noise()
 
-    def observe_memory(self, step: int, used_bytes: int, limit_bytes: int) -> None:
-        """Device bytes in use (peak since the last observation) and the device's capacity."""
+    def observe_memory(self, step: int, used_bytes: int, limit_bytes: int,
+                       at_batch: Mapping[int, int] | None = None) -> None:
+        """Device bytes in use (peak since the last observation) and the device's capacity.
+
+        at_batch: optional {batch size (samples): modelled peak bytes of a step at that batch}, e.g.
+        from the compiled programs a backend would run it with: where a backend pads micro-batches to
+        a floor, a larger batch below the floor runs the same program and needs no more memory. The
+        batch law uses these for a grown batch instead of scaling used_bytes by the batch ratio."""
         for name, v, lo in (("used_bytes", used_bytes, 0), ("limit_bytes", limit_bytes, 1)):
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
-                    or not np.isfinite(v) or v < lo:
-                raise ValueError(f"{name}={v!r}: must be a finite number of bytes >= {lo}")
+            _check_bytes(name, v, lo)
+        for b, v in (at_batch or {}).items():
+            if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+                raise ValueError(f"at_batch: key {b!r}: must be a batch size >= 1 (samples)")
+            _check_bytes(f"at_batch[{b}]", v, 0)
         limit = resolve_memory_limit(self.config.memory_budget, int(limit_bytes))
         self._mem_limit = limit
         self._mem_used = used_bytes if self._mem_used is None else max(self._mem_used, used_bytes)
+        for b, v in (at_batch or {}).items():
+            self._mem_at[int(b)] = max(int(v), self._mem_at.get(int(b), 0))
 
     def observe_oom(self, step: int) -> Decision:
         """Out of memory at `step`: shrink the batch now and return the new decision. Under an
@@ -399,12 +418,12 @@ class Controller:
                 self._decide_offload(step, b_noise, limit)
             elif cfg.elastic_batch and (cfg.batch_law == "noise" or (
                     self._mem_used is not None and self._mem_limit is not None)):
-                self._batch.update(self._mem_used, self._mem_limit, step, b_noise)
+                self._batch.update(self._mem_used, self._mem_limit, step, b_noise, self._mem_at)
         if curvature:
             self._curv_pending = False
         decision = self._commit(step, event="decide")  # its record shows the memory it was taken on
         if control:
-            self._mem_used = None
+            self._mem_used, self._mem_at = None, {}
         return decision
 
     def _make(self, step: int, changed: frozenset[str]) -> Decision:
@@ -494,7 +513,8 @@ class Controller:
             "curvature": self._curvature.state_dict(),
             "batch": self._batch.state_dict(),
             "noise": self._noise.state_dict(),
-            "mem_used": self._mem_used, "mem_limit": self._mem_limit, "curv_pending": self._curv_pending,
+            "mem_used": self._mem_used, "mem_limit": self._mem_limit, "mem_at": dict(self._mem_at),
+            "curv_pending": self._curv_pending,
             "decision": self._decision.to_dict(),
             "telemetry": list(self.telemetry.records),
             "offload": {
@@ -516,6 +536,7 @@ class Controller:
         self._batch.load_state_dict(sd["batch"])
         self._noise.load_state_dict(sd["noise"])
         self._mem_used, self._mem_limit = sd["mem_used"], sd["mem_limit"]
+        self._mem_at = {int(b): int(v) for b, v in sd.get("mem_at", {}).items()}   # (none in older states)
         self._curv_pending = sd["curv_pending"]
         self._decision = Decision.from_dict(sd["decision"])
         self.telemetry.records = list(sd["telemetry"])

@@ -279,7 +279,7 @@ class SplitStep:
             self._sync(part)
         model, optimizer = self.objects
         version = ta.policy_version
-        ta.control(step, optimizer, model, batch=batch)
+        ta.control(step, optimizer, model, batch=batch, run_size=self.run_size)
         if ta.policy_version != version or self._variables is None:
             if partial:  # the values not moved yet (the control's own writes stay), then re-split
                 self._sync(sorted(set(range(self._packing.n)) - set(part)))
@@ -288,6 +288,13 @@ class SplitStep:
             self._refresh(part)
         if self.ahead is not None and ctl.is_control_step(step):
             self.prepare(step)
+
+    def run_size(self, batch: int) -> int:
+        """The micro-batch size a step of `batch` samples runs at: its bucket, at least the loader's
+        pad floor's bucket (as `ElasticLoader.fetch` pads it)."""
+        ctl = getattr(self.ta, "controller", None)
+        floor = getattr(self.loader, "pad_floor", None) or 0
+        return _bucket(max(batch, floor), ctl.config.batch_buckets if ctl is not None else None)
 
     # -- compilations ahead ------------------------------------------------------------------
     def prepare(self, step: int) -> int:
@@ -313,7 +320,6 @@ class SplitStep:
         likely, near = ctl.likely_next(step, reach=max(len(buckets or ()), 1))
         halves = cfg.elastic_batch and cfg.batch_law == "noise" and not self.pad_to_batch
         cur = d.batch_size
-        floor = getattr(self.loader, "pad_floor", None) or 0
 
         def with_half(n: int) -> list[int]:
             return [n, -(-n // 2)] if halves and n >= 2 else [n]
@@ -323,7 +329,7 @@ class SplitStep:
         # background compilation slows the steps beside it (H100 demo: bs-96 epochs of 16 s beside
         # one, 5.5 s without).
         for n in (*with_half(cur), *(m for u in near if u > cur for m in with_half(u))):
-            b = _bucket(max(n, floor), buckets)
+            b = self.run_size(n)
             if b not in sizes:
                 sizes.append(b)
         policies = [likely] if policy_names(likely) != policy_names(d) else []

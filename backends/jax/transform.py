@@ -552,13 +552,16 @@ class TriAccel:
         return batch if self.curvature_batch >= size else _take(batch, self.curvature_batch)
 
     def control(self, step: int, opt_state: Any, model: Any = None, batch: Any = None,
-                params: Any = None) -> Any:
+                params: Any = None, run_size: Callable[[int], int] | None = None) -> Any:
         """The host hook: call once per optimizer step, before step `step` runs (step 0, 1, ...).
 
         opt_state: the optax state tree containing the TriAccelState (or an nnx.Optimizer, updated in
         place, or a TrainState). model: the NNX model (default: the one given to TriAccel) whose
         layer dtypes follow the decision. batch: b_curv samples for the curvature pass (needed only
         at curvature steps). params: the parameters for curvature when there is no NNX model.
+        run_size: the micro-batch size a step of b samples runs at (default b; a loader that pads to
+        buckets or a floor runs larger ones, `SplitStep.control` passes it): memory is read, and
+        modelled for the batch buckets, at those sizes (`Controller.observe_memory(at_batch=...)`).
         Returns opt_state with the new multipliers / loss-scale mode (same object when off a boundary).
         The model's layer dtypes are set when the decided precisions change (dtypes set by hand in
         between stay until then).
@@ -578,14 +581,22 @@ class TriAccel:
             # Before a step of this process ran (step 0, or the first boundary after a resume),
             # memory holds no step's peak: no reading (as torch, whose peak counter is per process).
             if self._count_at_boundary is not None and count > self._count_at_boundary:
-                b = ctl.decision.batch_size
-                footprint = self.footprint(b)
-                if footprint is not None and self._curv_ran and self._curv_footprint is not None:
-                    footprint = max(footprint, self._curv_footprint)  # (else the probe's fallback)
+                run = run_size or (lambda b: b)
+                curv_fp = self._curv_footprint if self._curv_ran else None
+
+                def footprint_at(b: int) -> int | None:
+                    fp = self.footprint(run(b))
+                    return fp if fp is None or curv_fp is None else max(fp, curv_fp)   # (else the probe's fallback)
+
+                footprint = footprint_at(ctl.decision.batch_size)
                 self._curv_ran = False
-                sample = self.probe.read(batch=b, footprint=footprint)
+                sample = self.probe.read(batch=run(ctl.decision.batch_size), footprint=footprint)
                 if sample is not None:
-                    ctl.observe_memory(step, sample.used, sample.limit)
+                    # the compiled peaks of the buckets' steps, where known: bytes in use + footprint
+                    at = {} if footprint is None else {
+                        b: sample.used - footprint + fp for b in (cfg.batch_buckets or ())
+                        if (fp := footprint_at(b)) is not None}
+                    ctl.observe_memory(step, sample.used, sample.limit, at_batch=at or None)
                     budget = cfg.memory_budget
                     if (budget is not None and sample.limit > budget and not self._warned_pool
                             and not pool_capped()):
