@@ -70,6 +70,9 @@ class StatePacking:
                           tuple(self.alone))
         self._pack_jit = jax.jit(self.pack)
         self._unpack_jit = jax.jit(self.unpack)
+        self._take_jit = jax.jit(self.take, static_argnums=1)
+        self._put_jit = jax.jit(self.put, static_argnums=1)
+        self._where = {i: (g, j) for g, (_, _, idx, _) in enumerate(self.groups) for j, i in enumerate(idx)}
 
     @property
     def num_buffers(self) -> int:
@@ -97,6 +100,48 @@ class StatePacking:
         for buf, i in zip(buffers[len(self.groups):], self.alone):
             leaves[i] = buf
         return leaves
+
+    def take(self, buffers: Sequence[Any], idx: tuple[int, ...]) -> list[Any]:
+        """The leaves at positions `idx` of `buffers`, as `unpack(buffers)[i]` for i in idx."""
+        alone = {i: k for k, i in enumerate(self.alone)}
+        out = []
+        for i in idx:
+            if i in alone:
+                out.append(buffers[len(self.groups) + alone[i]])
+                continue
+            g, j = self._where[i]
+            off = self.groups[g][3]
+            out.append(jax.lax.slice(buffers[g], (off[j],), (off[j + 1],)).reshape(self.shapes[i]))
+        return out
+
+    def put(self, buffers: Sequence[Any], idx: tuple[int, ...], values: Sequence[Any]) -> list[Any]:
+        """`buffers` with the leaves at positions `idx` replaced by `values` (same shapes and dtypes),
+        as `pack` of the unpacked leaves with those replaced."""
+        out = list(buffers)
+        alone = {i: k for k, i in enumerate(self.alone)}
+        for i, v in zip(idx, values):
+            if tuple(v.shape) != self.shapes[i] or v.dtype != self.dtypes[i]:
+                raise ValueError(f"values for leaf {i}: {v.dtype}{list(v.shape)}, the packing's {self.dtypes[i]}"
+                                 f"{list(self.shapes[i])}")
+            if i in alone:
+                out[len(self.groups) + alone[i]] = v
+                continue
+            g, j = self._where[i]
+            out[g] = jax.lax.dynamic_update_slice(out[g], jnp.ravel(v), (self.groups[g][3][j],))
+        return out
+
+    def take_now(self, buffers: Sequence[Any], idx: Sequence[int]) -> list[Any]:
+        """`take` as one jitted program (compiled once per set of positions)."""
+        return list(self._take_jit(list(buffers), tuple(idx))) if self.groups else [buffers[i] for i in idx]
+
+    def put_now(self, buffers: Sequence[Any], idx: Sequence[int], values: Sequence[Any]) -> list[Any]:
+        """`put` as one jitted program (compiled once per set of positions)."""
+        if not self.groups:
+            out = list(buffers)
+            for i, v in zip(idx, values):
+                out[i] = v
+            return out
+        return list(self._put_jit(list(buffers), tuple(idx), list(values)))
 
     def pack_now(self, leaves: Sequence[Any]) -> list[Any]:
         return list(self._pack_jit(list(leaves))) if self.groups else list(leaves)

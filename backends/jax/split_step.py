@@ -210,14 +210,27 @@ class SplitStep:
             self._sync(range(self._packing.n))
 
     def _sync(self, idx: Any) -> None:
-        for i in idx:
-            self._variables[i].set_value(self._leaves[i])
+        idx = list(idx)
+        if self._flat is None and 2 * len(idx) < self._packing.n:
+            # packed, and only some leaves asked for (a control boundary's): those are sliced out,
+            # the state stays packed (unpacking all of it was a program of every leaf, compiled on
+            # the critical path at the first boundary, and packing it again one more)
+            values = self._packing.take_now(self._buffers, idx)
+        else:
+            values = [self._leaves[i] for i in idx]
+        for i, v in zip(idx, values):
+            self._variables[i].set_value(v)
 
     def _refresh(self, idx: Any) -> None:
         """Take the objects' values at positions `idx` back (after a change to values only)."""
+        idx = list(idx)
+        values = [self._place(self._variables[i].get_value()) for i in idx]
+        if self._flat is None:
+            self._buffers = self._packing.put_now(self._buffers, idx, values)
+            return
         leaves = list(self._leaves)
-        for i in idx:
-            leaves[i] = self._place(self._variables[i].get_value())
+        for i, v in zip(idx, values):
+            leaves[i] = v
         self._leaves = leaves
 
     def __call__(self, *args: Any) -> Any:
