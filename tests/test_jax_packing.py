@@ -66,6 +66,15 @@ def test_take_and_put_reach_some_leaves_without_unpacking_the_rest():
             np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(want, np.float32))
     with pytest.raises(ValueError, match="values for leaf 3: float32\\[3\\]"):
         p.put(bufs, (3,), [jnp.zeros((3,), jnp.float32)])
+    # compiled ahead: the same results from the stored executables
+    p.compile_take_put(idx)
+    assert set(p._ahead) == {("take", idx), ("put", idx)}
+    for a, b in zip(p.take_now(bufs, idx), [leaves[i] for i in idx]):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    again = p.unpack_now(p.put_now(bufs, idx, new))
+    for a, b in zip(again, back):
+        if not jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
 def _model_and_opt():
@@ -131,7 +140,7 @@ def test_a_control_boundary_moves_only_the_wrappers_leaves_of_a_packed_state():
         model = _model_and_opt()[0]
         ta = TriAccel(cfg, model)
         opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1, momentum=0.9)), wrt=nnx.Param)
-        step = SplitStep(_train, model, opt, ta=ta, compile_ahead=False, compile_cache=False, donate_argnums=(),
+        step = SplitStep(_train, model, opt, ta=ta, compile_ahead=pack, compile_cache=False, donate_argnums=(),
                          pack=pack)
         losses = []
         for s in range(6):
@@ -139,6 +148,8 @@ def test_a_control_boundary_moves_only_the_wrappers_leaves_of_a_packed_state():
             losses.append(float(step(x, y)))
             if s == 0 and pack:   # from now on a full unpack fails the test
                 step._packing.unpack_now = lambda buffers: pytest.fail("a boundary unpacked the whole state")
+                step.ahead.wait()   # the boundary's slice and put programs, compiled ahead
+                assert {k for k, _ in step._packing._ahead} == {"take", "put"}
         if pack:
             assert step.snapshot()[1] is not None   # still packed after the boundaries at 2 and 4
             del step._packing.unpack_now

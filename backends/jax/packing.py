@@ -72,6 +72,7 @@ class StatePacking:
         self._unpack_jit = jax.jit(self.unpack)
         self._take_jit = jax.jit(self.take, static_argnums=1)
         self._put_jit = jax.jit(self.put, static_argnums=1)
+        self._ahead: dict[tuple[str, tuple[int, ...]], Any] = {}   # `compile_take_put`'s executables
         self._where = {i: (g, j) for g, (_, _, idx, _) in enumerate(self.groups) for j, i in enumerate(idx)}
 
     @property
@@ -132,7 +133,10 @@ class StatePacking:
 
     def take_now(self, buffers: Sequence[Any], idx: Sequence[int]) -> list[Any]:
         """`take` as one jitted program (compiled once per set of positions)."""
-        return list(self._take_jit(list(buffers), tuple(idx))) if self.groups else [buffers[i] for i in idx]
+        if not self.groups:
+            return [buffers[i] for i in idx]
+        exe = self._ahead.get(("take", tuple(idx)))
+        return list(exe(list(buffers)) if exe is not None else self._take_jit(list(buffers), tuple(idx)))
 
     def put_now(self, buffers: Sequence[Any], idx: Sequence[int], values: Sequence[Any]) -> list[Any]:
         """`put` as one jitted program (compiled once per set of positions)."""
@@ -141,7 +145,26 @@ class StatePacking:
             for i, v in zip(idx, values):
                 out[i] = v
             return out
+        exe = self._ahead.get(("put", tuple(idx)))
+        if exe is not None:
+            return list(exe(list(buffers), list(values)))
         return list(self._put_jit(list(buffers), tuple(idx), list(values)))
+
+    def compile_take_put(self, idx: Sequence[int]) -> None:
+        """Compile `take_now` and `put_now` for the positions `idx` ahead of their first call (e.g. on a
+        background thread: a control boundary's, compiled on the critical path otherwise), for
+        buffers placed as `abstract()` says and values placed as their buffers."""
+        if not self.groups:
+            return
+        idx = tuple(int(i) for i in idx)
+        bufs = self.abstract()
+        alone = {i: k for k, i in enumerate(self.alone)}
+        values = [self._alone_abstract[alone[i]] if i in alone else
+                  jax.ShapeDtypeStruct(self.shapes[i], self.dtypes[i], sharding=bufs[self._where[i][0]].sharding)
+                  for i in idx]
+        take = self._take_jit.lower(bufs, idx).compile()
+        put = self._put_jit.lower(bufs, idx, values).compile()
+        self._ahead[("take", idx)], self._ahead[("put", idx)] = take, put
 
     def pack_now(self, leaves: Sequence[Any]) -> list[Any]:
         return list(self._pack_jit(list(leaves))) if self.groups else list(leaves)

@@ -348,8 +348,10 @@ class SplitStep:
         policies = [likely] if policy_names(likely) != policy_names(d) else []
         queued = self._queue_bound(policies, soon=True)
         also, self._also = self._also, []
+        if self._ctl_idx is not None and self._packing.groups:   # what the next boundary runs, first
+            also.insert(0, ("control:take-put", functools.partial(self._packing.compile_take_put, self._ctl_idx)))
         for name, fn in also:
-            self.ahead.submit(("also", name), fn, name=name)
+            self.ahead.submit(("also", name, id(self._packing)), fn, name=name)
         queued += len(also) + self._queue_bound(policies, soon=False)
         # under the likely policy: the current size and its half (sizes[:2] with halves)
         main = self.compile_ahead(sizes, policies, policy_batches=len(with_half(cur)))

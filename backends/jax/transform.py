@@ -361,9 +361,9 @@ class TriAccel:
                                          is_leaf=lambda x: hasattr(x, "get_value")) if self.accumulate else ()
             return TriAccelState(
                 inner=inner.init(params), count=jnp.zeros((), jnp.int32),
-                moments=jnp.zeros((cfg.t_ctrl, n, 3), jnp.float32),
-                row_step=jnp.full((cfg.t_ctrl,), -1, jnp.int32),
-                lr_mult=jnp.ones((L,), jnp.float32), loss_scale=jnp.ones((), jnp.float32),
+                moments=jnp.asarray(np.zeros((cfg.t_ctrl, n, 3), np.float32)),   # (as in _noise_init)
+                row_step=jnp.asarray(np.full((cfg.t_ctrl,), -1, np.int32)),
+                lr_mult=jnp.asarray(np.ones((L,), np.float32)), loss_scale=jnp.ones((), jnp.float32),
                 good_steps=jnp.zeros((), jnp.int32), scaling=jnp.zeros((), bool),
                 skipped=jnp.zeros((), jnp.int32), acc=acc, micro=jnp.zeros((), jnp.int32),
                 accum=jnp.ones((), jnp.int32), **(self._noise_init(params, n) if self.noise_in_update else {}))
@@ -455,9 +455,11 @@ class TriAccel:
         slots = -(-c.t_ctrl // (c.t_noise or c.t_ctrl)) + 1
         acc = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(_value(p)), jnp.float32), params,
                                      is_leaf=lambda x: hasattr(x, "get_value"))
-        return {"noise_acc": acc, "noise_held": jnp.zeros((n + 1,), jnp.float32),
-                "noise_rows": jnp.zeros((slots, 3 * n + 2), jnp.float32),
-                "noise_steps": jnp.full((slots,), -1, jnp.int32), "noise_count": jnp.zeros((), jnp.int32)}
+        # from host arrays: an eager jnp.zeros of a new shape is one XLA compilation each, in set-up
+        return {"noise_acc": acc, "noise_held": jnp.asarray(np.zeros((n + 1,), np.float32)),
+                "noise_rows": jnp.asarray(np.zeros((slots, 3 * n + 2), np.float32)),
+                "noise_steps": jnp.asarray(np.full((slots,), -1, np.int32)),
+                "noise_count": jnp.asarray(np.zeros((), np.int32))}
 
     # -- host side ---------------------------------------------------------------------------
     @property
