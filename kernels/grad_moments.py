@@ -777,27 +777,6 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
     return moments, jax.tree_util.tree_unflatten(treedef, parts)
 
 
-def warm_up_jax(dtype: Any = "float32", *, impl: str = "auto", block: int = BLOCK, iters: int = ITERS,
-                num_warps: int = NUM_WARPS) -> bool:
-    """Have jax-triton compile the two kernel variants a wrapped JAX update launches (gradients of
-    `dtype` unscaled and written back; their moments alone) by lowering, not running, a tiny call of
-    each: the train step's own lowering then finds them compiled (in memory, and on disk through
-    `jax_triton_cache`) instead of compiling them on the critical path (4.3-5.0 s for a process's
-    first kernel with an empty cache, torch's import included: `benchmarks/jax_first_lowering.py`).
-    Returns False, doing nothing, where the JAX path is not jax-triton (no GPU, impl="reference")."""
-    import jax
-    import jax.numpy as jnp
-
-    D.check_impl(impl)
-    if impl == "reference" or triton is None or jax.default_backend() != "gpu":
-        return False
-    x = jax.ShapeDtypeStruct((256,), jnp.dtype(dtype))
-    kw = {"impl": impl, "block": block, "iters": iters, "num_warps": num_warps}
-    jax.jit(lambda a, s: grad_moments([a, a], inv_scale=s, **kw)).lower(x, jax.ShapeDtypeStruct((1,), jnp.float32))
-    jax.jit(lambda a: grad_moments([a, a], **kw)).lower(x)
-    return True
-
-
 def _torch_only(out: Any, found_inf: Any) -> None:
     for name, v in (("out", out), ("found_inf", found_inf)):
         if v is not None:

@@ -204,14 +204,3 @@ def test_noise_step_fn_needs_a_step_in_flight():
     with pytest.raises(ValueError, match="noise_step_fn: needs in_flight"):
         elastic_step(loader, ta.controller, lambda b, m: (0.0, {}), 0, update_fn=lambda g, d: None,
                      noise_step_fn=lambda b, m, d, p: 0.0)
-
-
-def test_the_kernel_warm_up_does_nothing_off_a_gpu():
-    from triaccel.backends.jax import transform
-    from triaccel.kernels.grad_moments import warm_up_jax
-
-    assert warm_up_jax() is False and warm_up_jax(impl="reference") is False
-    with pytest.raises(ValueError, match="impl"):
-        warm_up_jax(impl="cuda")
-    _build(True)   # wrap() on a CPU starts no thread
-    assert transform._WARM_UP == []

@@ -32,7 +32,6 @@ per-layer dtypes. All decisions are the core's.
 from __future__ import annotations
 
 import functools
-import threading
 import types
 import warnings
 from typing import Any, Callable, NamedTuple
@@ -116,35 +115,6 @@ def _grad_moments_fn() -> Callable[..., Any]:
     if isinstance(f, types.ModuleType) or f is None:  # package exports the module, not the function
         from triaccel.kernels.grad_moments import grad_moments as f
     return f
-
-
-_WARM_UP: list[threading.Thread] = []   # the process's kernel warm-up, started once
-
-
-def _warm_up_kernels(impl: str) -> None:
-    """On a GPU, compile the update's Triton kernels on a background thread now (`kernels.grad_moments.
-    warm_up_jax`), while the caller sets up, rather than inside the train step's lowering. An error
-    there is left to the step's own lowering, which compiles them again and raises it."""
-    if impl == "reference" or _WARM_UP or jax.default_backend() != "gpu":
-        return
-
-    def run() -> None:
-        from triaccel.kernels.grad_moments import warm_up_jax
-
-        try:
-            warm_up_jax(impl=impl)
-        except Exception:  # noqa: BLE001 - see the docstring
-            pass
-
-    _WARM_UP.append(threading.Thread(target=run, name="triaccel-kernel-warm-up", daemon=True))
-    _WARM_UP[0].start()
-
-
-def _join_warm_up() -> None:
-    """Wait for a warm-up still compiling (a trace of the update is about to need its kernels:
-    compiling them twice at once would only slow both)."""
-    if _WARM_UP and _WARM_UP[0] is not threading.current_thread():
-        _WARM_UP[0].join()
 
 
 def _placed_like(value: Any, old: Any) -> jax.Array:
@@ -343,7 +313,6 @@ class TriAccel:
         """The wrapped optax transformation (usable in jit, optax.chain, nnx.Optimizer, TrainState)."""
         inner = optax.with_extra_args_support(inner)
         cfg, ls = self.config, self.loss_scaling
-        _warm_up_kernels(cfg.kernels)
         grad_moments = functools.partial(_grad_moments_fn(), impl=cfg.kernels)
         if self.mesh is not None:
             # The GPU kernel is a custom call that XLA's automatic partitioning cannot split: each
@@ -374,7 +343,6 @@ class TriAccel:
             update) or 2 (its second half: the halves' mean applied, the measurement logged);
             noise_samples: float32 () the micro-batch's real samples (with noise_part)."""
             tl = self.layers.tensor_layer_of(grads)  # static: from the tree's paths
-            _join_warm_up()
             inv = (1.0 / state.loss_scale).astype(jnp.float32).reshape(1)
             m, g = grad_moments(grads, inv_scale=inv)
             held = None
