@@ -376,3 +376,70 @@ def test_step_fn_needs_a_step_in_flight():
     h = Harness(_accumulating())
     with pytest.raises(ValueError, match="step_fn: needs in_flight"):
         elastic_step(h.loader, h.ctl, h.grad_fn, 0, update_fn=h.update, step_fn=lambda b, m, d: 0.0)
+
+
+class FusedNoise(Fused):
+    """`Fused` whose noise steps run as two calls (`noise_step_fn`), as the TriAccel wrapper's
+    in-update halves: part 1 holds its gradient x samples, part 2 updates with the halves' mean."""
+
+    def __init__(self, cfg, **kw):
+        super().__init__(cfg, **kw)
+        self.halves, self.held = 0, None
+
+    def noise(self, batch, mask, decision, part):
+        self.halves += 1
+        loss, grads = self.grad_fn(batch, mask)
+        n = float(np.asarray(mask).sum())
+        if part == 1:
+            self.held = (n, jax.tree_util.tree_map(lambda g: g * n, grads))
+            if self.calls in self.late_calls:   # this program failed on the device: its held output raises
+                self.failed = _Failed(self.late_error)
+        else:
+            n1, acc = self.held
+            self.update(jax.tree_util.tree_map(lambda a, g: (a + g * n) / (n1 + n), acc, grads), decision)
+        return loss
+
+    def step(self, step):
+        return elastic_step(self.loader, self.ctl, self.grad_fn, step, update_fn=self.update,
+                            in_flight=self.in_flight, quiet=self.quiet, step_fn=self.fused, noise_step_fn=self.noise)
+
+
+def _noise_cfg():
+    # decisions at step 0 only (t_ctrl): the batch stays 32, which can grow, so every 2nd step measures
+    return make_cfg(batch_law="noise", t_noise=2, warmup_steps=0, batch_init=32, batch_max=64,
+                    batch_buckets=(8, 16, 24, 32, 48, 64), t_ctrl=1000)
+
+
+def test_noise_halves_in_the_step_train_as_the_host_measured_steps():
+    cfg = _noise_cfg()
+    host, halves = Lagged(cfg), FusedNoise(cfg)
+    a, b = run(host, 8), run(halves, 8)
+    host.in_flight.settle()
+    halves.in_flight.settle()
+    assert [r.micro_sizes for r in b] == [r.micro_sizes for r in a]   # a noise step reports its halves
+    assert sum(len(r.micro_sizes) == 2 for r in b) == 4 and halves.halves == 8
+    assert halves.fused_calls == 4 and all(r.grads is None for r in b)
+    _close(halves.params, host.params)
+    assert [float(r.loss) for r in b] == pytest.approx([float(r.loss) for r in a], rel=1e-6)
+
+
+@pytest.mark.parametrize("where", ["first half", "second half"])
+def test_an_oom_in_a_noise_half_replays_the_step_and_loses_no_sample(where):
+    """A synchronous OOM in a half: the step runs again through grad_fn and update_fn at the shrunken
+    size (the first half's held gradient is dropped); a late one: restored and replayed. Either way
+    every sample of the epoch is trained once."""
+    cfg = _noise_cfg()
+    call = 1 if where == "first half" else 2   # step 0 is a noise step: its halves are calls 1 and 2
+    for h in (FusedNoise(cfg, oom_calls={call}), FusedNoise(cfg, late_calls={call})):
+        step = 0
+        while True:
+            res = h.step(step)
+            step += 1
+            if res.end_of_epoch:
+                break
+        h.in_flight.settle()
+        assert h.in_flight.lagged_ooms == (1 if h.late_calls else 0)
+        assert h.loader.stats["ooms"] == 1 and h.loader.stats["samples"] == 150
+        assert h.loader.sampler.epoch_done and h.loader.sampler.in_flight == 0
+        assert h.ctl.decision.batch_size == 16   # shrunk once
+        assert all(np.isfinite(np.asarray(v)).all() for v in jax.tree_util.tree_leaves(h.params))
