@@ -33,7 +33,7 @@ def _worker() -> dict:
 
     from triaccel import TriAccelConfig
     from triaccel.backends.jax import SplitStep, TriAccel, loss_scale
-    from triaccel.backends.jax.data import ElasticLoader, elastic_step
+    from triaccel.backends.jax.data import ElasticLoader, InFlight, elastic_step
     from triaccel.backends.jax.sharding import (batch_sharding, check_divides, data_mesh, num_shards, replicate,
                                                 shard_batch)
 
@@ -60,10 +60,13 @@ def _worker() -> dict:
     xs = rng.normal(size=(120, 6, 6, 3)).astype(np.float32)
     ys = rng.integers(0, 4, size=120).astype(np.int32)
 
-    def run(mesh: object, compile_ahead: bool, steps: int, oom_call: int | None, **cfg_kw: object) -> dict:
+    def run(mesh: object, compile_ahead: bool, steps: int, oom_call: int | None, in_update: bool = False,
+            **cfg_kw: object) -> dict:
+        """in_update: every step one program with a step in flight, the noise halves measured in the
+        wrapped update (TriAccel(noise_in_update=True), elastic_step(noise_step_fn=...)), as the demo."""
         cfg = config(**cfg_kw)
         model = Net()
-        ta = TriAccel(cfg, model, mesh=mesh)
+        ta = TriAccel(cfg, model, mesh=mesh, noise_in_update=in_update)
         opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.05, momentum=0.9)), wrt=nnx.Param)
 
         def grad_body(m, o, x, y, mask):
@@ -77,13 +80,20 @@ def _worker() -> dict:
             (_, loss), grads = nnx.value_and_grad(lf, has_aux=True)(m)
             return loss, grads, scale
 
-        def update_body(params, o, grads):
-            o.update(params, grads)
+        def update_body(params, o, grads, **noise):
+            o.update(params, grads, **noise)
+
+        def train_body(m, o, x, y, mask, part):
+            loss, grads, _ = grad_body(m, o, x, y, mask)
+            update_body(m, o, grads, noise_part=part, noise_samples=mask.sum())
+            return loss
 
         # packed (as on GPUs; host devices default to unpacked): the buffers replicated on the mesh
-        split = SplitStep(grad_body, model, opt, ta=ta, donate_argnums=(), compile_cache=False,
-                          compile_ahead=compile_ahead, pack=True)
+        split = SplitStep(train_body if in_update else grad_body, model, opt, ta=ta, donate_argnums=(),
+                          compile_cache=False, compile_ahead=compile_ahead, pack=True)
         update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
+        grads_of = split.bind(grad_body, model, opt) if in_update else split
+        in_flight = InFlight(split.snapshot, split.restore) if in_update else None
         if mesh is None:
             dev = jax.devices()[0]
             arrays, place = (jax.device_put(xs, dev), jax.device_put(ys, dev)), None
@@ -107,16 +117,27 @@ def _worker() -> dict:
                 raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory (injected)")
             if mesh is not None:
                 placements.add("split" if batch[0].sharding == batch_sharding(mesh) else str(batch[0].sharding))
-            loss, grads, scale[0] = split(batch[0], batch[1], mask)
+            loss, grads, scale[0] = grads_of(batch[0], batch[1], mask)
             return loss, grads
+
+        def fused(batch, mask, part):
+            if mesh is not None:
+                placements.add("split" if batch[0].sharding == batch_sharding(mesh) else str(batch[0].sharding))
+            return split(batch[0], batch[1], mask, jnp.int32(part))
 
         losses, batches = [], []
         for step in range(steps):
+            if in_flight is not None and ta.controller.is_control_step(step):
+                in_flight.settle()
             split.control(step)
             res = elastic_step(loader, ta.controller, micro, step, update_fn=lambda g, d: update(g),
-                               tensor_layer=ta.layers, grad_scale=lambda: scale[0])
+                               tensor_layer=ta.layers, grad_scale=lambda: scale[0], in_flight=in_flight,
+                               step_fn=(lambda b, m, d: fused(b, m, 0)) if in_update else None,
+                               noise_step_fn=(lambda b, m, d, p: fused(b, m, p)) if in_update else None)
             losses.append(float(res.loss))
             batches.append(res.decision.batch_size)
+        if in_flight is not None:
+            in_flight.settle()
         split.wait_compiled()
         split.sync()
         params = jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))
@@ -144,7 +165,8 @@ def _worker() -> dict:
     out = {"shards": num_shards(mesh), "one": run(None, False, STEPS, OOM_CALL, **fp32),
            "two": run(mesh, True, STEPS, OOM_CALL, **fp32),
            "one16": run(None, False, STEPS_16, None, elastic_batch=False),
-           "two16": run(mesh, False, STEPS_16, None, elastic_batch=False)}
+           "two16": run(mesh, False, STEPS_16, None, elastic_batch=False),
+           "two_host": run(mesh, False, STEPS, None, **fp32), "two_in": run(mesh, False, STEPS, None, True, **fp32)}
     out["errors"] = {
         "too_many_devices": error(lambda: data_mesh(3)),
         "zero_devices": error(lambda: data_mesh(0)),
@@ -209,6 +231,20 @@ def test_same_losses_and_parameters_as_one_device(result):
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-5)
     assert len(one["params"]) == len(two["params"]) and len(one["batch_stats"]) == len(two["batch_stats"]) == 2
     for a, b in zip(one["params"] + one["batch_stats"], two["params"] + two["batch_stats"]):
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-6)
+
+
+def test_noise_measured_in_the_update_on_two_devices_as_on_the_host(result):
+    """The demo's path on a mesh (one program per step, the noise halves accumulated and measured in
+    the wrapped update, read at the next boundary) against the host-side measurement, same mesh."""
+    host, inside = result["two_host"], result["two_in"]
+    assert inside["placements"] == ["split"] and inside["param_replicated"]
+    assert len(host["noise"]) >= 2 and [n[:2] for n in inside["noise"]] == [n[:2] for n in host["noise"]]
+    for a, b in zip(host["noise"], inside["noise"]):
+        assert b[2] == pytest.approx(a[2], rel=1e-4) and b[3] == pytest.approx(a[3], rel=1e-4)
+    _same_trajectory(host, inside, rel=1e-5)
+    assert inside["losses"] == pytest.approx(host["losses"], rel=1e-5)
+    for a, b in zip(host["params"] + host["batch_stats"], inside["params"] + inside["batch_stats"]):
         assert b == pytest.approx(a, rel=1e-4, abs=1e-6)
 
 
