@@ -42,14 +42,16 @@ def test_triaccel_demo_runs_and_writes_log_and_plots(tmp_path, backend):
 
 
 def test_jax_demo_with_a_pad_floor_and_compilations_after_the_loops(tmp_path):
-    """--pad-floor largest --compile-ahead after run end to end, every image once, and are recorded
-    in the summary (the floor's padding itself: the loader and SplitStep tests)."""
+    """--pad-floor largest --compile-ahead after (with BatchNorm statistics over the real rows only,
+    --bn-mask on) run end to end, every image once, and are recorded in the summary (the floor's
+    padding itself: the loader and SplitStep tests; the masked statistics: test_demo_parity.py)."""
     summary, out = _run(tmp_path, "--backend", "jax", "--method", "triaccel", "--pad-floor", "largest",
-                        "--compile-ahead", "after", "--batch-max", "64", "--set", "min_dwell=0")
+                        "--compile-ahead", "after", "--batch-max", "64", "--set", "min_dwell=0", "--bn-mask", "on")
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r["type"] == "step"]
     assert sum(r["samples"] for r in steps) == 192 and 0.0 <= summary["final_acc"] <= 1.0
     assert summary["options"]["pad_floor"] == "largest" and summary["options"]["compile_ahead"] == "after"
+    assert summary["options"]["bn_mask"] == "on"
     assert summary["pad_floor"] == 64   # the largest bucket <= --batch-max
 
 
@@ -137,7 +139,9 @@ def test_bad_options_fail_before_loading_data(tmp_path):
                 ["--backend", "torch", "--batch-stats", "global"], ["--backend", "jax", "--batch-stats", "local"],
                 ["--backend", "jax", "--gc-freeze", "maybe"], ["--backend", "torch", "--fused-step", "on"],
                 ["--backend", "jax", "--fused-step", "on", "--in-flight", "off"],
-                ["--backend", "jax", "--method", "local", "--fused-step", "off"], ["--backend", "jax", "--fused-step", "1"]):
+                ["--backend", "jax", "--method", "local", "--fused-step", "off"], ["--backend", "jax", "--fused-step", "1"],
+                ["--backend", "torch", "--bn-mask", "on"], ["--backend", "jax", "--method", "local", "--bn-mask", "on"],
+                ["--backend", "jax", "--bn-mask", "yes"]):
         with pytest.raises(SystemExit):
             train.parse_args(bad)
     for bad in (["--trace-steps", "5"], ["--trace-steps", "4:4"], ["--trace-steps", "a:b"],

@@ -21,7 +21,7 @@ from flax import nnx
 
 from triaccel.backends.jax import augment as jaug
 from triaccel.backends.jax.data import ElasticLoader
-from triaccel.backends.jax.models import BatchNorm2d
+from triaccel.backends.jax.models import BatchNorm2d, batch_mask
 from triaccel.backends.torch import augment as taug
 
 
@@ -73,6 +73,34 @@ def test_loader_tail_padding_keeps_batchnorm_statistics_of_real_samples():
     diff = max(float(jnp.abs(g - r).max()) for g, r in zip(jax.tree_util.tree_leaves(bad_grads),
                                                             jax.tree_util.tree_leaves(ref_grads)))
     assert diff > 1e-3
+
+
+def test_masked_batchnorm_statistics_make_a_padded_step_the_unpadded_one():
+    """The demo's padding: copies augmented apart (here: other images) and repeated unequally (5 real
+    rows padded to 16). With `batch_mask` the step's loss, gradients and running statistics are the
+    unpadded step's; without it they are not."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(5, 6, 6, 3)).astype(np.float32) * 3.0
+    y = rng.integers(0, 5, 5).astype(np.int32)
+    pad = rng.normal(size=(11, 6, 6, 3)).astype(np.float32)   # what a copy's other crop and flip look like
+    xp, yp = jnp.asarray(np.concatenate([x, pad])), jnp.asarray(np.concatenate([y, y, y, y[:1]]))
+    mask = jnp.asarray([1.0] * 5 + [0.0] * 11)
+    model = _ConvBN()
+    ref, plain = nnx.clone(model), nnx.clone(model)
+    with batch_mask(mask):
+        loss, grads = _loss_grad(model, xp, yp, mask)
+    ref_loss, ref_grads = _loss_grad(ref, jnp.asarray(x), jnp.asarray(y), jnp.ones(5))
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
+    for name in ("mean", "var", "num_batches_tracked"):   # running statistics (var unbiased, over 5 x 36)
+        np.testing.assert_allclose(np.asarray(getattr(model.bn, name)[...]), np.asarray(getattr(ref.bn, name)[...]),
+                                   rtol=1e-5, atol=1e-7)
+    _, unmasked = _loss_grad(plain, xp, yp, mask)
+    assert max(float(jnp.abs(g - r).max()) for g, r in zip(jax.tree_util.tree_leaves(unmasked),
+                                                             jax.tree_util.tree_leaves(ref_grads))) > 1e-3
+    with pytest.raises(ValueError, match=r"mask must have shape \(16,\)"):
+        model.bn(jnp.zeros((16, 6, 6, 4)), mask=jnp.ones((8,)))
 
 
 def _position_image(n: int, h: int = 8, w: int = 8) -> np.ndarray:

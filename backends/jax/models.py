@@ -14,7 +14,9 @@ Canonical layout (shared with torch): conv OIHW <-> Flax HWIO kernel, linear ``(
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -39,6 +41,7 @@ from triaccel.layout import (
 
 __all__ = [
     "BatchNorm2d",
+    "batch_mask",
     "ResNet",
     "EfficientNet",
     "create_model",
@@ -52,6 +55,25 @@ __all__ = [
 # (convs He-normal with fan_out, linear U(+-1/sqrt(fan_in))); create_model loads that instead.
 _CONV_INIT = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 _LINEAR_INIT = jax.nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+
+
+_MASK = threading.local()   # `batch_mask`'s mask while a model is traced inside it
+
+
+@contextlib.contextmanager
+def batch_mask(mask: Any) -> Iterator[None]:
+    """Inside, every `BatchNorm2d` in training mode takes its batch statistics over the rows where
+    `mask` (float (B,), 1 = a real sample) is nonzero: padding rows (a loader's pad floor or short
+    last step, `data.ElasticLoader`) then change neither the normalisation nor the running statistics,
+    and, masked out of the loss too, have no path to the gradients: a padded step computes what the
+    unpadded one does, however its copies were augmented or repeated. None: every row counts (the
+    default). Set it around the model call inside the traced step (it is read at trace time)."""
+    prev = getattr(_MASK, "value", None)
+    _MASK.value = mask
+    try:
+        yield
+    finally:
+        _MASK.value = prev
 
 
 class BatchNorm2d(nnx.BatchNorm):
@@ -77,10 +99,14 @@ class BatchNorm2d(nnx.BatchNorm):
         self.num_batches_tracked = nnx.BatchStat(jnp.zeros((), jnp.int32))
 
     def __call__(self, x: jax.Array, use_running_average: bool | None = None, *, mask: Any = None) -> jax.Array:
-        """x: (..., C). Train mode (``use_running_average=False``) normalises with batch statistics
-        and updates the running ones; eval mode uses the running statistics."""
-        if mask is not None:
-            raise ValueError("BatchNorm2d: mask is not supported (got a mask)")
+        """x: (B, ..., C). Train mode (``use_running_average=False``) normalises with batch statistics
+        and updates the running ones; eval mode uses the running statistics. mask: float (B,), the
+        rows the batch statistics are taken over (default: `batch_mask`'s, else every row)."""
+        if mask is None:
+            mask = getattr(_MASK, "value", None)
+        if mask is not None and (jnp.ndim(mask) != 1 or jnp.shape(mask)[0] != x.shape[0]):
+            raise ValueError(f"BatchNorm2d: mask must have shape ({x.shape[0]},) (one value per row), "
+                             f"got {jnp.shape(mask)}")
         ura = self.use_running_average if use_running_average is None else use_running_average
         axes = tuple(range(x.ndim - 1))
         stat_dtype = jnp.promote_types(x.dtype, jnp.float32)
@@ -94,12 +120,19 @@ class BatchNorm2d(nnx.BatchNorm):
             if n < 2:
                 # torch raises too: the unbiased variance of one value is undefined.
                 raise ValueError(f"BatchNorm2d: training needs more than 1 value per channel, got input shape {x.shape}")
-            mean = jnp.mean(xf, axis=axes)
-            var = jnp.mean(jnp.square(xf - mean), axis=axes)
+            if mask is None:
+                mean = jnp.mean(xf, axis=axes)
+                var = jnp.mean(jnp.square(xf - mean), axis=axes)
+            else:   # the real rows only: n values per channel of them (a traced count)
+                w = jnp.reshape(mask, (-1,) + (1,) * (x.ndim - 1)).astype(stat_dtype)
+                n = jnp.sum(w) * (n // x.shape[0])
+                mean = jnp.sum(xf * w, axis=axes) / n
+                var = jnp.sum(jnp.square(xf - mean) * w, axis=axes) / n
             m = self.momentum
             sg = jax.lax.stop_gradient
             self.mean[...] = sg(m * self.mean[...] + (1.0 - m) * mean).astype(self.mean.dtype)
-            self.var[...] = sg(m * self.var[...] + (1.0 - m) * var * (n / (n - 1))).astype(self.var.dtype)
+            # (a masked count can be 1: a short step's one real sample at 1x1 spatial size)
+            self.var[...] = sg(m * self.var[...] + (1.0 - m) * var * (n / jnp.maximum(n - 1, 1))).astype(self.var.dtype)
             self.num_batches_tracked[...] = self.num_batches_tracked[...] + 1
         mul = jax.lax.rsqrt(var + self.epsilon) * self.scale[...].astype(stat_dtype)
         y = (xf - mean) * mul + self.bias[...].astype(stat_dtype)

@@ -17,7 +17,7 @@ from triaccel.backends.jax import (SplitStep, TriAccel, augment, find_state, lay
                                    loss_scale, precision_policy)
 from triaccel.backends.jax.compile_log import CompileLog, describe
 from triaccel.backends.jax.data import OOM_ERROR_TYPES, ElasticLoader, InFlight, elastic_step, noise_step_compilations
-from triaccel.backends.jax.models import create_model
+from triaccel.backends.jax.models import batch_mask, create_model
 from triaccel.backends.jax.sharding import (batch_sharding, check_config, data_mesh, num_shards,
                                             per_device_value_and_grad, replicated)
 from triaccel.flops import FlopShare
@@ -134,7 +134,15 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
 
     # --batch-stats per-device: each device's forward/backward on its own samples (BatchNorm statistics
     # per device, as torch's DDP), one gradient all-reduce (triaccel.backends.jax.sharding)
-    per_device = (per_device_value_and_grad(lambda m, xb, y, mask: _cross_entropy_sum(m(xb), y, mask), mesh)
+    # --bn-mask on: BatchNorm's batch statistics over the real samples only (models.batch_mask)
+    def stats_mask(mask: jax.Array) -> Any:
+        return batch_mask(mask if opts.bn_mask == "on" else None)
+
+    def loss_sum(m: Any, xb: jax.Array, y: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        with stats_mask(mask):
+            return _cross_entropy_sum(m(xb), y, mask)
+
+    per_device = (per_device_value_and_grad(loss_sum, mesh)
                   if mesh is not None and opts.batch_stats == "per-device" else None)
 
     # Every step program gathers its micro-batch from the device-resident training set by the
@@ -153,7 +161,8 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
             return loss, grads, scale
 
         def lf(m: Any) -> tuple[jax.Array, jax.Array]:
-            loss = _cross_entropy(m(xb), y, mask)
+            with stats_mask(mask):
+                loss = _cross_entropy(m(xb), y, mask)
             return loss * scale, loss
 
         (_, loss), grads = nnx.value_and_grad(lf, has_aux=True)(model)

@@ -167,6 +167,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--devices", type=int, default=None,
                    help="JAX: data parallel over the first N devices, each batch split across them (default: "
                         "all; batch sizes must divide by N; triaccel.backends.jax.sharding)")
+    p.add_argument("--bn-mask", choices=["off", "on"], default="off",
+                   help="JAX: on = BatchNorm's batch statistics over the real samples of a padded micro-batch only "
+                        "(models.batch_mask): a step padded to the pad floor then computes the unpadded step's "
+                        "gradients, whatever its copies' augmentation (default off: every row counts, as before; "
+                        "not measured on a GPU yet)")
     p.add_argument("--batch-stats", choices=["global", "per-device"], default="per-device",
                    help="on several devices: BatchNorm statistics of each device's part (default; torch's DDP has no "
                         "other; JAX: one gradient all-reduce per step, sharding.per_device_value_and_grad) or, JAX "
@@ -254,6 +259,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                                    (a.fused_step == "on" and a.in_flight == "off")):
         p.error(f"--fused-step={a.fused_step}: only for --backend jax, not with --method local, and 'on' needs "
                 "--in-flight on (a failed fused step is restored from the step in flight)")
+    if a.bn_mask == "on" and (a.backend != "jax" or a.method == "local"):
+        p.error("--bn-mask=on: only for --backend jax, not with --method local")
     if a.bn_parts < 1 or (a.bn_parts > 1 and (a.backend != "torch" or a.compile != "off" or a.method == "local")):
         p.error(f"--bn-parts={a.bn_parts}: an integer >= 1; above 1 only for --backend torch with --compile off, "
                 "not with --method local")
@@ -293,7 +300,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, bn_mask=a.bn_mask, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
