@@ -89,6 +89,14 @@ def run(h, steps):
     return [h.step(s) for s in range(steps)]
 
 
+def run_settled(steps, *harnesses):
+    """Each harness run for `steps` steps, its last step settled: their traces."""
+    traces = [run(h, steps) for h in harnesses]
+    for h in harnesses:
+        h.in_flight.settle()
+    return traces
+
+
 def _accumulating(**kw):
     # the logical batch stays 32 whatever micro-batch an OOM leaves: the same samples make each step
     # whether the OOM surfaced inside the step or at the next one
@@ -348,9 +356,7 @@ def test_waiting_step_after_a_failed_update_names_the_cause():
 def test_a_fused_step_trains_as_its_two_programs():
     cfg = _accumulating()
     two, one = Lagged(cfg), Fused(cfg)
-    a, b = run(two, 6), run(one, 6)
-    one.in_flight.settle()
-    two.in_flight.settle()
+    a, b = run_settled(6, two, one)
     assert one.fused_calls == 6 and one.calls == two.calls == 6
     _close(one.params, two.params)
     assert [float(r.loss) for r in b] == pytest.approx([float(r.loss) for r in a], rel=1e-6)
@@ -362,9 +368,7 @@ def test_noise_steps_run_as_two_programs_beside_fused_steps():
     cfg = make_cfg(batch_law="noise", t_noise=2, warmup_steps=0, batch_init=16, batch_max=32,
                    batch_buckets=(8, 16, 24, 32), t_ctrl=1000)
     two, one = Lagged(cfg), Fused(cfg)
-    a, b = run(two, 6), run(one, 6)
-    one.in_flight.settle()
-    two.in_flight.settle()
+    a, b = run_settled(6, two, one)
     measured = sum(len(r.micro_sizes) == 2 for r in b)
     assert measured >= 2 and one.fused_calls == 6 - measured   # the measured steps split, through grad_fn
     assert [r.micro_sizes for r in b] == [r.micro_sizes for r in a]
@@ -413,9 +417,7 @@ def _noise_cfg():
 def test_noise_halves_in_the_step_train_as_the_host_measured_steps():
     cfg = _noise_cfg()
     host, halves = Lagged(cfg), FusedNoise(cfg)
-    a, b = run(host, 8), run(halves, 8)
-    host.in_flight.settle()
-    halves.in_flight.settle()
+    a, b = run_settled(8, host, halves)
     assert [r.micro_sizes for r in b] == [r.micro_sizes for r in a]   # a noise step reports its halves
     assert sum(len(r.micro_sizes) == 2 for r in b) == 4 and halves.halves == 8
     assert halves.fused_calls == 4 and all(r.grads is None for r in b)
