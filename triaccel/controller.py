@@ -87,12 +87,12 @@ class Decision:
                 and self.offload_plan == other.offload_plan)
 
 
-
 def _check_bytes(name: str, v: Any, lo: int) -> None:
     """ValueError unless `v` is a finite number of bytes >= lo."""
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
             or not np.isfinite(v) or v < lo:
         raise ValueError(f"{name}={v!r}: must be a finite number of bytes >= {lo}")
+
 
 class Controller:
     """Collects per-step observations and re-decides at control boundaries.

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["GradientNoise", "observe_split_step", "split_measurement"]
+__all__ = ["GradientNoise", "observe_split_step", "observe_tensor_noise", "split_measurement"]
 
 
 def split_measurement(sizes: Sequence[int], micro_sqnorms: Any, total_sqnorm: Any,
@@ -126,15 +126,24 @@ def observe_split_step(controller: Any, step: int, sizes: Sequence[int], weights
     tensor_layer: (T,) layer index per tensor. scale: the loss scale the gradients carry. Returns
     False (nothing observed) for a step with fewer than two micro-batches or non-finite values.
     """
-    from .stats import group_by_layer
-
     sq = np.asarray(sqnorms, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
     if len(sizes) < 2 or sq.shape[0] != len(sizes) + 1 or w.shape != (len(sizes),):
         return False
     sq = sq / (float(scale) ** 2)
     unweighted = np.concatenate([sq[:-1] / (w[:, None] ** 2), sq[-1:]], axis=0)
-    per_layer = group_by_layer(unweighted, tensor_layer, len(controller.layers))
+    return observe_tensor_noise(controller, step, sizes, unweighted, tensor_layer)
+
+
+def observe_tensor_noise(controller: Any, step: int, sizes: Sequence[int], sqnorms: Any, tensor_layer: Any) -> bool:
+    """`controller.observe_gradient_noise` from squared norms per gradient tensor, summed per layer.
+
+    sqnorms: (k + 1, T) rows 0..k-1 each micro-batch's MEAN gradient, row k the step's mean
+    gradient, all unscaled. tensor_layer: (T,) layer index per tensor. Returns False (nothing
+    observed) for non-finite values."""
+    from .stats import group_by_layer
+
+    per_layer = group_by_layer(np.asarray(sqnorms, dtype=np.float64), tensor_layer, len(controller.layers))
     if not np.isfinite(per_layer).all():
         return False
     controller.observe_gradient_noise(step, sizes, per_layer[:-1], per_layer[-1])

@@ -73,7 +73,10 @@ class StatePacking:
         self._take_jit = jax.jit(self.take, static_argnums=1)
         self._put_jit = jax.jit(self.put, static_argnums=1)
         self._ahead: dict[tuple[str, tuple[int, ...]], Any] = {}   # `compile_take_put`'s executables
-        self._where = {i: (g, j) for g, (_, _, idx, _) in enumerate(self.groups) for j, i in enumerate(idx)}
+        # leaf position -> (its buffer, its place in that buffer's group; None for a lone leaf)
+        self._where: dict[int, tuple[int, int | None]] = {
+            i: (g, j) for g, (_, _, idx, _) in enumerate(self.groups) for j, i in enumerate(idx)}
+        self._where.update({i: (len(self.groups) + k, None) for k, i in enumerate(self.alone)})
 
     @property
     def num_buffers(self) -> int:
@@ -94,41 +97,30 @@ class StatePacking:
         """The n leaves of `buffers` (as `pack` returns them), in their original order and shapes."""
         if len(buffers) != self.num_buffers:
             raise ValueError(f"buffers: expected {self.num_buffers} (the packing's), got {len(buffers)}")
-        leaves: list[Any] = [None] * self.n
-        for buf, (_, _, idx, off) in zip(buffers, self.groups):
-            for j, i in enumerate(idx):
-                leaves[i] = jax.lax.slice(buf, (off[j],), (off[j + 1],)).reshape(self.shapes[i])
-        for buf, i in zip(buffers[len(self.groups):], self.alone):
-            leaves[i] = buf
-        return leaves
+        return self.take(buffers, tuple(range(self.n)))
 
     def take(self, buffers: Sequence[Any], idx: tuple[int, ...]) -> list[Any]:
         """The leaves at positions `idx` of `buffers`, as `unpack(buffers)[i]` for i in idx."""
-        alone = {i: k for k, i in enumerate(self.alone)}
         out = []
         for i in idx:
-            if i in alone:
-                out.append(buffers[len(self.groups) + alone[i]])
-                continue
-            g, j = self._where[i]
-            off = self.groups[g][3]
-            out.append(jax.lax.slice(buffers[g], (off[j],), (off[j + 1],)).reshape(self.shapes[i]))
+            b, j = self._where[i]
+            if j is None:
+                out.append(buffers[b])
+            else:
+                off = self.groups[b][3]
+                out.append(jax.lax.slice(buffers[b], (off[j],), (off[j + 1],)).reshape(self.shapes[i]))
         return out
 
     def put(self, buffers: Sequence[Any], idx: tuple[int, ...], values: Sequence[Any]) -> list[Any]:
         """`buffers` with the leaves at positions `idx` replaced by `values` (same shapes and dtypes),
         as `pack` of the unpacked leaves with those replaced."""
         out = list(buffers)
-        alone = {i: k for k, i in enumerate(self.alone)}
         for i, v in zip(idx, values):
             if tuple(v.shape) != self.shapes[i] or v.dtype != self.dtypes[i]:
                 raise ValueError(f"values for leaf {i}: {v.dtype}{list(v.shape)}, the packing's {self.dtypes[i]}"
                                  f"{list(self.shapes[i])}")
-            if i in alone:
-                out[len(self.groups) + alone[i]] = v
-                continue
-            g, j = self._where[i]
-            out[g] = jax.lax.dynamic_update_slice(out[g], jnp.ravel(v), (self.groups[g][3][j],))
+            b, j = self._where[i]
+            out[b] = v if j is None else jax.lax.dynamic_update_slice(out[b], jnp.ravel(v), (self.groups[b][3][j],))
         return out
 
     def take_now(self, buffers: Sequence[Any], idx: Sequence[int]) -> list[Any]:
@@ -158,10 +150,11 @@ class StatePacking:
             return
         idx = tuple(int(i) for i in idx)
         bufs = self.abstract()
-        alone = {i: k for k, i in enumerate(self.alone)}
-        values = [self._alone_abstract[alone[i]] if i in alone else
-                  jax.ShapeDtypeStruct(self.shapes[i], self.dtypes[i], sharding=bufs[self._where[i][0]].sharding)
-                  for i in idx]
+        values = []
+        for i in idx:
+            b, j = self._where[i]
+            values.append(bufs[b] if j is None else
+                          jax.ShapeDtypeStruct(self.shapes[i], self.dtypes[i], sharding=bufs[b].sharding))
         take = self._take_jit.lower(bufs, idx).compile()
         put = self._put_jit.lower(bufs, idx, values).compile()
         self._ahead[("take", idx)], self._ahead[("put", idx)] = take, put

@@ -349,9 +349,10 @@ class SplitStep:
         queued = self._queue_bound(policies, soon=True)
         also, self._also = self._also, []
         if self._ctl_idx is not None and self._packing.groups:   # what the next boundary runs, first
-            also.insert(0, ("control:take-put", functools.partial(self._packing.compile_take_put, self._ctl_idx)))
+            self.ahead.submit(("control", self._packing), functools.partial(self._packing.compile_take_put,
+                                                                            self._ctl_idx), name="control:take-put")
         for name, fn in also:
-            self.ahead.submit(("also", name, id(self._packing)), fn, name=name)
+            self.ahead.submit(("also", name), fn, name=name)
         queued += len(also) + self._queue_bound(policies, soon=False)
         # under the likely policy: the current size and its half (sizes[:2] with halves)
         main = self.compile_ahead(sizes, policies, policy_batches=len(with_half(cur)))

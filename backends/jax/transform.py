@@ -42,7 +42,8 @@ import numpy as np
 import optax
 
 from triaccel import Controller, Decision, Precision, TriAccelConfig
-from triaccel.stats import feed_statistics, group_by_layer
+from triaccel.noise import observe_tensor_noise
+from triaccel.stats import feed_statistics
 
 from .curvature import FisherTopK, HessianTopK, nnx_loss
 from .layers import LayerMap, layer_map
@@ -182,9 +183,10 @@ def _noise_halves(state: TriAccelState, m: Any, g: Any, part: Any, samples: Any,
                   grad_moments: Callable[..., Any]) -> tuple[Any, Any, _Half]:
     """(moments, gradient) the update goes on with, and the half: on the second half the two halves'
     sample-weighted mean gradient and its moments, else the micro-batch's own. The second moments
-    pass runs on every call (one more read of the gradients): under `lax.cond` XLA's GPU runtime
-    reads the predicate on the host, which stalled each step's launch (ResNet-18 at bs 512 on an
-    H200: 0.90-0.95 s per epoch against 0.73-0.77 s for the unfused steps, docs/results.md)."""
+    pass runs on every call (one more read of the gradients), not under `lax.cond`: with the
+    conditional, ResNet-18's bs-512 epoch took 0.90-0.95 s on an H200, without it 0.79 s (the only
+    change to the step program between those two calls, 2026-11-27, docs/results.md); XLA's GPU
+    conditional reading its predicate on the host is the likely cause, not profiled."""
     part, n = jnp.asarray(part, jnp.int32), jnp.asarray(samples, jnp.float32)
     first, second = part == 1, part == 2
     total = jnp.maximum(state.noise_held[-1] + n, 1.0)
@@ -496,8 +498,8 @@ class TriAccel:
             if step <= self.last_noise_fed:
                 continue
             row = np.asarray(rows[i], dtype=np.float64)
-            sq = group_by_layer(row[:3 * t].reshape(3, t), self._tensor_layer, self.layers.num_layers)
-            self.controller.observe_gradient_noise(step, [int(round(row[-2])), int(round(row[-1]))], sq[:2], sq[2])
+            observe_tensor_noise(self.controller, step, [int(round(row[-2])), int(round(row[-1]))],
+                                 row[:3 * t].reshape(3, t), self._tensor_layer)
             self.last_noise_fed = step
 
     def _curvature(self, step: int, params: Any, model: Any, batch: Any) -> None:
