@@ -204,7 +204,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="JAX with --in-flight on: run each micro-batch as one program, gradient and update together "
                         "(elastic_step(step_fn=...)); a gradient-noise step as two of them, its halves, accumulated "
                         "and measured in the wrapper's update (TriAccel(noise_in_update=True)); off: two programs, "
-                        "as OOM replays. auto (default): on. "
+                        "as OOM replays. auto (default): on (with --in-flight off: off; 'on' refuses it). "
                         "The demo's AMP at bs 96 on one H200 (2026-11-27): 1.48 s per epoch as one program (state "
                         "packed), 3.1-3.5 s as two (unpacked; benchmarks/device/jax_harness.sh); 4 H200s, 1024 per "
                         "GPU: 0.88 / 0.83 of linear scaling at 2 / 4 GPUs on, 0.71 / 0.53 off (docs/results.md)")
