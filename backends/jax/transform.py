@@ -490,8 +490,8 @@ class TriAccel:
         if new > len(steps):
             self.noise_lost += new - len(steps)
             warnings.warn(f"triaccel: {new - len(steps)} gradient-noise measurement(s) were overwritten before a "
-                          f"control boundary read them (t_noise={self.config.t_noise} < t_ctrl/"
-                          f"{len(steps) - 1})", RuntimeWarning, stacklevel=4)
+                          f"control boundary read them (the ring holds {len(steps)}, one boundary's worth and one "
+                          "more); call control() every step", RuntimeWarning, stacklevel=4)
         t = len(self._tensor_layer)
         for i in np.argsort(steps):
             step = int(steps[i])
