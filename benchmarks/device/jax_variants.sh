@@ -1,0 +1,24 @@
+# Cold JAX demo runs (10 epochs) of named variants, per seed, one after another on one GPU:
+#   MODEL=efficientnet_b0 SEEDS="0 1" bash benchmarks/device/jax_variants.sh \
+#     "amp512=--method amp --batch 512" "mask=--method triaccel --budget 4GiB --bn-mask on"
+# Each argument is NAME=DEMO-ARGS. MODEL (default resnet18), SEEDS (default 0), EPOCHS (default 10), LIMIT
+# (seconds per run, default 200). Every run on its own empty compilation cache; before each seed the
+# jax-triton kernel cache is emptied too (each seed's first triaccel run compiles its kernels, as a first run
+# on a machine does). Logs and summaries go to $OUT/s<seed>/, packed into $OUT/runs.tgz when there is more
+# than one seed (the device returns at most 8 files per call); one summary line per run.
+# (device tool, nvidia-h200, carry [".device"])
+R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg
+D=/tmp/data/cifar10-jpeg
+one() { seed=$1; name=$2; shift 2; dir=$OUT/s$seed
+  timeout ${LIMIT:-200} python3 -m examples.cifar.train --backend jax --model ${MODEL:-resnet18} --data $D --seed $seed \
+  --epochs ${EPOCHS:-10} --no-progress --compile-cache /tmp/cc/s$seed-$name --out /tmp/runs/s$seed-$name $@ > $dir/$name.log 2>&1
+  echo "s$seed $name rc $?"
+  cp /tmp/runs/s$seed-$name/summary.json $dir/$name.json || return; python3 -c "
+import json; s=json.load(open('$dir/$name.json'))
+print(f\"s$seed {'$name':<12} acc {s['final_acc']:.4f} train_s {s['train_seconds']:.1f} wall_s {s['wall_seconds']:.1f} epochs {[round(x, 2) for x in s['epoch_seconds']]} batch {s['final_batch']} peak_GiB {s['peak_alloc_bytes'] / 2**30:.2f}\"); print('  critical', s['compile_log']['total'])"; }
+seeds=${SEEDS:-${SEED:-0}}
+for seed in $seeds; do
+  rm -rf "$TRIACCEL_CACHE" /tmp/cc /tmp/runs; mkdir -p /tmp/runs $OUT/s$seed
+  for v in "$@"; do one $seed "${v%%=*}" ${v#*=}; done
+done
+if [ "$(echo $seeds | wc -w)" -gt 1 ]; then (cd $OUT && tar czf runs.tgz s* && rm -rf s*/); fi
