@@ -72,7 +72,7 @@ class RunOptions:
     gc_freeze: str = "on"             # JAX: on | off: long-lived objects out of the garbage collector's scans (HeapFreeze)
     batch_stats: str = "per-device"   # several devices: per-device | global (JAX) BatchNorm statistics (train.py)
     bn_parts: int = 1                 # torch: BatchNorm statistics over this many slices of each micro-batch (train.py)
-    bn_mask: str = "off"              # JAX: on = BatchNorm statistics over the real samples only, not padding rows (train.py)
+    bn_mask: str = "auto"             # JAX: on = BatchNorm statistics over the real samples only, not padding rows (train.py)
     augment_rng: str = "stream"       # torch: stream (a generator per rank) | sample (keyed by seed, epoch, index)
     pad_floor: str = "auto"           # JAX: auto | off | largest | N: pad micro-batches at least to this bucket (train.py)
     cudnn_benchmark: bool = False     # torch on CUDA: cuDNN autotuning (see train.py --cudnn-benchmark)

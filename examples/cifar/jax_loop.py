@@ -134,9 +134,17 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
 
     # --batch-stats per-device: each device's forward/backward on its own samples (BatchNorm statistics
     # per device, as torch's DDP), one gradient all-reduce (triaccel.backends.jax.sharding)
-    # --bn-mask on: BatchNorm's batch statistics over the real samples only (models.batch_mask)
+    # auto: one compiled shape where a compilation costs more than the padded compute (a GPU: ~17 s
+    # per ResNet-18 step variant) and the batch can climb; on a CPU compute dominates
+    pad_floor = pad_floor_size(opts.pad_floor, dev.platform, ta is not None and cfg.elastic_batch,
+                               cfg.batch_buckets or (), cfg.batch_max)
+    # --bn-mask (auto: on where the pad floor pads): BatchNorm's batch statistics over the real samples
+    # only (models.batch_mask), so the floor's copies, augmented apart and repeated unequally, do not
+    # weigh in them
+    bn_masked = opts.bn_mask == "on" or (opts.bn_mask == "auto" and pad_floor is not None)
+
     def stats_mask(mask: jax.Array) -> Any:
-        return batch_mask(mask if opts.bn_mask == "on" else None)
+        return batch_mask(mask if bn_masked else None)
 
     def loss_sum(m: Any, xb: jax.Array, y: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
         with stats_mask(mask):
@@ -184,10 +192,6 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # last step), or to --pad-floor's when larger: only those sizes are step variants, all compiled ahead. The update and the
     # evaluation (once per policy) are compiled in the background too, from the shapes they will see.
     cache = False if opts.compile_cache == "off" else (opts.compile_cache or True)
-    # auto: one compiled shape where a compilation costs more than the padded compute (a GPU: ~17 s
-    # per ResNet-18 step variant) and the batch can climb; on a CPU compute dominates
-    pad_floor = pad_floor_size(opts.pad_floor, dev.platform, ta is not None and cfg.elastic_batch,
-                               cfg.batch_buckets or (), cfg.batch_max)
     # The loader serves sample indices (host arrays: one upload per micro-batch, split across the
     # devices on a mesh); the step programs gather the images and labels themselves (grad_body).
     loader = ElasticLoader((np.arange(len(data.train_x), dtype=np.int32),), batch_size=cfg.batch_init,
@@ -365,4 +369,4 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
             "compile_log": compiles, "train_seconds": sum(epoch_times),
             "step_traces": split.traces, "compiled_ahead": split.compiled_ahead,
             "compile_cache": split.compile_cache, "memory_budget": cfg.memory_budget, "pad_floor": pad_floor,
-            "bytes_limit": stats.get("bytes_limit")}
+            "bn_masked": bn_masked, "bytes_limit": stats.get("bytes_limit")}
