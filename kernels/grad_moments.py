@@ -294,6 +294,28 @@ def moments_reference_jnp(flat: Any, offsets: Sequence[int], inv_scale: Any = No
     return out, (x.astype(flat.dtype) if inv_scale is not None else None)
 
 
+def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None) -> tuple[Any, list[Any] | None]:
+    """jnp reference over separate arrays: ((n, 3) float32 [sum, sumsq, nonfinite], the unscaled arrays
+    (each in its own dtype) or None). Each array is reduced on its own, in FP32 (FP64 for a float64
+    array), the three sums in one pass XLA fuses with the unscaling; no concatenation and no scatter
+    (`moments_reference_jnp`'s segment sums are atomics on a GPU), so inside a jitted step the
+    unscaled arrays fuse into their consumers and nothing is written back."""
+    import jax.numpy as jnp
+
+    rows, parts = [], []
+    for a in leaves:
+        acc = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
+        x = a.astype(acc)
+        if inv_scale is not None:
+            x = x * jnp.asarray(inv_scale, dtype=acc).reshape(())
+            parts.append(x.astype(a.dtype))
+        fin = jnp.isfinite(x)
+        xf = jnp.where(fin, x, 0.0)
+        rows.append(jnp.stack([jnp.sum(xf), jnp.sum(xf * xf), jnp.sum(~fin, dtype=acc)]).astype(jnp.float32))
+    out = jnp.stack(rows) if rows else jnp.zeros((0, 3), jnp.float32)
+    return out, (parts if inv_scale is not None else None)
+
+
 # ----------------------------------------------------------------------------------------------
 # torch launchers
 # ----------------------------------------------------------------------------------------------
@@ -651,29 +673,43 @@ def _torch_moments(out: Any) -> Moments:
 _JTABLES = D.LRU(128)
 
 
-def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str, cfg: tuple) -> tuple[Any, Any]:
-    """((n, 3) float32, unscaled flat or None) for a flat JAX buffer."""
-    import jax
+def _jax_scale(inv_scale: Any) -> Any:
+    """`inv_scale` checked: None, a positive float, or a 1-element float32 JAX array."""
     import jax.numpy as jnp
 
-    D.check_impl(impl)
-    if flat.ndim != 1:
-        raise ValueError(f"flat: need a 1-D array, got shape {flat.shape}")
-    if int(off[-1]) != flat.size:
-        raise ValueError(f"offsets: last offset {int(off[-1])} != flat.size {flat.size}")
-    code = D.dtype_code(str(flat.dtype), "flat")
     if isinstance(inv_scale, (int, float, np.floating)):
-        inv_scale = _float_scale(inv_scale)
-    elif inv_scale is not None:
+        return _float_scale(inv_scale)
+    if inv_scale is not None:
         if type(inv_scale).__module__.split(".", 1)[0] not in ("jax", "jaxlib"):
             raise TypeError(f"inv_scale: need a float or a JAX array, got {type(inv_scale)}")
         if inv_scale.size != 1 or inv_scale.dtype != jnp.float32:
             raise ValueError(f"inv_scale: need a 1-element float32 array, got shape "
                              f"{inv_scale.shape} {inv_scale.dtype}")
-    gpu = D.jax_on_gpu([flat])
+    return inv_scale
+
+
+def _jax_triton(impl: str, arrays: Sequence[Any], fp64: bool) -> bool:
+    """Whether JAX arrays go to the jax-triton kernel (else to a jnp reference): impl "auto" on a GPU,
+    or "triton" (which insists on one); never for FP64."""
+    D.check_impl(impl)
+    gpu = D.jax_on_gpu(arrays)
     if impl == "triton" and not gpu:
         raise RuntimeError("impl='triton': jax-triton needs a GPU; JAX arrays here are not on one")
-    if impl == "reference" or not gpu or triton is None or code == D.CODE_FP64:
+    return impl != "reference" and gpu and triton is not None and not fp64
+
+
+def _jax_flat(flat: Any, off: np.ndarray, inv_scale: Any, impl: str, cfg: tuple) -> tuple[Any, Any]:
+    """((n, 3) float32, unscaled flat or None) for a flat JAX buffer."""
+    import jax
+    import jax.numpy as jnp
+
+    if flat.ndim != 1:
+        raise ValueError(f"flat: need a 1-D array, got shape {flat.shape}")
+    if int(off[-1]) != flat.size:
+        raise ValueError(f"offsets: last offset {int(off[-1])} != flat.size {flat.size}")
+    code = D.dtype_code(str(flat.dtype), "flat")
+    inv_scale = _jax_scale(inv_scale)
+    if not _jax_triton(impl, [flat], code == D.CODE_FP64):
         return moments_reference_jnp(flat, off, inv_scale)
     jt = D.import_jax_triton()
 
@@ -733,7 +769,7 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
 
     tensors: list of torch tensors (any shapes, dense, FP32/FP16/BF16/FP64, one device; read in place
         through a pointer table: no copy) or a list/pytree of JAX arrays (concatenated into one flat
-        buffer; use :func:`grad_moments_flat` to avoid that copy).
+        buffer, except with impl="xla"; use :func:`grad_moments_flat` to avoid that copy).
     inv_scale: None, a positive float, or a 1-element float32 tensor/array (e.g. 1/loss_scale):
         statistics are of ``x * inv_scale``; torch tensors are unscaled in place.
     out: torch only: a contiguous (n, 3) float32 device buffer (e.g. ``buf[r]`` of a (T, n, 3)
@@ -743,7 +779,9 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
         value is non-finite and left as it was otherwise (zero it beforehand): the ``found_inf`` a
         fused torch optimizer or ``GradScaler.update`` reads, with no extra launch.
     impl: "auto" (Triton on CUDA / interpreter / jax-triton on GPU, else reference), "triton" or
-        "reference".
+        "reference"; JAX arrays also "xla": :func:`moments_reference_jnp_tree`, one reduction per
+        array with no concatenation and no written-back copy (inside a jitted step XLA fuses the
+        unscaling into its consumers; not measured on a GPU yet).
     block, iters, num_warps: launch configuration (elements per load, loads per unrolled step,
         warps per program); chunk: elements per program (a multiple of 16; None: from the total
         size and the GPU's SM count).
@@ -755,6 +793,9 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
     cfg = _cfg(block, iters, num_warps, chunk)
     leaves, fw = D.leaves_and_framework(tensors, "tensors")
     if fw == "torch":
+        if impl == "xla":
+            raise ValueError("impl='xla': JAX arrays only (one XLA reduction per array); for torch tensors "
+                             f"use one of {D.IMPLS}")
         res = _torch_list(leaves, inv_scale, out, found_inf, impl, cfg)[0]
         return res if out is not None else _torch_moments(res)
     _torch_only(out, found_inf)
@@ -763,6 +804,11 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
 
     for i, a in enumerate(leaves):
         D.dtype_code(str(a.dtype), f"tensors[{i}]")
+    treedef = jax.tree_util.tree_structure(tensors)
+    if impl == "xla":
+        res, parts = moments_reference_jnp_tree(leaves, _jax_scale(inv_scale))
+        moments = _jax_moments(res)
+        return moments if inv_scale is None else (moments, jax.tree_util.tree_unflatten(treedef, parts))
     dtypes = {a.dtype for a in leaves}
     # mixed: exact upcast to FP32 (FP64 when any leaf is FP64)
     flat_dtype = dtypes.pop() if len(dtypes) == 1 else jnp.float64 if np.dtype("float64") in dtypes else jnp.float32
@@ -773,7 +819,6 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
     if inv_scale is None:
         return moments
     parts = [y[int(a):int(b)].reshape(l.shape).astype(l.dtype) for a, b, l in zip(off[:-1], off[1:], leaves)]
-    treedef = jax.tree_util.tree_structure(tensors)
     return moments, jax.tree_util.tree_unflatten(treedef, parts)
 
 

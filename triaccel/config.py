@@ -26,7 +26,7 @@ BATCH_LAWS = ("noise", "memory")
 LR_RULES = ("linear", "sqrt", "none", "accumulate")
 PRECISIONS = ("fp16", "bf16", "fp32")
 OFFLOAD_MODES = ("auto", "off")
-KERNEL_IMPLS = ("auto", "triton", "reference")
+KERNEL_IMPLS = ("auto", "triton", "reference", "xla")
 
 
 def _finite(v: Any) -> bool:
@@ -162,7 +162,11 @@ class TriAccelConfig:
         kernel where it can run: CUDA, jax-triton on a GPU, the interpreter), "triton" (insist), or
         "reference" (the framework's own reductions; under JAX they fuse into the jitted update and
         need no jax-triton, but measured 4.4x slower per bs-384 epoch on an H100: for debugging, or
-        where jax-triton is missing).
+        where jax-triton is missing), or, JAX only, "xla": one fused reduction per gradient array
+        inside the jitted update (no concatenation, no written-back unscaled copy, no jax-triton
+        compilation; `triaccel.kernels.moments_reference_jnp_tree`). Not measured on a GPU yet, and
+        refused on a mesh: a two-device CPU run with an out-of-memory replay (tests/test_jax_sharding.py's)
+        ended with parameters 2e-4 away from one device's, against 1e-7 with the other impls; unexplained.
     """
 
     precision_law: str = "evidence"

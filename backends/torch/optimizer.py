@@ -213,6 +213,10 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self._buf = torch.zeros((config.t_ctrl, len(params), 3), dtype=torch.float32, device=self.device)
         from triaccel.kernels.grad_moments import FixedMoments  # Triton on CUDA, torch reference on CPU
 
+        if config.kernels == "xla":
+            raise ValueError("config.kernels='xla': JAX only (one XLA reduction per gradient array); torch "
+                             "takes 'auto', 'triton' or 'reference'")
+
         # the gradients of a fixed parameter list: a launch reads only their addresses
         self._moments = FixedMoments(impl=config.kernels)
         self._rows: list[tuple[int, int]] = []  # (step, _ROW_* guard code) per filled row
