@@ -164,9 +164,7 @@ class TriAccelConfig:
         need no jax-triton, but measured 4.4x slower per bs-384 epoch on an H100: for debugging, or
         where jax-triton is missing), or, JAX only, "xla": one fused reduction per gradient array
         inside the jitted update (no concatenation, no written-back unscaled copy, no jax-triton
-        compilation; `triaccel.kernels.moments_reference_jnp_tree`). Not measured on a GPU yet, and
-        refused on a mesh: a two-device CPU run with an out-of-memory replay (tests/test_jax_sharding.py's)
-        ended with parameters 2e-4 away from one device's, against 1e-7 with the other impls; unexplained.
+        compilation; `triaccel.kernels.moments_reference_jnp_tree`). Not measured on a GPU yet.
     """
 
     precision_law: str = "evidence"

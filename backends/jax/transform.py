@@ -316,9 +316,6 @@ class TriAccel:
         inner = optax.with_extra_args_support(inner)
         cfg, ls = self.config, self.loss_scaling
         grad_moments = functools.partial(_grad_moments_fn(), impl=cfg.kernels)
-        if self.mesh is not None and cfg.kernels == "xla":
-            raise ValueError("config.kernels='xla': not on a mesh (a two-device CPU run with an OOM replay ended "
-                             "2e-4 away from one device's parameters, unexplained); use 'auto' or 'reference'")
         if self.mesh is not None:
             # The GPU kernel is a custom call that XLA's automatic partitioning cannot split: each
             # device runs it on its whole copy of the (already all-reduced, replicated) gradients.
