@@ -135,9 +135,10 @@ def plain_loop_jax(a: argparse.Namespace) -> dict[str, Any]:
         prog = jnp.clip((s - warm) / max(total - warm, 1), 0.0, 1.0)
         return lr * jnp.where(s < warm, (s + 1) / warm, 0.5 * (1.0 + jnp.cos(jnp.pi * prog)))
 
-    # counters (step, samples seen, start in the epoch's permutation) live on the device
-    @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0, 3))
-    def step(state: Any, perm: jax.Array, key: jax.Array, ctr: jax.Array, size: int
+    # counters (step, samples seen, start in the epoch's permutation) live on the device; the data set
+    # is an argument (a closed-over array would be a constant of the program)
+    @functools.partial(jax.jit, static_argnums=(6,), donate_argnums=(0, 3))
+    def step(state: Any, perm: jax.Array, key: jax.Array, ctr: jax.Array, x: jax.Array, y: jax.Array, size: int
              ) -> tuple[Any, jax.Array, jax.Array]:
         m, o = nnx.merge(graphdef, state)
         k, seen, start = ctr[0], ctr[1], ctr[2]
@@ -160,7 +161,7 @@ def plain_loop_jax(a: argparse.Namespace) -> dict[str, Any]:
         perm = jax.device_put(rng.permutation(n).astype(np.int32))
         ctr = ctr.at[2].set(0)
         for i in range(0, n, a.batch):
-            state, loss, ctr = step(state, perm, key, ctr, min(a.batch, n - i))
+            state, loss, ctr = step(state, perm, key, ctr, x, y, min(a.batch, n - i))
         jax.block_until_ready(loss)
         times.append(time.perf_counter() - t0)
     return {"epoch_seconds": times, "last_loss": float(loss)}
