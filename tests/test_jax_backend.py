@@ -129,11 +129,12 @@ def test_wrapped_optimizer_trains_cnn(name, inner):
     assert int(find_state(opt.opt_state).count.get_value()) == 24
 
 
-def test_xla_moments_train_as_the_kernel_path():
-    """kernels="xla" (one reduction per gradient array in the update): the same losses, decisions and
+@pytest.mark.parametrize("impl", ["xla", "xla-rows"])
+def test_xla_moments_train_as_the_kernel_path(impl):
+    """kernels="xla" / "xla-rows" (XLA's reductions in the update): the same losses, decisions and
     statistics as the default path over a run with precision changes."""
     runs = [_train_cnn(optax.sgd(0.1, momentum=0.9), 24, curvature="off", precision_law="variance", kernels=k)
-            for k in ("auto", "xla")]
+            for k in ("auto", impl)]
     (ta_a, _, _, loss_a), (ta_x, _, _, loss_x) = runs
     np.testing.assert_allclose(loss_x, loss_a, rtol=1e-5)
     rec = [[(r["step"], r["precisions"]) for r in ta.controller.telemetry.records] for ta in (ta_a, ta_x)]

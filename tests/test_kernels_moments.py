@@ -15,6 +15,7 @@ from triaccel.kernels import (  # noqa: E402
     moments_reference_jnp,
     moments_reference_jnp_tree,
     moments_reference_torch,
+    moments_rows_jnp_tree,
 )
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -156,10 +157,12 @@ def test_jax_list_pytree_and_flat():
     np.testing.assert_allclose(np.asarray(m3.sum), np.asarray(m.sum), rtol=1e-5)
 
 
-def test_jax_xla_impl_reduces_each_array_as_the_flat_reference_in_and_out_of_jit():
-    """impl="xla" (JAX): each array reduced on its own, no concatenation: the statistics of the flat
-    reference and of the float64 oracle over odd shapes, every dtype, an empty array, NaN/Inf and a
-    scale, and the unscaled arrays in their own dtypes, eager and jitted; torch tensors refuse it."""
+@pytest.mark.parametrize("impl", ["xla", "xla-rows"])
+def test_jax_xla_impls_match_the_flat_reference_in_and_out_of_jit(impl):
+    """impl="xla" (each array reduced on its own) and "xla-rows" (one row reduction over the padded,
+    concatenated arrays), JAX only: the statistics of the flat reference and of the float64 oracle
+    over odd shapes, every dtype, an empty array, NaN/Inf and a scale, and the unscaled arrays in their
+    own dtypes, eager and jitted; torch tensors refuse them."""
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
     ts = make([1, 7, 0, 1023, 4097], torch.float32, seed=8)
@@ -168,8 +171,8 @@ def test_jax_xla_impl_reduces_each_array_as_the_flat_reference_in_and_out_of_jit
     leaves = [jnp.asarray(t.numpy()).astype(d) for t, d in zip(ts, dtypes)]
     exact = [torch.from_numpy(np.asarray(a.astype(jnp.float32))) for a in leaves]
     for scale in (None, 0.25, jnp.full((1,), 0.25, jnp.float32)):
-        for fn in (lambda: grad_moments(leaves, inv_scale=scale, impl="xla"),
-                   lambda: jax.jit(lambda ls: grad_moments(ls, inv_scale=scale, impl="xla"))(leaves)):
+        for fn in (lambda: grad_moments(leaves, inv_scale=scale, impl=impl),
+                   lambda: jax.jit(lambda ls: grad_moments(ls, inv_scale=scale, impl=impl))(leaves)):
             got = fn()
             m, un = (got, None) if scale is None else got
             check(m, exact, 1.0 if scale is None else 0.25, rtol=4e-6)
@@ -181,13 +184,21 @@ def test_jax_xla_impl_reduces_each_array_as_the_flat_reference_in_and_out_of_jit
     flat = jnp.concatenate([a.astype(jnp.float32) for a in leaves])
     off = np.concatenate([[0], np.cumsum([a.size for a in leaves])])
     want, _ = moments_reference_jnp(flat, off)
-    got, parts = moments_reference_jnp_tree(leaves)
+    tree_fn = moments_reference_jnp_tree if impl == "xla" else moments_rows_jnp_tree
+    got, parts = tree_fn(leaves)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)
-    assert parts is None and moments_reference_jnp_tree([])[0].shape == (0, 3)
-    with pytest.raises(ValueError, match="impl='xla': JAX arrays only"):
-        grad_moments([torch.ones(3)], impl="xla")
-    with pytest.raises(ValueError, match="impl='xla'"):
-        grad_moments_flat(flat, off, impl="xla")
+    assert parts is None and tree_fn([])[0].shape == (0, 3)
+    assert np.asarray(tree_fn([jnp.zeros(0)])[0]).tolist() == [[0.0, 0.0, 0.0]]
+    if impl == "xla-rows":
+        for row in (1, 7, 4096):   # rows across array ends, one element per row, one row per array
+            r, _ = moments_rows_jnp_tree(leaves, row=row)
+            np.testing.assert_allclose(np.asarray(r), np.asarray(want), rtol=1e-5)
+        with pytest.raises(ValueError, match="row=0"):
+            moments_rows_jnp_tree(leaves, row=0)
+    with pytest.raises(ValueError, match="JAX arrays only"):
+        grad_moments([torch.ones(3)], impl=impl)
+    with pytest.raises(ValueError, match=f"impl='{impl}'"):
+        grad_moments_flat(flat, off, impl=impl)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

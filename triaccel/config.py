@@ -26,7 +26,7 @@ BATCH_LAWS = ("noise", "memory")
 LR_RULES = ("linear", "sqrt", "none", "accumulate")
 PRECISIONS = ("fp16", "bf16", "fp32")
 OFFLOAD_MODES = ("auto", "off")
-KERNEL_IMPLS = ("auto", "triton", "reference", "xla")
+KERNEL_IMPLS = ("auto", "triton", "reference", "xla", "xla-rows")
 
 
 def _finite(v: Any) -> bool:
@@ -164,7 +164,9 @@ class TriAccelConfig:
         need no jax-triton, but measured 4.4x slower per bs-384 epoch on an H100: for debugging, or
         where jax-triton is missing), or, JAX only, "xla": one fused reduction per gradient array
         inside the jitted update (no concatenation, no written-back unscaled copy, no jax-triton
-        compilation; `triaccel.kernels.moments_reference_jnp_tree`). Not measured on a GPU yet.
+        compilation; `triaccel.kernels.moments_reference_jnp_tree`), or "xla-rows": the same with the
+        statistics from one row reduction over the concatenated gradients (a few kernels however many
+        arrays; `moments_rows_jnp_tree`). Neither measured on a GPU yet.
     """
 
     precision_law: str = "evidence"
