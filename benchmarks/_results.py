@@ -56,6 +56,25 @@ def child_row(cmd: Sequence[str], timeout: float, label: str) -> dict[str, Any]:
     return {**json.loads(line), "stderr": p.stderr}
 
 
+def fresh_process_row(cmd: Sequence[str], label: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The last line of `cmd`'s stdout as JSON, `cmd` run from the repository root in a process of its
+    own (no compilation cache shared with other measurements); RuntimeError naming `label`, with the
+    child's standard error, when it fails."""
+    proc = subprocess.run(list(cmd), cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                          env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{label} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_meta(device: str) -> dict[str, str]:
+    """A benchmark's header: the UTC date, the device and the command line as run."""
+    import datetime
+
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "device": device,
+            "command": " ".join(["python3", *sys.argv])}
+
+
 def print_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> None:
     """A fixed-width table: `title` as a comment line, then one line per row; columns: (header, key,
     format spec), e.g. ("step s", "step_s", ">7.1f"); the header takes the spec's width."""

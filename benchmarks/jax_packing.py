@@ -11,17 +11,15 @@ Prints a table and writes benchmarks/results/jax_packing-<device>.json.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import device_tag, write_json  # noqa: E402
+from _results import device_tag, fresh_process_row, run_meta, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,17 +76,11 @@ def main() -> None:
     if a._one is not None:
         print(json.dumps(one(a.model, a.width, a.batch, a._one == "packed", a.steps)))
         return
-    rows = []
-    for form in ("apart", "packed"):
-        cmd = [sys.executable, __file__, "--model", a.model, "--width", str(a.width), "--batch", str(a.batch),
-               "--steps", str(a.steps), "--_one", form]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{form} failed:\n{proc.stderr[-3000:]}")
-        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    rows = [fresh_process_row([sys.executable, __file__, "--model", a.model, "--width", str(a.width), "--batch",
+                               str(a.batch), "--steps", str(a.steps), "--_one", form], form)
+            for form in ("apart", "packed")]
     dev = rows[0]["device"]
-    meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "device": dev,
-            "command": " ".join(["python3", *sys.argv])}
+    meta = run_meta(dev)
     write_json({"meta": meta, "rows": rows}, a.out / f"jax_packing-{device_tag(dev)}.json")
     print(f"\n{a.model} width {a.width} batch {a.batch}, {dev}  {meta['date']}")
     print(f"{'state':>7} {'leaves':>6} {'buffers':>7} {'first call s':>12} {'step ms':>8} {'/apart':>7}")

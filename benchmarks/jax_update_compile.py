@@ -14,18 +14,16 @@ Prints a table and writes benchmarks/results/jax_update_compile-<device>.json.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import device_tag, write_json  # noqa: E402
+from _results import device_tag, fresh_process_row, run_meta, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("auto", "reference", "xla", "xla-rows")
@@ -91,18 +89,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     if a._one is not None:
         print(json.dumps(one(a.model, a.width, a._one, a.noise, a.calls)))
         return None
-    rows = []
-    for v in a.variants:
-        cmd = [sys.executable, __file__, "--model", a.model, "--width", str(a.width), "--calls", str(a.calls),
-               "--_one", v, *(["--noise"] if a.noise else [])]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
-        if proc.returncode != 0:
-            raise RuntimeError(f"{v} failed:\n{proc.stderr[-3000:]}")
-        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}   # the child imports examples.cifar
+    rows = [fresh_process_row([sys.executable, __file__, "--model", a.model, "--width", str(a.width), "--calls",
+                               str(a.calls), "--_one", v, *(["--noise"] if a.noise else [])], v, env)
+            for v in a.variants]
     dev = rows[0]["device"]
-    meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "device": dev,
-            "command": " ".join(["python3", *sys.argv])}
+    meta = run_meta(dev)
     write_json({"meta": meta, "rows": rows}, a.out / f"jax_update_compile-{device_tag(dev)}.json")
     base = next((r for r in rows if r["variant"] == "plain"), None)
     print(f"\n{a.model} width {a.width}, {rows[0]['leaves']} parameter arrays, noise halves {a.noise}; "
