@@ -132,8 +132,6 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
         inner = find_state(opt.opt_state).inner if ta is not None else opt.opt_state
         return inner.hyperparams["learning_rate"]
 
-    # --batch-stats per-device: each device's forward/backward on its own samples (BatchNorm statistics
-    # per device, as torch's DDP), one gradient all-reduce (triaccel.backends.jax.sharding)
     # auto: one compiled shape where a compilation costs more than the padded compute (a GPU: ~17 s
     # per ResNet-18 step variant) and the batch can climb; on a CPU compute dominates
     pad_floor = pad_floor_size(opts.pad_floor, dev.platform, ta is not None and cfg.elastic_batch,
@@ -150,6 +148,8 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
         with stats_mask(mask):
             return _cross_entropy_sum(m(xb), y, mask)
 
+    # --batch-stats per-device: each device's forward/backward on its own samples (BatchNorm statistics
+    # per device, as torch's DDP), one gradient all-reduce (triaccel.backends.jax.sharding)
     per_device = (per_device_value_and_grad(loss_sum, mesh)
                   if mesh is not None and opts.batch_stats == "per-device" else None)
 
