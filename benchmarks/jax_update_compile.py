@@ -6,7 +6,7 @@ each is at least one kernel launch) and the median call time.
 
     python3 benchmarks/jax_update_compile.py --model resnet18 --width 0.5       # CPU here, or a GPU
 
-Variants: plain (no wrapper), and the wrapper with kernels auto, reference, xla, xla-rows, without the
+Variants: plain (no wrapper), and the wrapper with kernels auto and reference, without the
 batch lever (no noise halves in the update) or, with --noise, with them (a noise step's first half).
 Prints a table and writes benchmarks/results/jax_update_compile-<device>.json.
 """
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import device_tag, fresh_process_row, run_meta, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ("auto", "reference", "xla", "xla-rows")
+KERNELS = ("auto", "reference")
 
 
 def one(model_name: str, width: float, variant: str, noise: bool, calls: int) -> dict[str, Any]:
@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     if a._one is not None:
         print(json.dumps(one(a.model, a.width, a._one, a.noise, a.calls)))
         return None
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}   # the child imports examples.cifar
+    # the child imports examples.cifar; the caller's path stays (the device's wheels, e.g. jax_triton)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     rows = [fresh_process_row([sys.executable, __file__, "--model", a.model, "--width", str(a.width), "--calls",
                                str(a.calls), "--_one", v, *(["--noise"] if a.noise else [])], v, env)
             for v in a.variants]

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import jax_update_compile  # noqa: E402
 
 
-@pytest.mark.parametrize("variant,noise", [("plain", False), ("xla-rows", True)])
+@pytest.mark.parametrize("variant,noise", [("plain", False), ("auto", True)])
 def test_a_variant_is_timed(variant, noise):
     r = jax_update_compile.one("resnet18", 0.0625, variant, noise, 1)
     assert r["variant"] == variant and r["noise"] == noise and r["leaves"] == 62

@@ -26,7 +26,7 @@ BATCH_LAWS = ("noise", "memory")
 LR_RULES = ("linear", "sqrt", "none", "accumulate")
 PRECISIONS = ("fp16", "bf16", "fp32")
 OFFLOAD_MODES = ("auto", "off")
-KERNEL_IMPLS = ("auto", "triton", "reference", "xla", "xla-rows")
+KERNEL_IMPLS = ("auto", "triton", "reference")
 
 
 def _finite(v: Any) -> bool:
@@ -162,11 +162,7 @@ class TriAccelConfig:
         kernel where it can run: CUDA, jax-triton on a GPU, the interpreter), "triton" (insist), or
         "reference" (the framework's own reductions; under JAX they fuse into the jitted update and
         need no jax-triton, but measured 4.4x slower per bs-384 epoch on an H100: for debugging, or
-        where jax-triton is missing), or, JAX only, "xla": one fused reduction per gradient array
-        inside the jitted update (no concatenation, no written-back unscaled copy, no jax-triton
-        compilation; `triaccel.kernels.moments_reference_jnp_tree`), or "xla-rows": the same with the
-        statistics from one row reduction over the concatenated gradients (a few kernels however many
-        arrays; `moments_rows_jnp_tree`). Neither measured on a GPU yet.
+        where jax-triton is missing).
     """
 
     precision_law: str = "evidence"

@@ -2,7 +2,7 @@
 # per-step cost from the machine's host-speed drift between calls.
 # usage (device tool): R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg; MODEL=efficientnet_b0 bash $R/benchmarks/device/jax_step_ab.sh
 #   MODEL (resnet18), BATCH (384), EPOCHS (3), ROUNDS (2), TRACE (e.g. 200:230: traced steps of the last round),
-#   TRI_ARGS (extra triaccel args), KERNELS (e.g. "auto xla xla-rows": one triaccel run per
+#   TRI_ARGS (extra triaccel args), KERNELS (e.g. "auto reference": one triaccel run per
 #   TriAccelConfig.kernels value, named tri-<kernels>; default: one run, named tri, with the config's default).
 #   triaccel = --levers precision --batch BATCH --batch-max BATCH (the batch
 #   lever off; evidence precision law, its noise measurements every t_noise steps, the wrapped update).
