@@ -2,15 +2,15 @@
 #   MODEL=efficientnet_b0 SEEDS="0 1" bash benchmarks/device/jax_variants.sh \
 #     "amp512=--method amp --batch 512" "mask=--method triaccel --budget 4GiB --bn-mask on"
 # Each argument is NAME=DEMO-ARGS. MODEL (default resnet18), SEEDS (default 0), EPOCHS (default 10), LIMIT
-# (seconds per run, default 200). Every run on its own empty compilation cache; before each seed the
-# jax-triton kernel cache is emptied too (each seed's first triaccel run compiles its kernels, as a first run
-# on a machine does). WARM=1: each variant keeps its caches from seed to seed (the first seed runs cold, the
+# (seconds per run, default 200). Every run on its own empty compilation cache and an empty jax-triton
+# kernel cache (each triaccel run compiles its kernels, as a first run on a machine does). WARM=1: each variant keeps its caches from seed to seed (the first seed runs cold, the
 # others warm: for accuracy over seeds at a fraction of the device time; compare walls within a seed only). Logs and summaries go to $OUT/s<seed>/, packed into $OUT/runs.tgz when there is more
 # than one seed (the device returns at most 8 files per call); one summary line per run.
 # (device tool, nvidia-h200, carry [".device"])
 R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg
 D=/tmp/data/cifar10-jpeg
 one() { seed=$1; name=$2; shift 2; dir=$OUT/s$seed
+  [ "${WARM:-0}" = 1 ] || rm -rf "$TRIACCEL_CACHE/jax-triton"   # every cold run compiles its Triton kernels
   timeout ${LIMIT:-200} python3 -m examples.cifar.train --backend jax --model ${MODEL:-resnet18} --data $D --seed $seed \
   --epochs ${EPOCHS:-10} --no-progress --compile-cache /tmp/cc/$cc$name --out /tmp/runs/s$seed-$name $@ > $dir/$name.log 2>&1
   echo "s$seed $name rc $?"
