@@ -150,7 +150,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # Data parallel: the module DDP wraps (the elastic step reduces gradients itself).
     train_model = model if distributed is None else distributed.training_module()
     fwd = parts_forward(train_model, opts.bn_parts) if opts.compile == "off" else compile_model(
-        train_model, opt if opts.method == "triaccel" else None, mode=opts.compile,
+        train_model, opt if opts.method == "triaccel" else None,
+        **({"backend": "cudagraphs"} if opts.compile == "cudagraphs" else {"mode": opts.compile}),
         static_batches=static_batches(cfg.batch_buckets, distributed) if opts.compile_shapes == "buckets" else None)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: lr_factor(seen[0], total_samples, warmup_samples))
     # conv/linear FLOPs per precision: the wrapper's layers, or all of AMP's/FP32's at one precision

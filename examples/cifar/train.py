@@ -221,9 +221,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "own samples, masked out of the loss; dropped after an out-of-memory error). Default "
                         "auto: largest for triaccel with the batch lever on a GPU (H100, 2026-11-25: cold run "
                         "53.4 s against 74.5 s unpadded, warm 28.5 against 25.8 s), else off")
-    p.add_argument("--compile", choices=["off", "default", "reduce-overhead"], default="off",
-                   help="torch: torch.compile the model (every method; reduce-overhead = CUDA graphs). One "
-                        "compilation per precision policy, the batch dim dynamic (triaccel.backends.torch.compile)")
+    p.add_argument("--compile", choices=["off", "default", "reduce-overhead", "cudagraphs"], default="off",
+                   help="torch: torch.compile the model (every method; reduce-overhead = inductor's kernels in CUDA "
+                        "graphs; cudagraphs = the model's own kernels in CUDA graphs, torch's 'cudagraphs' backend: "
+                        "no kernel generation, for host-bound steps at a small compile cost). One compilation per "
+                        "precision policy, the batch dim dynamic (triaccel.backends.torch.compile)")
     p.add_argument("--compile-shapes", choices=["dynamic", "buckets"], default="dynamic",
                    help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
                         "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
