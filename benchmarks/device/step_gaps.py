@@ -1,7 +1,8 @@
 """Host time per step in a demo run, from its log.jsonl (the step records' `host_s`: seconds into the
 epoch when the step returned). Per epoch and batch size: step count, median and p90 gap in ms, their
 sum in s and the five largest gaps in s, to find where an epoch's time goes (compilations, control
-boundaries, a slow step size).
+boundaries, a slow step size); and the control boundaries apart (steps at multiples of the run's
+t_ctrl): their median gap and their cost over the other steps' median, summed.
 
 usage: python3 benchmarks/device/step_gaps.py RUN/log.jsonl [...] [--epochs N]
 """
@@ -20,13 +21,28 @@ def gaps_by_batch(steps: list[dict]) -> dict[int, list[float]]:
     return out
 
 
+def boundary_cost(steps: list[dict], t_ctrl: int) -> tuple[int, float, float] | None:
+    """(boundaries, their median gap s, their summed excess over the other steps' median gap s) for
+    one epoch's step records; None without a boundary or another step. A gap belongs to the later
+    step (the boundary's control runs before it)."""
+    at, rest = [], []
+    for a, b in zip(steps, steps[1:]):
+        (at if b["step"] % t_ctrl == 0 else rest).append(b["host_s"] - a["host_s"])
+    if not at or not rest:
+        return None
+    base = statistics.median(rest)
+    return len(at), statistics.median(at), sum(g - base for g in at)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("logs", nargs="+")
     ap.add_argument("--epochs", type=int, default=4, help="first N epochs of each run (default 4)")
     args = ap.parse_args()
     for path in args.logs:
-        steps = [r for r in map(json.loads, open(path)) if r.get("type") == "step"]
+        rows = [json.loads(line) for line in open(path)]
+        steps = [r for r in rows if r.get("type") == "step"]
+        t_ctrl = next((r["options"].get("t_ctrl") for r in rows if r.get("type") == "run"), None)
         if steps and "host_s" not in steps[0]:
             raise SystemExit(f"{path}: step records have no host_s (a log from before it was recorded)")
         print(path)
@@ -36,6 +52,10 @@ def main() -> None:
                 print(f"  epoch {epoch + 1} bs {bs:>4}: steps {len(g):>4}  median {1e3 * statistics.median(g):6.2f} ms  "
                       f"p90 {1e3 * g[int(0.9 * (len(g) - 1))]:6.2f} ms  sum {sum(g):6.2f} s  "
                       f"largest {[round(x, 3) for x in g[-5:]]}")
+            cost = boundary_cost([r for r in steps if r["epoch"] == epoch], t_ctrl) if t_ctrl else None
+            if cost is not None:
+                print(f"    control boundaries (every {t_ctrl} steps): {cost[0]}, median {1e3 * cost[1]:.2f} ms, "
+                      f"{cost[2]:.2f} s over the other steps' median")
 
 
 if __name__ == "__main__":
