@@ -40,12 +40,13 @@ def write_to_out(name: str, obj: Any) -> Path | None:
     return write_json(obj, Path(out) / name, indent=1) if out else None
 
 
-def child_row(cmd: Sequence[str], timeout: float, label: str) -> dict[str, Any]:
+def child_row(cmd: Sequence[str], timeout: float | None, label: str, env: dict[str, str] | None = None,
+              cwd: str | Path | None = None) -> dict[str, Any]:
     """Run a probe's child process; its row: the last JSON line of its stdout (with "stderr", the
     child's standard error), or {"error": ...} when it timed out or failed (also printed, under
     `label`). The device probes run each measurement in a fresh process this way."""
     try:
-        p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     except subprocess.TimeoutExpired:
         print(f"{label}: no result within {timeout:.0f} s", flush=True)
         return {"error": f"timeout {timeout} s"}
@@ -57,14 +58,13 @@ def child_row(cmd: Sequence[str], timeout: float, label: str) -> dict[str, Any]:
 
 
 def fresh_process_row(cmd: Sequence[str], label: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The last line of `cmd`'s stdout as JSON, `cmd` run from the repository root in a process of its
-    own (no compilation cache shared with other measurements); RuntimeError naming `label`, with the
-    child's standard error, when it fails."""
-    proc = subprocess.run(list(cmd), cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
-                          env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{label} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """`child_row` from the repository root, without a time limit and strict: the child's row (without
+    its standard error), or RuntimeError naming `label`, with that error, when it fails."""
+    row = child_row(cmd, None, label, env, cwd=Path(__file__).resolve().parents[1])
+    if "error" in row:
+        raise RuntimeError(f"{label} failed:\n{row['error']}")
+    row.pop("stderr", None)
+    return row
 
 
 def run_meta(device: str) -> dict[str, str]:
