@@ -239,6 +239,17 @@ def test_compile_model_rejects_bad_options(kwargs) -> None:
         compile_model(_net(), None, backend="eager", **kwargs)
 
 
+def test_cudagraphs_backend_compiles_per_shape() -> None:
+    """torch's 'cudagraphs' backend replays a recording at one batch size for another (pytorch#131009):
+    compile_model gives it static shapes unless static_batches are listed, and refuses dynamic_batch=True."""
+    with pytest.raises(ValueError, match="dynamic_batch=True with backend='cudagraphs'"):
+        compile_model(_net(), None, backend="cudagraphs", dynamic_batch=True)
+    model = compile_model(_net(), None, backend="cudagraphs")
+    for b in (8, 6, 8):
+        model(torch.randn(b, 3, 8, 8))
+    assert counters["stats"]["unique_graphs"] == 2   # one per shape: 8 and 6, 8 reused
+
+
 def test_compile_model_rejects_foreign_optimizer() -> None:
     opt = _wrapped(_net(0))
     with pytest.raises(ValueError, match="optimizer"):

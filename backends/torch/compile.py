@@ -145,8 +145,8 @@ def compile_model(model: nn.Module, optimizer: Any = None, *, mode: str | None =
       step with the precision decisions.
     mode: torch.compile's mode, one of COMPILE_MODES ("default" = None); "reduce-overhead" uses CUDA
       graphs. backend: torch.compile's backend ("inductor"; "eager"/"aot_eager" for tests).
-    dynamic_batch: one graph for every batch size (True; the default without static_batches) or one
-      per shape (False).
+    dynamic_batch: one graph for every batch size (True; the default without static_batches, except
+      with backend="cudagraphs", which needs static shapes) or one per shape (False).
     static_batches: batch sizes (ints >= 1) that each get a graph specialised to them; calls at any
       other size run the uncompiled model eagerly (`BatchDispatch`). Not with dynamic_batch=True.
     max_variants: compiled variants allowed per compiled model (>= 1); dynamo's recompile_limit is
@@ -174,7 +174,11 @@ def compile_model(model: nn.Module, optimizer: Any = None, *, mode: str | None =
         if dynamic_batch:
             raise ValueError("dynamic_batch=True with static_batches: the listed sizes are compiled specialised, "
                              "other sizes run eagerly; leave dynamic_batch unset or False")
-    dynamic_batch = sizes is None if dynamic_batch is None else dynamic_batch
+    if backend == "cudagraphs" and dynamic_batch:
+        # its CUDA graph trees replay a recording made at one batch size for another (pytorch#131009)
+        raise ValueError("dynamic_batch=True with backend='cudagraphs': that backend needs static shapes; "
+                         "leave dynamic_batch unset (one graph per shape) or pass static_batches")
+    dynamic_batch = sizes is None and backend != "cudagraphs" if dynamic_batch is None else dynamic_batch
     if mode not in (None, "default") and backend != "inductor":
         raise ValueError(f"mode={mode!r}: only with backend='inductor' (got {backend!r})")
     if "dynamic" in compile_kwargs:

@@ -226,11 +226,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "graphs; cudagraphs = the model's own kernels in CUDA graphs, torch's 'cudagraphs' backend: "
                         "no kernel generation, for host-bound steps at a small compile cost). One compilation per "
                         "precision policy, the batch dim dynamic (triaccel.backends.torch.compile)")
-    p.add_argument("--compile-shapes", choices=["dynamic", "buckets"], default="dynamic",
+    p.add_argument("--compile-shapes", choices=["auto", "dynamic", "buckets"], default="auto",
                    help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
                         "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
                         "(buckets: faster steps, one compilation per bucket; H100, ResNet-18 bs 384, CUDA graphs: "
-                        "0.502x vs 0.632x the eager step, benchmarks/compiled.py)")
+                        "0.502x vs 0.632x the eager step, benchmarks/compiled.py). Default auto: buckets with "
+                        "--compile cudagraphs (that backend cannot replay one graph at another batch size, "
+                        "pytorch#131009), else dynamic")
     p.add_argument("--inject-oom-every", type=int, default=0, metavar="N",
                    help="test-only fault injection (benchmarks/soak.py): the first micro-batch of every N-th "
                         "optimizer step raises the framework's out-of-memory error, which the elastic step must "
@@ -253,8 +255,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         p.error(f"--inject-oom-every={a.inject_oom_every}: allowed an integer >= 0, not with --method local")
     if a.compile != "off" and a.backend != "torch":
         p.error(f"--compile={a.compile}: only for --backend torch")
-    if a.compile_shapes != "dynamic" and a.compile == "off":
-        p.error(f"--compile-shapes={a.compile_shapes}: only with --compile default|reduce-overhead")
+    if a.compile_shapes != "auto" and a.compile == "off":
+        p.error(f"--compile-shapes={a.compile_shapes}: only with --compile default|reduce-overhead|cudagraphs")
+    if a.compile == "cudagraphs" and a.compile_shapes == "dynamic":
+        p.error("--compile-shapes=dynamic: not with --compile cudagraphs (that backend cannot replay one graph at "
+                "another batch size, pytorch#131009); allowed auto or buckets")
+    a.compile_shapes = a.compile_shapes if a.compile_shapes != "auto" else (
+        "buckets" if a.compile == "cudagraphs" else "dynamic")
     if a.offload == "auto" and (a.backend != "torch" or a.method != "triaccel" or a.compile != "off"):
         p.error("--offload auto: only for --backend torch --method triaccel --compile off (the JAX wrapper refuses "
                 "it; saved-tensor hooks run eagerly)")
