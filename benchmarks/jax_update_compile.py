@@ -6,7 +6,7 @@ each is at least one kernel launch) and the median call time.
 
     python3 benchmarks/jax_update_compile.py --model resnet18 --width 0.5       # CPU here, or a GPU
 
-Variants: plain (no wrapper), and the wrapper with kernels auto and reference, without the
+Variants: plain (no wrapper), and the wrapper with kernels auto, triton, reference and xla, without the
 batch lever (no noise halves in the update) or, with --noise, with them (a noise step's first half).
 Prints a table and writes benchmarks/results/jax_update_compile-<device>.json.
 """
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import device_tag, fresh_process_row, run_meta, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ("auto", "reference")
+KERNELS = ("auto", "triton", "reference", "xla")
 
 
 def one(model_name: str, width: float, variant: str, noise: bool, calls: int) -> dict[str, Any]:

@@ -415,6 +415,15 @@ def main() -> None:
                 add("jax grad_moments_flat kernel + zeroing (CUPTI)", "moments", kern + zero, float("nan"), rbytes,
                     note="+ the memset of its zeroed output; not counted (the benchmark's .sumsq slice): "
                     + (", ".join(f"{k} {v:.1f}" for k, v in rest.items()) or "none"))
+                # XLA's own reductions over the gradient arrays (TriAccelConfig(kernels="xla")): no kernel
+                # to lower; inside a train step their unscaling fuses into the update
+                for impl in ("xla",):
+                    jx = grad_moments([jflats[0][a:b] for a, b in segs], impl=impl)
+                    check(f"{set_name} jax impl={impl} moments vs torch",
+                          bool(np.allclose(np.asarray(jx.sumsq), mf.sumsq.cpu().numpy(), rtol=1e-5)))
+                    add(f"jax grad_moments impl={impl}", "moments",
+                        jgpu(lambda x, impl=impl: grad_moments([x[a:b] for a, b in segs], impl=impl).sumsq, it),
+                        float("nan"), rbytes, "jax sum(x*x) per leaf")
                 sj = jnp.ones((1,), jnp.float32)
                 add("jax grad_moments_flat + unscale", "unscale",
                     jgpu(lambda x: grad_moments_flat(x, off, inv_scale=sj)[1], it), float("nan"), 2 * rbytes)

@@ -74,6 +74,9 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     triton = None
     tl = None
 
+# impls for JAX arrays only: XLA's own reductions inside the jitted step (no kernel, no write-back)
+JAX_ONLY_IMPLS = ("xla",)
+
 # Default launch configuration: BLOCK elements per load, ITERS loads per unrolled step, rows of
 # at least BLOCK*ITERS elements, about PER_SM rows per SM (benchmarks/kernels.py --sweep).
 BLOCK = 1024
@@ -292,6 +295,28 @@ def moments_reference_jnp(flat: Any, offsets: Sequence[int], inv_scale: Any = No
     c = jax.ops.segment_sum((~fin).astype(jnp.float32), ids, num_segments=n)
     out = jnp.stack([s, q, c], axis=1).astype(jnp.float32)
     return out, (x.astype(flat.dtype) if inv_scale is not None else None)
+
+
+def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None) -> tuple[Any, list[Any] | None]:
+    """jnp reference over separate arrays: ((n, 3) float32 [sum, sumsq, nonfinite], the unscaled arrays
+    (each in its own dtype) or None). Each array is reduced on its own, in FP32 (FP64 for a float64
+    array), the three sums in one pass XLA fuses with the unscaling; no concatenation and no scatter
+    (`moments_reference_jnp`'s segment sums are atomics on a GPU), so inside a jitted step the
+    unscaled arrays fuse into their consumers and nothing is written back."""
+    import jax.numpy as jnp
+
+    rows, parts = [], []
+    for a in leaves:
+        acc = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
+        x = a.astype(acc)
+        if inv_scale is not None:
+            x = x * jnp.asarray(inv_scale, dtype=acc).reshape(())
+            parts.append(x.astype(a.dtype))
+        fin = jnp.isfinite(x)
+        xf = jnp.where(fin, x, 0.0)
+        rows.append(jnp.stack([jnp.sum(xf), jnp.sum(xf * xf), jnp.sum(~fin, dtype=acc)]).astype(jnp.float32))
+    out = jnp.stack(rows) if rows else jnp.zeros((0, 3), jnp.float32)
+    return out, (parts if inv_scale is not None else None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -747,7 +772,7 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
 
     tensors: list of torch tensors (any shapes, dense, FP32/FP16/BF16/FP64, one device; read in place
         through a pointer table: no copy) or a list/pytree of JAX arrays (concatenated into one flat
-        buffer; use :func:`grad_moments_flat` to avoid that copy).
+        buffer, except with impl="xla"; use :func:`grad_moments_flat` to avoid that copy).
     inv_scale: None, a positive float, or a 1-element float32 tensor/array (e.g. 1/loss_scale):
         statistics are of ``x * inv_scale``; torch tensors are unscaled in place.
     out: torch only: a contiguous (n, 3) float32 device buffer (e.g. ``buf[r]`` of a (T, n, 3)
@@ -757,7 +782,9 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
         value is non-finite and left as it was otherwise (zero it beforehand): the ``found_inf`` a
         fused torch optimizer or ``GradScaler.update`` reads, with no extra launch.
     impl: "auto" (Triton on CUDA / interpreter / jax-triton on GPU, else reference), "triton" or
-        "reference".
+        "reference"; JAX arrays also "xla": :func:`moments_reference_jnp_tree`, one reduction per
+        array with no concatenation, no written-back copy (inside a jitted step XLA fuses the
+        unscaling into its consumers) and no jax-triton lowering.
     block, iters, num_warps: launch configuration (elements per load, loads per unrolled step,
         warps per program); chunk: elements per program (a multiple of 16; None: from the total
         size and the GPU's SM count).
@@ -769,6 +796,9 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
     cfg = _cfg(block, iters, num_warps, chunk)
     leaves, fw = D.leaves_and_framework(tensors, "tensors")
     if fw == "torch":
+        if impl in JAX_ONLY_IMPLS:
+            raise ValueError(f"impl={impl!r}: JAX arrays only (XLA's own reductions in the jitted step); for "
+                             f"torch tensors use one of {D.IMPLS}")
         res = _torch_list(leaves, inv_scale, out, found_inf, impl, cfg)[0]
         return res if out is not None else _torch_moments(res)
     _torch_only(out, found_inf)
@@ -778,6 +808,10 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
     for i, a in enumerate(leaves):
         D.dtype_code(str(a.dtype), f"tensors[{i}]")
     treedef = jax.tree_util.tree_structure(tensors)
+    if impl in JAX_ONLY_IMPLS:
+        res, parts = moments_reference_jnp_tree(leaves, _jax_scale(inv_scale))
+        moments = _jax_moments(res)
+        return moments if inv_scale is None else (moments, jax.tree_util.tree_unflatten(treedef, parts))
     dtypes = {a.dtype for a in leaves}
     # mixed: exact upcast to FP32 (FP64 when any leaf is FP64)
     flat_dtype = dtypes.pop() if len(dtypes) == 1 else jnp.float64 if np.dtype("float64") in dtypes else jnp.float32

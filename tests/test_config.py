@@ -95,5 +95,6 @@ def test_kernels_choice_is_checked():
     from triaccel import TriAccelConfig
 
     assert TriAccelConfig().kernels == "auto" and TriAccelConfig(kernels="reference").kernels == "reference"
+    assert TriAccelConfig(kernels="xla").kernels == "xla"   # JAX only: the torch wrapper refuses it
     with pytest.raises(ValueError, match="kernels"):
         TriAccelConfig(kernels="cuda")

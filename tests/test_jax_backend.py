@@ -91,10 +91,10 @@ FAST = dict(t_ctrl=4, t_curv=8, warmup_steps=4, min_dwell=0, batch_init=16, batc
             top_k=2, b_curv=8)
 
 
-def _train_cnn(inner: optax.GradientTransformation, steps: int, curvature: str = "fisher"):
+def _train_cnn(inner: optax.GradientTransformation, steps: int, curvature: str = "fisher", **cfg: Any):
     x, y = image_data()
     model = SmallCNN(nnx.Rngs(0))
-    ta = TriAccel(TriAccelConfig(curvature=curvature, **FAST), model, loss_fn=cnn_loss)
+    ta = TriAccel(TriAccelConfig(curvature=curvature, **FAST, **cfg), model, loss_fn=cnn_loss)
     opt = nnx.Optimizer(model, ta.wrap(inner), wrt=nnx.Param)
 
     @ta.jit
@@ -127,6 +127,19 @@ def test_wrapped_optimizer_trains_cnn(name, inner):
     policies = {tuple(r["precisions"]) for r in ta.controller.telemetry.records if r["step"] >= 0}
     assert 1 <= rep["compilations"] <= len(policies) + 1
     assert int(find_state(opt.opt_state).count.get_value()) == 24
+
+
+def test_xla_moments_train_as_the_kernel_path():
+    """kernels="xla" (XLA's reductions in the update): the same losses, decisions and statistics as
+    the kernel's jnp reference over a run with precision changes."""
+    runs = [_train_cnn(optax.sgd(0.1, momentum=0.9), 24, curvature="off", precision_law="variance", kernels=k)
+            for k in ("reference", "xla")]
+    (ta_a, _, _, loss_a), (ta_x, _, _, loss_x) = runs
+    np.testing.assert_allclose(loss_x, loss_a, rtol=1e-5)
+    rec = [[(r["step"], r["precisions"]) for r in ta.controller.telemetry.records] for ta in (ta_a, ta_x)]
+    assert rec[0] == rec[1] and len({tuple(p) for _, p in rec[0]}) >= 2   # the policy changed, alike
+    for a, b in zip(ta_a.controller.telemetry.records, ta_x.controller.telemetry.records):
+        assert [v or 0.0 for v in b["var_ema"]] == pytest.approx([v or 0.0 for v in a["var_ema"]], rel=1e-4)
 
 
 def test_layer_discovery_nnx_and_pytree():

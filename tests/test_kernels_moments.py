@@ -13,6 +13,7 @@ from triaccel.kernels import (  # noqa: E402
     grad_moments,
     grad_moments_flat,
     moments_reference_jnp,
+    moments_reference_jnp_tree,
     moments_reference_torch,
 )
 
@@ -153,6 +154,43 @@ def test_jax_list_pytree_and_flat():
     flat = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(tree)])
     m3 = grad_moments_flat(flat, [0, 21, 1044, 1046])
     np.testing.assert_allclose(np.asarray(m3.sum), np.asarray(m.sum), rtol=1e-5)
+
+
+def test_jax_xla_impl_matches_the_flat_reference_in_and_out_of_jit():
+    """impl="xla" (each array reduced on its own), JAX only: the statistics of the flat reference and of the float64 oracle
+    over odd shapes, every dtype, an empty array, NaN/Inf and a scale, and the unscaled arrays in their
+    own dtypes, eager and jitted; torch tensors refuse them."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    impl = "xla"
+    ts = make([1, 7, 0, 1023, 4097], torch.float32, seed=8)
+    ts[1][3], ts[3][0], ts[3][9] = float("nan"), float("inf"), float("-inf")
+    dtypes = [jnp.float32, jnp.float16, jnp.bfloat16, jnp.float32, jnp.bfloat16]
+    leaves = [jnp.asarray(t.numpy()).astype(d) for t, d in zip(ts, dtypes)]
+    exact = [torch.from_numpy(np.asarray(a.astype(jnp.float32))) for a in leaves]
+    for scale in (None, 0.25, jnp.full((1,), 0.25, jnp.float32)):
+        for fn in (lambda: grad_moments(leaves, inv_scale=scale, impl=impl),
+                   lambda: jax.jit(lambda ls: grad_moments(ls, inv_scale=scale, impl=impl))(leaves)):
+            got = fn()
+            m, un = (got, None) if scale is None else got
+            check(m, exact, 1.0 if scale is None else 0.25, rtol=4e-6)
+            if un is not None:
+                assert [u.dtype for u in un] == dtypes and [u.shape for u in un] == [a.shape for a in leaves]
+                for u, a in zip(un, leaves):
+                    np.testing.assert_array_equal(np.asarray(u.astype(jnp.float32)),
+                                                  np.asarray((a.astype(jnp.float32) * 0.25).astype(a.dtype).astype(jnp.float32)))
+    flat = jnp.concatenate([a.astype(jnp.float32) for a in leaves])
+    off = np.concatenate([[0], np.cumsum([a.size for a in leaves])])
+    want, _ = moments_reference_jnp(flat, off)
+    tree_fn = moments_reference_jnp_tree
+    got, parts = tree_fn(leaves)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)
+    assert parts is None and tree_fn([])[0].shape == (0, 3)
+    assert np.asarray(tree_fn([jnp.zeros(0)])[0]).tolist() == [[0.0, 0.0, 0.0]]
+    with pytest.raises(ValueError, match="JAX arrays only"):
+        grad_moments([torch.ones(3)], impl=impl)
+    with pytest.raises(ValueError, match=f"impl='{impl}'"):
+        grad_moments_flat(flat, off, impl=impl)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

@@ -126,6 +126,12 @@ def test_module_compute_dtype_equals_plan(assign) -> None:
         h.remove()
 
 
+def test_xla_kernels_are_jax_only() -> None:
+    model = nn.Linear(4, 2)
+    with pytest.raises(ValueError, match="kernels='xla': JAX only"):
+        wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, TriAccelConfig(kernels="xla"))
+
+
 def test_strict_norm_runs_norms_in_fp32() -> None:
     model = SmallCNN()
     layers = discover_layers(model)

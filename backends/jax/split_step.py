@@ -13,7 +13,7 @@ by identity, so a policy seen before is not recompiled. `SplitStep.bind` runs fu
 over part of the same state (e.g. an optimizer update over the parameters' state and the optimizer,
 which a new precision policy then does not recompile).
 
-Compilations off the critical path (`compile_ahead`, "after" by default): each variant (graph
+Compilations off the critical path (`compile_ahead`, on by default): each variant (graph
 definition x argument shapes) runs as an ahead-of-time executable (`jax.jit(...).lower(...).compile()`);
 from the first step on, at each control boundary, the variants the controller may ask for
 (`Controller.likely_next`: every batch bucket up to the ceiling, the gradient-noise
@@ -51,13 +51,15 @@ class SplitStep:
     fn: the train step; it may update the objects in place, as under `nnx.jit`. ta: the `TriAccel`
     whose `control` runs at boundaries; its `jit` counts each variant's compilation and memory
     footprint (the micro-batch is the leading axis of the first array in ``args``).
-    compile_ahead: "after" (default): compile the likely next variants on a background thread at
-    control boundaries (needs ``ta``; module docstring), but no background XLA compilation runs
-    while the caller's thread compiles (the step's variants and bound functions are traced and
-    lowered meanwhile). Two XLA compilations at once end later than one after the other, and the
-    one the loop waits for takes 1.6-2.3x its time alone (ResNet-18 step and evaluation, H100,
-    2026-11-25; in cold demo runs up to 52-54 s instead of ~17 s: docs/results.md). True: the
-    same without that hold; False: each variant compiles at its first call.
+    compile_ahead: True (default): compile the likely next variants on a background thread at
+    control boundaries (needs ``ta``; module docstring), beside the caller's own compilations.
+    "after": the same, but no background XLA compilation runs while the caller's thread compiles
+    (the step's variants and bound functions are traced and lowered meanwhile): two XLA
+    compilations at once end later than one after the other, the one the loop waits for took
+    1.6-2.3x its time alone (ResNet-18 step and evaluation, H100, 2026-11-25, once 52-54 s instead
+    of ~17 s), yet in four cold demo runs against "after" (2026-11-27/28, ResNet-18 seeds 0 and 2,
+    EfficientNet-B0 seed 2; docs/results.md) True finished 2.1-22.6 s sooner: the evaluation's
+    compilation is off the loop's path. False: each variant compiles at its first call.
     pad_to_batch: the loader pads every micro-batch to the bucket of the decided batch
     (`ElasticLoader(pad_to_batch=True)`), so the gradient-noise half batches and the epoch's short
     last step need no variants of their own: only the decided sizes are compiled ahead.
@@ -80,7 +82,7 @@ class SplitStep:
     """
 
     def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
-                 compile_ahead: bool | str = "after", compile_cache: str | Path | bool | None = True,
+                 compile_ahead: bool | str = True, compile_cache: str | Path | bool | None = True,
                  mesh: Any = None, pad_to_batch: bool = False, loader: Any = None,
                  pack: bool | str = "auto", **jit_kwargs: Any) -> None:
         import jax

@@ -211,7 +211,11 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.last_memory: MemoryReading | None = None
         # Statistics ring: one row per optimizer step since the last flush (read at boundaries only).
         self._buf = torch.zeros((config.t_ctrl, len(params), 3), dtype=torch.float32, device=self.device)
-        from triaccel.kernels.grad_moments import FixedMoments  # Triton on CUDA, torch reference on CPU
+        from triaccel.kernels.grad_moments import JAX_ONLY_IMPLS, FixedMoments  # Triton on CUDA, torch reference on CPU
+
+        if config.kernels in JAX_ONLY_IMPLS:
+            raise ValueError(f"config.kernels={config.kernels!r}: JAX only (XLA's own reductions in the jitted "
+                             "update); torch takes 'auto', 'triton' or 'reference'")
 
         # the gradients of a fixed parameter list: a launch reads only their addresses
         self._moments = FixedMoments(impl=config.kernels)

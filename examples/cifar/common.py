@@ -66,7 +66,7 @@ class RunOptions:
     out: str = ""
     progress: bool = True
     compile_cache: str | None = None  # JAX: persistent compilation cache folder; None: <cache>/jax; "off"
-    compile_ahead: bool | str = "after"  # JAX: compile the likely next step variants on a background thread, not beside the loop's own compilations (True: also then); not local
+    compile_ahead: bool | str = True     # JAX: compile the likely next step variants on a background thread (True; "after": not beside the loop's own compilations); not local
     in_flight: str = "on"             # JAX: on | off: one step left running while the host prepares the next (train.py)
     fused_step: str = "auto"          # JAX: auto | on | off: a plain step as one program, gradient and update (train.py)
     gc_freeze: str = "on"             # JAX: on | off: long-lived objects out of the garbage collector's scans (HeapFreeze)

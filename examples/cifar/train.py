@@ -192,10 +192,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "(seeded by rank); sample, a hash of (seed, epoch, sample index), so every sample is "
                         "augmented alike on any number of ranks (with --bn-parts: one GPU computes what the ranks "
                         "do; backends.torch.augment.keyed_crop_flip)")
-    p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="after",
+    p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="on",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
-                        "down/up, noise half batch, next precision policy) on a background thread, none while "
-                        "the loop's thread compiles (default after; on: also then); "
+                        "down/up, noise half batch, next precision policy) and the evaluation on a background "
+                        "thread (default on; after: none while the loop's thread compiles, slower in four cold "
+                        "runs of 2026-11-27/28, docs/results.md); "
                         "not used by --method local (its blocks compile in place: measured faster)")
     p.add_argument("--in-flight", choices=["on", "off"], default="on",
                    help="JAX: leave each optimizer step running on the device while the host prepares the next "
