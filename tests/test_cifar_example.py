@@ -333,6 +333,7 @@ def test_compiled_bucket_sizes_are_per_rank():
     assert static_batches((24, 48, 96, 192)) == (24, 48, 96, 192)
     assert static_batches((24, 48, 96, 192), SimpleNamespace(world_size=4)) == (6, 12, 24, 48)
     assert static_batches((12, 24, 36), SimpleNamespace(world_size=8)) == (3,)
+    assert static_batches((24, 48, 96, 192), smallest=96) == (96, 192)   # from the starting batch up
 
 
 def test_torch_demo_under_torchrun_on_two_gloo_ranks(tmp_path):
