@@ -142,6 +142,23 @@ def test_xla_moments_train_as_the_kernel_path():
         assert [v or 0.0 for v in b["var_ema"]] == pytest.approx([v or 0.0 for v in a["var_ema"]], rel=1e-4)
 
 
+@pytest.mark.parametrize("kernels,impl", [("auto", "xla"), ("triton", "triton")])
+def test_jax_auto_kernels_take_xla_statistics(monkeypatch, kernels, impl):
+    """Under JAX, kernels="auto" asks the statistics of XLA's per-array reductions (no jax-triton
+    lowering: faster in cold GPU runs, docs/results.md 2026-11-28); "triton" still asks the kernel."""
+    import triaccel.kernels as K
+
+    real, asked = K.grad_moments, []
+
+    def recorded(*args, impl="auto", **kw):
+        asked.append(impl)
+        return real(*args, impl="reference" if impl == "triton" else impl, **kw)   # no jax-triton on a CPU
+
+    monkeypatch.setattr(K, "grad_moments", recorded)
+    _train_cnn(optax.sgd(0.1), 2, curvature="off", kernels=kernels)
+    assert asked and set(asked) == {impl}
+
+
 def test_layer_discovery_nnx_and_pytree():
     lm = layer_map(SmallCNN(nnx.Rngs(0)))
     assert [(s.name, s.kind) for s in lm.specs] == [("bn1", "norm"), ("conv1", "other"), ("conv2", "other"),
