@@ -157,8 +157,8 @@ def test_jax_list_pytree_and_flat():
 
 
 def test_jax_xla_impl_matches_the_flat_reference_in_and_out_of_jit():
-    """impl="xla" (each array reduced on its own), JAX only: the statistics of the flat reference and of the float64 oracle
-    over odd shapes, every dtype, an empty array, NaN/Inf and a scale, and the unscaled arrays in their
+    """impl="xla" (each array reduced on its own), JAX only: the statistics of the flat reference and
+    of the float64 oracle over odd shapes, every dtype, an empty array, NaN/Inf and a scale, and the unscaled arrays in their
     own dtypes, eager and jitted; torch tensors refuse them."""
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
@@ -182,11 +182,10 @@ def test_jax_xla_impl_matches_the_flat_reference_in_and_out_of_jit():
     flat = jnp.concatenate([a.astype(jnp.float32) for a in leaves])
     off = np.concatenate([[0], np.cumsum([a.size for a in leaves])])
     want, _ = moments_reference_jnp(flat, off)
-    tree_fn = moments_reference_jnp_tree
-    got, parts = tree_fn(leaves)
+    got, parts = moments_reference_jnp_tree(leaves)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)
-    assert parts is None and tree_fn([])[0].shape == (0, 3)
-    assert np.asarray(tree_fn([jnp.zeros(0)])[0]).tolist() == [[0.0, 0.0, 0.0]]
+    assert parts is None and moments_reference_jnp_tree([])[0].shape == (0, 3)
+    assert np.asarray(moments_reference_jnp_tree([jnp.zeros(0)])[0]).tolist() == [[0.0, 0.0, 0.0]]
     with pytest.raises(ValueError, match="JAX arrays only"):
         grad_moments([torch.ones(3)], impl=impl)
     with pytest.raises(ValueError, match=f"impl='{impl}'"):

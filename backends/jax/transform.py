@@ -319,8 +319,9 @@ class TriAccel:
         # (ResNet-18, H200, 2026-11-28: 3.8-5.2 s of wall), steady steps alike; "triton" insists
         grad_moments = functools.partial(_grad_moments_fn(), impl="xla" if cfg.kernels == "auto" else cfg.kernels)
         if self.mesh is not None:
-            # The GPU kernel is a custom call that XLA's automatic partitioning cannot split: each
-            # device runs it on its whole copy of the (already all-reduced, replicated) gradients.
+            # The GPU kernel ("triton") is a custom call that XLA's automatic partitioning cannot
+            # split; every impl runs per device on its whole copy of the (already all-reduced,
+            # replicated) gradients, so all impls see the same arrays.
             from .sharding import on_every_device
 
             grad_moments = on_every_device(grad_moments, self.mesh)

@@ -79,8 +79,8 @@ def static_batches(buckets: Sequence[int], distributed: Any = None, smallest: in
     """The forward's batch sizes at the global batch buckets from `smallest` up: each rank runs global
     / world size (a bucket that does not divide gives uneven rank parts, which run uncompiled). Below
     the starting batch only a noise measurement's half batch (1 step in t_noise) or an OOM shrink
-    would use a graph: those run eagerly rather than cost a compilation (7.1 s for EfficientNet-B0's
-    bs 48 under cudagraphs, H100, 2026-11-28)."""
+    would use a graph: those run eagerly rather than cost a compilation (EfficientNet-B0 under
+    cudagraphs, H100, 2026-11-28: a 7.1 s gap at step 100, where the bs-48 noise halves begin)."""
     world = 1 if distributed is None else distributed.world_size
     return tuple(b // world for b in buckets if b % world == 0 and b >= smallest)
 

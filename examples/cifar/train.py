@@ -226,7 +226,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="torch: torch.compile the model (every method; reduce-overhead = inductor's kernels in CUDA "
                         "graphs; cudagraphs = the model's own kernels in CUDA graphs, torch's 'cudagraphs' backend: "
                         "no kernel generation, for host-bound steps at a small compile cost). One compilation per "
-                        "precision policy, the batch dim dynamic (triaccel.backends.torch.compile)")
+                        "precision policy and, as --compile-shapes says, per batch shape or for all of them "
+                        "(triaccel.backends.torch.compile)")
     p.add_argument("--compile-shapes", choices=["auto", "dynamic", "buckets"], default="auto",
                    help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
                         "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
