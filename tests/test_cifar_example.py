@@ -55,6 +55,19 @@ def test_torch_demo_with_the_cudagraphs_backend(tmp_path, method):
     assert 0.0 <= summary["final_acc"] <= 1.0
 
 
+def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
+    """--compile graphs (ShapeGraphs, one CUDA-graph capture per bucket; GPU-tested in
+    test_torch_shape_graphs.py): on a CPU every step runs the module eagerly, every image once, no
+    capture; --compile-shapes dynamic is refused."""
+    summary, out = _run(tmp_path, "--backend", "torch", "--method", "triaccel", "--compile", "graphs",
+                        "--budget", "4GiB", "--set", "min_dwell=0")
+    steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"type": "step"' in x]
+    assert sum(r["samples"] for r in steps) == 192 and summary["compiled_graphs"] == 0
+    assert summary["options"]["compile_shapes"] == "buckets"
+    with pytest.raises(SystemExit):
+        train.parse_args(["--data", str(DATA), "--compile", "graphs", "--compile-shapes", "dynamic"])
+
+
 def test_jax_demo_with_a_pad_floor_and_compilations_after_the_loops(tmp_path):
     """--pad-floor largest --compile-ahead after run end to end, every image once, and are recorded in
     the summary, with BatchNorm statistics over the real rows only (--bn-mask auto: on where the floor

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from triaccel import Controller
 from triaccel.backends.torch import augment, wrap
 from triaccel.backends.torch.compile import compile_model
+from triaccel.backends.torch.cuda_graph import ShapeGraphs
 from triaccel.backends.torch.data import ElasticLoader, elastic_step
 from triaccel.backends.torch.distributed import unwrap_parallel
 from triaccel.backends.torch.flops import layer_flops
@@ -152,11 +153,15 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # Training steps run the compiled forward; evaluation, FLOP counting and curvature the module.
     # Data parallel: the module DDP wraps (the elastic step reduces gradients itself).
     train_model = model if distributed is None else distributed.training_module()
-    fwd = parts_forward(train_model, opts.bn_parts) if opts.compile == "off" else compile_model(
-        train_model, opt if opts.method == "triaccel" else None,
-        **({"backend": "cudagraphs"} if opts.compile == "cudagraphs" else {"mode": opts.compile}),
-        static_batches=static_batches(cfg.batch_buckets, distributed, cfg.batch_init)
-        if opts.compile_shapes == "buckets" else None)
+    graphed = static_batches(cfg.batch_buckets, distributed, cfg.batch_init) if opts.compile_shapes == "buckets" else None
+    if opts.compile == "off":
+        fwd = parts_forward(train_model, opts.bn_parts)
+    elif opts.compile == "graphs":
+        fwd = ShapeGraphs(train_model, graphed, key=(lambda: opt.plan.key) if opts.method == "triaccel" else None)
+    else:
+        fwd = compile_model(train_model, opt if opts.method == "triaccel" else None,
+                            **({"backend": "cudagraphs"} if opts.compile == "cudagraphs" else {"mode": opts.compile}),
+                            static_batches=graphed)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: lr_factor(seen[0], total_samples, warmup_samples))
     # conv/linear FLOPs per precision: the wrapper's layers, or all of AMP's/FP32's at one precision
     net = unwrap_parallel(model)   # layer names and FLOPs of the module itself (DDP: its .module)
@@ -256,7 +261,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             "injected_ooms": inject.injected,
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "compiled_graphs": (None if opts.compile == "off"
+            "compiled_graphs": (None if opts.compile == "off" else fwd.captures if opts.compile == "graphs"
                                 else int(torch._dynamo.utils.counters["stats"]["unique_graphs"])),
             "report": opt.report() if opts.method == "triaccel" else None,
             "offload": (None if getattr(opt, "offload", None) is None else   # plans taken, when measured

@@ -222,12 +222,14 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "own samples, masked out of the loss; dropped after an out-of-memory error). Default "
                         "auto: largest for triaccel with the batch lever on a GPU (H100, 2026-11-25: cold run "
                         "53.4 s against 74.5 s unpadded, warm 28.5 against 25.8 s), else off")
-    p.add_argument("--compile", choices=["off", "default", "reduce-overhead", "cudagraphs"], default="off",
+    p.add_argument("--compile", choices=["off", "default", "reduce-overhead", "cudagraphs", "graphs"], default="off",
                    help="torch: torch.compile the model (every method; reduce-overhead = inductor's kernels in CUDA "
                         "graphs; cudagraphs = the model's own kernels in CUDA graphs, torch's 'cudagraphs' backend: "
                         "no kernel generation, for host-bound steps at a small compile cost). One compilation per "
                         "precision policy and, as --compile-shapes says, per batch shape or for all of them "
-                        "(triaccel.backends.torch.compile)")
+                        "(triaccel.backends.torch.compile). graphs: no compiler, the forward and backward captured "
+                        "as CUDA graphs per batch bucket and policy (torch.cuda.make_graphed_callables, "
+                        "triaccel.backends.torch.cuda_graph.ShapeGraphs; buckets only)")
     p.add_argument("--compile-shapes", choices=["auto", "dynamic", "buckets"], default="auto",
                    help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
                         "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
@@ -258,12 +260,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     if a.compile != "off" and a.backend != "torch":
         p.error(f"--compile={a.compile}: only for --backend torch")
     if a.compile_shapes != "auto" and a.compile == "off":
-        p.error(f"--compile-shapes={a.compile_shapes}: only with --compile default|reduce-overhead|cudagraphs")
-    if a.compile == "cudagraphs" and a.compile_shapes == "dynamic":
-        p.error("--compile-shapes=dynamic: not with --compile cudagraphs (that backend cannot replay one graph at "
-                "another batch size, pytorch#131009); allowed auto or buckets")
+        p.error(f"--compile-shapes={a.compile_shapes}: only with --compile default|reduce-overhead|cudagraphs|graphs")
+    if a.compile in ("cudagraphs", "graphs") and a.compile_shapes == "dynamic":
+        p.error(f"--compile-shapes=dynamic: not with --compile {a.compile} (a CUDA graph replays one batch size; "
+                "torch's cudagraphs backend replayed one at another, pytorch#131009); allowed auto or buckets")
     a.compile_shapes = a.compile_shapes if a.compile_shapes != "auto" else (
-        "buckets" if a.compile == "cudagraphs" else "dynamic")
+        "buckets" if a.compile in ("cudagraphs", "graphs") else "dynamic")
     if a.offload == "auto" and (a.backend != "torch" or a.method != "triaccel" or a.compile != "off"):
         p.error("--offload auto: only for --backend torch --method triaccel --compile off (the JAX wrapper refuses "
                 "it; saved-tensor hooks run eagerly)")
