@@ -194,13 +194,15 @@ class ShapeGraphs(nn.Module):
         buffers = [b for b in self.module.buffers()]
         saved = [b.clone() for b in buffers]
         static = torch.empty_like(x, memory_format=torch.preserve_format).copy_(x)
-        # autocast's cast cache would hand the capture casts made outside it (torch refuses it)
-        with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
-            fn = torch.cuda.make_graphed_callables(_Bare(self.module), (static,), num_warmup_iters=self.warmup,
-                                                   allow_unused_input=True)
-        with torch.no_grad():
-            for b, s in zip(buffers, saved):
-                b.copy_(s)
+        try:
+            # autocast's cast cache would hand the capture casts made outside it (torch refuses it)
+            with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
+                fn = torch.cuda.make_graphed_callables(_Bare(self.module), (static,), num_warmup_iters=self.warmup,
+                                                       allow_unused_input=True)
+        finally:   # also when the capture fails (e.g. out of memory): the caller may retry the step
+            with torch.no_grad():
+                for b, s in zip(buffers, saved):
+                    b.copy_(s)
         self.captures += 1
         return fn
 
