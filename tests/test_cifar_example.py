@@ -68,6 +68,20 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
         train.parse_args(["--data", str(DATA), "--compile", "graphs", "--compile-shapes", "dynamic"])
 
 
+def test_xla_options_reach_the_jax_run_and_are_refused_elsewhere():
+    """--xla-option KEY=VALUE (repeatable) becomes RunOptions.xla_options (SplitStep's
+    compiler_options, tested in test_jax_compile_ahead.py); torch and the local method refuse it."""
+    base = ["--data", str(DATA), "--device", "cpu"]
+    opts = train.parse_args(base + ["--backend", "jax", "--xla-option", "xla_gpu_autotune_level=2",
+                                    "--xla-option", "xla_gpu_enable_triton_gemm=false"])
+    assert opts.xla_options == {"xla_gpu_autotune_level": 2, "xla_gpu_enable_triton_gemm": False}
+    for extra in (["--backend", "torch"], ["--backend", "jax", "--method", "local"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(base + extra + ["--xla-option", "xla_gpu_autotune_level=2"])
+    with pytest.raises(SystemExit, match="--xla-option"):
+        train.parse_args(base + ["--backend", "jax", "--xla-option", "xla_gpu_autotune_level"])
+
+
 def test_jax_demo_with_a_pad_floor_and_compilations_after_the_loops(tmp_path):
     """--pad-floor largest --compile-ahead after run end to end, every image once, and are recorded in
     the summary, with BatchNorm statistics over the real rows only (--bn-mask auto: on where the floor

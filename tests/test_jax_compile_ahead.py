@@ -679,3 +679,27 @@ def test_quiet_waits_for_a_running_compilation_and_holds_the_rest():
     with ahead.quiet():   # nothing running: enters at once
         pass
     ahead.close()
+
+
+def test_compiler_options_reach_the_step_and_its_bound_functions():
+    """SplitStep(compiler_options=...) is jax.jit's compiler_options for the step and every bound
+    function: a known XLA option compiles and trains as without it; an unknown one fails at the
+    first compilation of either, naming it; a non-mapping is refused up front."""
+    from triaccel.backends.jax import SplitStep
+
+    def fresh(options):
+        model = Net()
+        opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+        return model, SplitStep(_body, model, opt, compile_ahead=False, compile_cache=False, compiler_options=options)
+
+    _, plain = fresh(None)
+    _, tuned = fresh({"xla_gpu_autotune_level": 2})   # an XLA debug option; ignored by the CPU compiler
+    assert [float(plain(x)) for x in XS] == [float(tuned(x)) for x in XS]
+    model, bad = fresh({"no_such_option": 1})
+    with pytest.raises(Exception, match="no_such_option"):
+        bad(XS[0])
+    probe = bad.bind(lambda m, x: m(x).sum(), model)
+    with pytest.raises(Exception, match="no_such_option"):
+        probe(XS[0])
+    with pytest.raises(ValueError, match="compiler_options"):
+        fresh([("xla_gpu_autotune_level", 2)])

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .compile_ahead import AheadCompiler, abstract, enable_compilation_cache
 from .packing import StatePacking
@@ -78,6 +78,9 @@ class SplitStep:
     an `ElasticLoader` with ``device=batch_sharding(mesh)``), other arguments replicated or
     uncommitted; outputs are replicated unless ``out_shardings`` is given. One SPMD program per
     variant: the gradients and statistics inside are the global batch's.
+    compiler_options: XLA options for every program this step and its bound functions compile
+    (`jax.jit`'s ``compiler_options``, e.g. ``{"xla_gpu_autotune_level": 2}``); None: XLA's defaults.
+    An option XLA does not know fails at the first compilation, naming it.
     jit_kwargs: passed to `jax.jit` (the state, argument 0, is donated unless ``donate_argnums``
     is given).
     """
@@ -85,7 +88,8 @@ class SplitStep:
     def __init__(self, fn: Callable[..., Any], model: Any, optimizer: Any, *, ta: Any = None,
                  compile_ahead: bool | str = True, compile_cache: str | Path | bool | None = True,
                  mesh: Any = None, pad_to_batch: bool = False, loader: Any = None,
-                 pack: bool | str = "auto", **jit_kwargs: Any) -> None:
+                 pack: bool | str = "auto", compiler_options: Mapping[str, Any] | None = None,
+                 **jit_kwargs: Any) -> None:
         import jax
         from flax import nnx
 
@@ -108,12 +112,17 @@ class SplitStep:
         self.mesh = mesh if mesh is not None else getattr(ta, "mesh", None)
         self._place: Callable[[Any], Any] = commit
         self._jit_defaults: dict[str, Any] = {}   # for this step and the bound functions
+        if compiler_options is not None:
+            if not isinstance(compiler_options, Mapping) or not all(isinstance(k, str) for k in compiler_options):
+                raise ValueError(f"compiler_options={compiler_options!r}: allowed None or a mapping of XLA option "
+                                 "names (str) to values")
+            self._jit_defaults["compiler_options"] = dict(compiler_options)
         if self.mesh is not None:
             from .sharding import replicate, replicated
 
             self._place = functools.partial(replicate, mesh=self.mesh)
             self._jit_defaults["out_shardings"] = replicated(self.mesh)
-            jit_kwargs = {**self._jit_defaults, **jit_kwargs}
+        jit_kwargs = {**self._jit_defaults, **jit_kwargs}
         self._main = _Bound(self, fn, self.objects, {"donate_argnums": 0, **jit_kwargs}, everything=True)
         self._bound: list[_Bound] = [self._main]
         self.resplit()

@@ -82,6 +82,7 @@ class RunOptions:
     inject_oom_every: int = 0         # test-only (benchmarks/soak.py): see OOMInjector; 0 = off
     trace_steps: tuple[int, int] | None = None  # (start, stop): profile optimizer steps [start, stop) (StepTrace)
     extra: dict[str, Any] = field(default_factory=dict)
+    xla_options: dict[str, Any] = field(default_factory=dict)   # JAX: XLA compiler options, every program
 
     def channels_last(self, device_type: str) -> bool:
         """torch: whether the model and its inputs use the channels_last memory format

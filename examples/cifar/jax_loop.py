@@ -218,7 +218,8 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
         return loss
 
     split = SplitStep(train_body if fused else grad_body, model, opt, ta=ta, donate_argnums=(),
-                      compile_ahead=opts.compile_ahead, compile_cache=cache, mesh=mesh, pad_to_batch=True, loader=loader)
+                      compile_ahead=opts.compile_ahead, compile_cache=cache, mesh=mesh, pad_to_batch=True, loader=loader,
+                      compiler_options=opts.xla_options or None)
     # One step left running while the host prepares the next (no donation above keeps the state it
     # may have to be restored to); settled before anything reads the state or the losses.
     in_flight = InFlight(split.snapshot, split.restore) if opts.in_flight == "on" else None

@@ -35,12 +35,12 @@ def _has_gpu(backend: str) -> bool:
     return jax.default_backend() == "gpu"
 
 
-def _parse_set(items: Sequence[str]) -> dict[str, Any]:
+def _parse_set(items: Sequence[str], flag: str = "--set", what: str = "a TriAccelConfig field") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--set {item!r}: expected KEY=VALUE (a TriAccelConfig field)")
+            raise SystemExit(f"{flag} {item!r}: expected KEY=VALUE ({what})")
         out[key] = json.loads(value) if value[:1] in "0123456789-[{tfn" else value
     return out
 
@@ -150,6 +150,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--warmup-steps", type=int, default=100)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other TriAccelConfig field, e.g. --set min_dwell=400")
+    p.add_argument("--xla-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="JAX: an XLA compiler option for the step's, the update's and the evaluation's "
+                        "programs, every method alike (SplitStep's compiler_options), e.g. --xla-option "
+                        "xla_gpu_autotune_level=2 (repeatable)")
     p.add_argument("--device", default="auto", help="torch device (cuda, cpu) or auto")
     p.add_argument("--out", default=None)
     p.add_argument("--no-progress", action="store_true")
@@ -269,6 +273,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     if a.offload == "auto" and (a.backend != "torch" or a.method != "triaccel" or a.compile != "off"):
         p.error("--offload auto: only for --backend torch --method triaccel --compile off (the JAX wrapper refuses "
                 "it; saved-tensor hooks run eagerly)")
+    if a.xla_option and (a.backend != "jax" or a.method == "local"):
+        p.error(f"--xla-option: only for --backend jax, not with --method local (got {a.xla_option})")
     if a.compile_cache is not None and a.backend != "jax":
         p.error(f"--compile-cache={a.compile_cache!r}: only for --backend jax")
     if a.fused_step != "auto" and (a.backend != "jax" or a.method == "local" or
@@ -318,7 +324,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
         compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, bn_mask=a.bn_mask, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze,
         memory_format=a.memory_format,
-        inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set))
+        inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set),
+        xla_options=_parse_set(a.xla_option, "--xla-option", "an XLA compiler option"))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
     for flag, value in (("--fuse-steps", a.fuse_steps), ("--plan-headroom", a.plan_headroom),
