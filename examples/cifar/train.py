@@ -240,7 +240,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "(buckets: faster steps, one compilation per bucket; H100, ResNet-18 bs 384, CUDA graphs: "
                         "0.502x vs 0.632x the eager step, benchmarks/compiled.py). Default auto: buckets with "
                         "--compile cudagraphs (that backend cannot replay one graph at another batch size, "
-                        "pytorch#131009), else dynamic")
+                        "pytorch#131009) and graphs (a capture is one batch size), else dynamic")
     p.add_argument("--inject-oom-every", type=int, default=0, metavar="N",
                    help="test-only fault injection (benchmarks/soak.py): the first micro-batch of every N-th "
                         "optimizer step raises the framework's out-of-memory error, which the elastic step must "
