@@ -1,6 +1,7 @@
 # (device tool, nvidia-h200, carry [".device"]; run from the repository root; ran as .device/next9_graphs_seeds.sh on 2026-11-28)
 # ShapeGraphs (--compile graphs), noise halves graphed too: EfficientNet-B0 seed 0 triaccel again, seeds 1-2 AMP bs 512
-# against triaccel; ResNet-18 seed 0: AMP bs 384 (the torch fastest static) eager and graphed, triaccel eager and graphed
+# against triaccel; ResNet-18 seed 0: AMP bs 384 eager and graphed (the fastest static eligible by accuracy is bs
+# 192: run beside it on the same machine, see docs/results.md), triaccel eager and graphed
 O=$OUT
 (source benchmarks/device/prep.sh; cd /tmp/pkg && timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_torch_shape_graphs.py) > $O/gputests.txt 2>&1
 tail -1 $O/gputests.txt
