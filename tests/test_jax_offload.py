@@ -82,8 +82,10 @@ def test_measured_table_and_plan_round_trip():
     # activations only: each block's two (32, 32) weights (8 KiB) are arguments, not counted
     assert all(2 * 8 * D * 4 <= u.saved_bytes < 2 * D * D * 4 and u.input_bytes == 8 * D * 4 for u in t.layers)
     keep = simulate(t, ["keep"] * 4)
-    plan = plan_for_budget(t, keep.peak_bytes - t.layers[0].saved_bytes)
-    assert plan.fits and plan.active
+    # the JAX actions only: on some measured timings the full planner takes recompute_swap, which
+    # has no jax.checkpoint mapping (CI, 2026-11-28: a flaky failure before this argument)
+    plan = plan_for_budget(t, keep.peak_bytes - t.layers[0].saved_bytes, actions=PlannedSequential.ACTIONS)
+    assert plan.fits and plan.active and set(plan.actions) <= set(PlannedSequential.ACTIONS)
     g = jax.grad(loss_of(seq.apply(plan)))(params, x)
     ref = jax.grad(loss_of(seq.apply()))(params, x)
     for a, b in zip(jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(g)):
