@@ -27,3 +27,22 @@ def test_the_climb_follows_the_noise_law_and_a_static_batch_counts_as_static(tmp
     with pytest.raises(SystemExit):
         main(["--b-noise", "-1", "--out", str(tmp_path / "bad.json")])
 
+
+
+def test_step_costs_price_the_passes(tmp_path):
+    """--step-ms B:MS: passes priced by batch (linear between the given batches, held outside); a
+    static run at the static batch costs exactly the static's time; bad entries are refused."""
+    from climb_steps import pass_cost, static_ms
+
+    cost = pass_cost({96: 7.0, 512: 19.0})
+    assert cost(96) == 7.0 and cost(304) == 13.0 and cost(48) == 7.0 and cost(1024) == 19.0
+    assert static_ms(cost, 512, 2, 5000) == 2 * (9 * 19.0 + cost(392))
+    flat = simulate("--levers precision", 1000.0, 512, 512, 2, 5000, cost)
+    assert flat["time_ms"] == static_ms(cost, 512, 2, 5000)
+    out = main(["--b-noise", "1000", "--epochs", "2", "--step-ms", "96:7", "--step-ms", "512:19",
+                "--out", str(tmp_path / "t.json")])
+    row = out["rows"][0]
+    assert row["time_vs_static"] == row["time_ms"] / out["static_ms"] > 1.0   # the climb's small batches cost more
+    for bad in ("96", "0:5", "96:-1", "x:1"):
+        with pytest.raises(SystemExit):
+            main(["--step-ms", bad, "--out", str(tmp_path / "bad.json")])
