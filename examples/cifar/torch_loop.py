@@ -153,7 +153,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # Training steps run the compiled forward; evaluation, FLOP counting and curvature the module.
     # Data parallel: the module DDP wraps (the elastic step reduces gradients itself).
     train_model = model if distributed is None else distributed.training_module()
-    graphed = static_batches(cfg.batch_buckets, distributed, cfg.batch_init) if opts.compile_shapes == "buckets" else None
+    buckets = opts.compile_shapes == "buckets"
+    graphed = static_batches(cfg.batch_buckets, distributed, cfg.batch_init) if buckets else None
     if opts.compile == "off":
         fwd = parts_forward(train_model, opts.bn_parts)
     elif opts.compile == "graphs":
