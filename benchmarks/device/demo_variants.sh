@@ -7,7 +7,7 @@
 # empty compilation cache and an empty jax-triton kernel cache; torch with inductor's caches
 # (/tmp/torchinductor_$USER) emptied. WARM=1: each variant keeps its caches from seed to seed (the first
 # seed runs cold, the others warm: for accuracy over seeds at a fraction of the device time; compare walls
-# within a seed only). Logs, step records and summaries go to $OUT/s<seed>/, packed into $OUT/runs.tgz past 8
+# within a seed only). Logs and summaries go to $OUT/s<seed>/ (step records into $OUT/step-records.tgz), packed into $OUT/runs.tgz past 8
 # files (the device returns at most 8 per call); one summary line per run, with the process's wall seconds.
 # (device tool, nvidia-h200, carry [".device"])
 R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg
@@ -36,4 +36,8 @@ for seed in $seeds; do
   rm -rf /tmp/runs; mkdir -p /tmp/runs $OUT/s$seed
   for v in "$@"; do one $seed "${v%%=*}" ${v#*=}; done
 done
-if [ "$(find $OUT -type f | wc -l)" -gt 8 ]; then (cd $OUT && tar czf runs.tgz s* && rm -rf s*/); fi
+# the step records compressed apart (~5x smaller): committed as they come back, the repository stays under the
+# 64 MiB the device tool carries (2026-11-28: 45 MB tracked with them unpacked)
+(cd $OUT && find s[0-9]* -name "*.jsonl" | sort > /tmp/jsonl.txt && [ -s /tmp/jsonl.txt ] \
+  && tar czf step-records.tgz -T /tmp/jsonl.txt && xargs rm < /tmp/jsonl.txt)
+if [ "$(find $OUT -type f | wc -l)" -gt 8 ]; then (cd $OUT && tar czf runs.tgz s[0-9]* && rm -rf s[0-9]*/); fi
