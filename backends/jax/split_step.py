@@ -59,7 +59,8 @@ class SplitStep:
     1.6-2.3x its time alone (ResNet-18 step and evaluation, H100, 2026-11-25, once 52-54 s instead
     of ~17 s), yet in five cold demo runs against "after" (2026-11-27/28, ResNet-18 seeds 0 and 2,
     EfficientNet-B0 seeds 2 and 1, seed 2 with ~4.5 s of cached kernel in its favour; docs/results.md)
-    True finished 2.1-22.6 s sooner: the evaluation's compilation is off the loop's path. False: each variant compiles at its first call.
+    True finished 2.1-22.6 s sooner: the evaluation's compilation is off the loop's path. False: each
+    variant compiles at its first call.
     pad_to_batch: the loader pads every micro-batch to the bucket of the decided batch
     (`ElasticLoader(pad_to_batch=True)`), so the gradient-noise half batches and the epoch's short
     last step need no variants of their own: only the decided sizes are compiled ahead.

@@ -199,7 +199,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--compile-ahead", choices=["on", "after", "off"], default="on",
                    help="JAX: compile the step variants the controller is likely to switch to (batch bucket "
                         "down/up, noise half batch, next precision policy) and the evaluation on a background "
-                        "thread (default on; after: none while the loop's thread compiles, slower in four cold "
+                        "thread (default on; after: none while the loop's thread compiles, slower in five cold "
                         "runs of 2026-11-27/28, docs/results.md); "
                         "not used by --method local (its blocks compile in place: measured faster)")
     p.add_argument("--in-flight", choices=["on", "off"], default="on",
