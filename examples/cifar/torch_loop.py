@@ -90,6 +90,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
           distributed: Any = None) -> dict[str, Any]:
     """distributed: this rank of a torchrun launch (`triaccel.backends.torch.distributed.Distributed`):
     the model runs under DDP, each step's global batch is split across ranks (every method)."""
+    t_start = time.perf_counter()
     device = pick_device(opts) if distributed is None else distributed.device
     torch.manual_seed(opts.seed)
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
@@ -204,6 +205,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         profiler[0].export_chrome_trace(os.path.join(opts.out, "trace", "torch_trace.json"))
 
     tracer = StepTrace(opts.trace_steps, begin_trace, end_trace)
+    setup_seconds = time.perf_counter() - t_start
+    eval_times: list[float] = []   # evaluation and the epoch's records, outside epoch_times
     for epoch in range(opts.epochs):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -234,6 +237,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         epoch_times.append(time.perf_counter() - t0)
+        t_eval = time.perf_counter()
         bar.close()
         # the evaluation's batch of 1000 is not the training step's memory: left out of the probe
         with opt.memory.excluded() if opts.method == "triaccel" else contextlib.nullcontext():
@@ -250,6 +254,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         accs.append(acc)
         log.end_epoch(controller, epoch, records, torch.stack(losses).float().cpu().tolist(), acc,
                       epoch_times[-1], step, flop_share=flops.shares())
+        eval_times.append(time.perf_counter() - t_eval)
     tracer.close()
     peak = None
     if device.type == "cuda":  # the wrapper's probe resets torch's peak counter at each read
@@ -262,6 +267,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
                  "ranks_agree": len(set(digests)) == 1, "final_acc_rank0_buffers": own_acc}
     return {**ranks, "final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times), "peak_alloc_bytes": peak,
+            "wall_seconds": time.perf_counter() - t_start, "setup_seconds": setup_seconds,
+            "eval_seconds": eval_times, "train_seconds": sum(epoch_times),
             "steps": step, "final_batch": controller.decision.batch_size, "device": str(device),
             "injected_ooms": inject.injected,
             "flop_share": flops.shares(), "b_noise": controller.b_noise,

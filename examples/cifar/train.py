@@ -427,9 +427,11 @@ def run(opts: RunOptions) -> dict[str, Any]:
     if rank:
         return summary
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    t_plot = time.perf_counter()
     pngs = plot_run(out / "log.jsonl", out)
     print(f"final test accuracy {100 * summary['final_acc']:.2f}%; median s/epoch "
-          f"{summary['s_per_epoch_median_last5']:.2f}; plots: {', '.join(p.name for p in pngs)}", flush=True)
+          f"{summary['s_per_epoch_median_last5']:.2f}; plots ({time.perf_counter() - t_plot:.1f}s): "
+          f"{', '.join(p.name for p in pngs)}", flush=True)
     return summary
 
 
