@@ -703,3 +703,36 @@ def test_compiler_options_reach_the_step_and_its_bound_functions():
         probe(XS[0])
     with pytest.raises(ValueError, match="compiler_options"):
         fresh([("xla_gpu_autotune_level", 2)])
+
+
+def test_variant_key_hashes_its_graph_once_and_compares_as_the_tuple():
+    from triaccel.backends.jax.split_step import VariantKey
+
+    class Graph:
+        """A graph definition whose hash costs: counts its calls."""
+        hashes = 0
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __hash__(self) -> int:
+            Graph.hashes += 1
+            return hash(self.name)
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Graph) and other.name == self.name
+
+    a, a2, b = VariantKey(Graph("a"), "tree", 1), VariantKey(Graph("a"), "tree", 1), VariantKey(Graph("b"), "tree", 1)
+    made = Graph.hashes
+    assert made == 3   # one hash each, when made
+    table = {a: "exes"}
+    for _ in range(20):   # a control boundary's lookups
+        assert table.get(a) == "exes" and table.get(a2) == "exes" and (7, a, "sig") in {(7, a2, "sig")}
+        assert b not in table and a != b and not a == b and a == a2
+    assert Graph.hashes == made
+    # the same hash and equality as the plain tuple it replaced
+    plain = (a[0], "tree", 1)
+    assert hash(a) == hash(plain) and a == plain and plain == a and table[plain] == "exes"
+    assert a != "tree" and not (a == 3)
+    g, t, s = a
+    assert (g.name, t, s) == ("a", "tree", 1)

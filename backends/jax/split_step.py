@@ -443,8 +443,8 @@ class SplitStep:
         if ta is None or ta.layers is None:
             return [None] * len(bound)
         with applied_policy(self.objects[0], policy, ta.layers):
-            return [(self._nnx.split(self.objects)[0], self._treedef, self._packing.signature) if b.everything
-                    else (self._nnx.split(b.objects)[0], b.key[1], b.key[2]) for b in bound]
+            return [VariantKey(self._nnx.split(self.objects)[0], self._treedef, self._packing.signature)
+                    if b.everything else VariantKey(self._nnx.split(b.objects)[0], b.key[1], b.key[2]) for b in bound]
 
     def compile_in_background(self, name: str, fn: Callable[[], Any]) -> bool:
         """Queue another compilation on this step's background compiler: ``fn()`` (e.g. a
@@ -482,6 +482,38 @@ class SplitStep:
         return sum(j.traces for b in self._bound for j in b.steps.values())
 
 
+class VariantKey(tuple):
+    """A variant family's key, (graph definition, treedef, packing signature), hashed once.
+
+    An nnx GraphDef hashes by walking the module graph (ResNet-18: ~0.2 ms per hash on a CPU), and a
+    control boundary looks the variants up ~20 times (`SplitStep.prepare`): with plain tuples that was
+    ~4 ms of a JAX boundary's host time (2026-11-28, `benchmarks/device/jax_boundary_profile.py`).
+    Equal keys compare equal and hash alike, as the tuples did."""
+
+    _hash: int
+
+    def __new__(cls, graphdef: Any, treedef: Any, signature: Any) -> "VariantKey":
+        key = super().__new__(cls, (graphdef, treedef, signature))
+        key._hash = hash((graphdef, treedef, signature))
+        return key
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, tuple):
+            return NotImplemented
+        if isinstance(other, VariantKey) and other._hash != self._hash:
+            return False   # without comparing the graphs
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+
 class _Bound:
     """One function of a `SplitStep` over the leaves of some of its objects (all of them for the
     step itself): one jitted variant per (graph definition, treedef) of those objects."""
@@ -505,7 +537,7 @@ class _Bound:
         o = self.owner
         self._cur = None  # looked up at the next call
         if self.everything:
-            self.key = (o._graphdef, o._treedef, o._packing.signature)
+            self.key = VariantKey(o._graphdef, o._treedef, o._packing.signature)
             return
         self.graphdef, state = o._nnx.split(self.objects)
         variables = o._variable_leaves(state)
@@ -515,7 +547,7 @@ class _Bound:
             raise ValueError(f"objects: {len(missing)} of their Variables are not in the SplitStep's "
                              "objects; bind only parts of the model and optimizer it was built with")
         self.pos = [pos[id(v)] for v in variables]
-        self.key = (self.graphdef, o._tree_util.tree_structure(state), o._packing.signature)
+        self.key = VariantKey(self.graphdef, o._tree_util.tree_structure(state), o._packing.signature)
 
     def step_for(self, key: Any) -> CountingJit:
         """The jitted function of the variant family `key` (graph definition, treedef)."""
