@@ -82,6 +82,7 @@ import flax.serialization  # noqa: E402
 import pytest  # noqa: E402
 
 from triaccel import Precision, TriAccelConfig  # noqa: E402
+from triaccel.backends.jax import transform as transform_mod  # noqa: E402
 from triaccel.backends.jax import (MemoryProbe, SplitStep, TriAccel, current_policy, find_state, layer_map,  # noqa: E402
                                    loss_scale, precision_policy, wrap)
 
@@ -255,6 +256,27 @@ def test_per_layer_multipliers_scale_inner_updates_in_chain_and_inject_hyperpara
     # control() writes the decision's multipliers back through the chain's tuple state.
     state = ta.control(0, state)
     np.testing.assert_allclose(find_state(state).lr_mult, ta.decision.lr_multipliers, rtol=1e-7)
+
+
+def test_a_boundary_writes_only_the_fields_that_change(monkeypatch):
+    """A boundary whose decision leaves the multipliers, the loss-scale mode and the accumulation as
+    they are returns the state object untouched (no transfer, nothing for a split step to put back);
+    one that changes a field writes that field (also after a state the wrapper has not read)."""
+    ta, tx, params, state = _pure_setup(TriAccelConfig(curvature="off", **{**FAST, "base_precision": "bf16"}))
+    placed = []
+    monkeypatch.setattr(transform_mod, "_placed_like", lambda v, old: placed.append(v) or jnp.asarray(v, old.dtype))
+    assert ta.control(0, state) is state and placed == []   # ones, scaling off, one micro-batch: as initialised
+    upd = jax.jit(tx.update)
+    x, y = mlp_data()
+    for s in range(1, 4):
+        state = upd(jax.grad(mlp_loss)(params, (x[:16], y[:16])), state, params)[1]
+    assert ta.control(4, state) is state and placed == []
+    # a state the wrapper never read (e.g. restored): read, compared, and only the changed field written
+    other = state._replace(lr_mult=jnp.asarray([0.5, 0.25], jnp.float32))
+    written = ta.control(8, other)
+    assert [np.asarray(v).tolist() for v in placed] == [[1.0, 1.0]]
+    np.testing.assert_array_equal(written.lr_mult, [1.0, 1.0])
+    assert written.scaling is other.scaling and written.accum is other.accum
 
 
 def test_gradient_accumulation_holds_logical_batch():

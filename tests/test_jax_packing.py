@@ -143,16 +143,21 @@ def test_a_control_boundary_moves_only_the_wrappers_leaves_of_a_packed_state():
         step = SplitStep(_train, model, opt, ta=ta, compile_ahead=pack, compile_cache=False, donate_argnums=(),
                          pack=pack)
         losses = []
+        puts = []
         for s in range(6):
             step.control(s)
             losses.append(float(step(x, y)))
             if s == 0 and pack:   # from now on a full unpack fails the test
                 step._packing.unpack_now = lambda buffers: pytest.fail("a boundary unpacked the whole state")
+                # the decisions change nothing: no boundary writes the leaves back
+                put = step._packing.put_now
+                step._packing.put_now = lambda *a: puts.append(1) or put(*a)
                 step.ahead.wait()   # the boundary's slice and put programs, compiled ahead
                 assert {k for k, _ in step._packing._ahead} == {"take", "put"}
         if pack:
             assert step.snapshot()[1] is not None   # still packed after the boundaries at 2 and 4
-            del step._packing.unpack_now
+            assert puts == []
+            del step._packing.unpack_now, step._packing.put_now
         report = ta.report(step)
         runs.append((losses, report["optimizer_step"], [np.asarray(a) for a in jax.tree_util.tree_leaves(
             nnx.state(model, nnx.Param))]))

@@ -221,7 +221,8 @@ class SplitStep:
         else:
             self._sync(range(self._packing.n))
 
-    def _sync(self, idx: Any) -> None:
+    def _sync(self, idx: Any) -> dict[int, Any]:
+        """Write the state's leaves at positions `idx` into the objects; returns {position: array set}."""
         idx = list(idx)
         if self._flat is None and 2 * len(idx) < self._packing.n:
             # packed, and only some leaves asked for (a control boundary's): those are sliced out,
@@ -232,11 +233,16 @@ class SplitStep:
             values = [self._leaves[i] for i in idx]
         for i, v in zip(idx, values):
             self._variables[i].set_value(v)
+        return dict(zip(idx, values))
 
-    def _refresh(self, idx: Any) -> None:
-        """Take the objects' values at positions `idx` back (after a change to values only)."""
+    def _refresh(self, idx: Any, synced: dict[int, Any] | None = None) -> None:
+        """Take the objects' values at positions `idx` back (after a change to values only); nothing
+        to do when every one is still the array `_sync` set (`synced`: a boundary that wrote nothing)."""
         idx = list(idx)
-        values = [self._place(self._variables[i].get_value()) for i in idx]
+        current = [self._variables[i].get_value() for i in idx]
+        if synced is not None and all(v is synced.get(i) for i, v in zip(idx, current)):
+            return
+        values = [self._place(v) for v in current]
         if self._flat is None:
             self._buffers = self._packing.put_now(self._buffers, idx, values)
             return
@@ -298,10 +304,11 @@ class SplitStep:
         # The curvature pass reads the model's parameters: everything moves; else the TriAccelState only.
         partial = not curv and self._ctl_idx is not None
         part = self._ctl_idx if partial else range(self._packing.n)
+        synced = None
         if self._variables is None:
             self.sync()
         else:
-            self._sync(part)
+            synced = self._sync(part)
         model, optimizer = self.objects
         version = ta.policy_version
         ta.control(step, optimizer, model, batch=batch, run_size=self.run_size)
@@ -310,7 +317,7 @@ class SplitStep:
                 self._sync(sorted(set(range(self._packing.n)) - set(part)))
             self.resplit()
         else:
-            self._refresh(part)
+            self._refresh(part, synced)
         if self.ahead is not None and ctl.is_control_step(step):
             self.prepare(step)
 

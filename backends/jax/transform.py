@@ -118,11 +118,16 @@ def _grad_moments_fn() -> Callable[..., Any]:
     return f
 
 
-def _placed_like(value: Any, old: Any) -> jax.Array:
-    """`value` with `old`'s dtype, on `old`'s devices and committed only if `old` is: a jitted
-    step whose inputs change placement between calls is compiled again for the new placement."""
-    v = jnp.asarray(value, dtype=jnp.asarray(old).dtype)
-    return jax.device_put(v, old.sharding) if getattr(old, "committed", False) else v
+def _placed_like(value: np.ndarray, old: Any) -> jax.Array:
+    """The host value `value` with `old`'s dtype, on `old`'s devices and committed only if `old` is
+    (a jitted step whose inputs change placement between calls is compiled again for the new
+    placement): one transfer, no device-side conversion."""
+    host = np.asarray(value, dtype=old.dtype)
+    return jax.device_put(host, old.sharding) if getattr(old, "committed", False) else jnp.asarray(host)
+
+
+# TriAccelState fields the host writes at control boundaries (`TriAccel._write`) besides the loss scale
+_CONTROL_FIELDS = ("lr_mult", "scaling", "accum")
 
 
 def _is_state(x: Any) -> bool:
@@ -287,6 +292,9 @@ class TriAccel:
         self.skipped_steps = 0
         self._device_count = 0
         self._loss_scale: float | None = None   # while loss scaling is on
+        # The control fields (lr_mult, scaling, accum) as the last ring read found them: {name: (the
+        # device array read, its host value)}; `_write` writes only the fields whose value changes.
+        self._fields_read: dict[str, tuple[Any, np.ndarray]] = {}
         self._live: Any = None      # the nnx.Optimizer last given to control() (updated in place)
         self._curv: Any = None
         self._jits: list[CountingJit] = []
@@ -461,9 +469,12 @@ class TriAccel:
         `observe_nonfinite` with their per-layer counts (the ring keeps a count per tensor), with
         loss_scaled = whether loss scaling was on for them; while it is on, the loss scale ->
         `observe_loss_scale`. One device->host read (the ring, the counters and the scale)."""
-        moments, row_step, count, skipped, scaling, scale = jax.device_get(
+        fields = {k: _value(getattr(ts, k)) for k in _CONTROL_FIELDS}
+        moments, row_step, count, skipped, scale, read = jax.device_get(
             (_value(ts.moments), _value(ts.row_step), _value(ts.count), _value(ts.skipped),
-             _value(ts.scaling), _value(ts.loss_scale)))
+             _value(ts.loss_scale), fields))
+        self._fields_read = {k: (fields[k], np.asarray(read[k])) for k in _CONTROL_FIELDS}
+        scaling = read["scaling"]
         self.skipped_steps, self._device_count = int(skipped), int(count)
         self._loss_scale = float(scale) if bool(scaling) else None
         # Loss scaling switches only at boundaries (`_write`), so the rows not fed yet all ran under it.
@@ -646,13 +657,27 @@ class TriAccel:
         return self._write(opt_state, find_state(opt_state), d)
 
     def _write(self, opt_state: Any, ts: TriAccelState, d: Decision) -> Any:
+        """`d`'s LR multipliers, loss-scale mode and accumulation into the state: only the fields whose
+        value changes (a boundary's host time, JAX at bs 96: each written array is a transfer and, for a
+        split step, a program writing it back into the packed state); opt_state itself when none does."""
         fp16 = any(p == Precision.FP16 for p in d.precisions)
-        was = bool(jax.device_get(_value(ts.scaling)))
-        new = {"lr_mult": jnp.asarray(d.lr_multipliers, jnp.float32), "scaling": jnp.asarray(fp16),
-               "accum": jnp.asarray(d.accumulation, jnp.int32)}
-        if fp16 != was:  # scaling switches on at the initial scale, off at exactly 1
-            new["loss_scale"] = jnp.asarray(self.loss_scaling.init if fp16 else 1.0, jnp.float32)
-            new["good_steps"] = jnp.zeros((), jnp.int32)
+        want = {"lr_mult": np.asarray(d.lr_multipliers, np.float32), "scaling": np.asarray(fp16),
+                "accum": np.asarray(d.accumulation, np.int32)}
+        have = {}
+        for k in _CONTROL_FIELDS:
+            arr, host = self._fields_read.get(k, (None, None))
+            # the host copy is the state's value only while the state holds the array it was read from
+            have[k] = host if arr is not None and arr is _value(getattr(ts, k)) else None
+        missing = [k for k in _CONTROL_FIELDS if have[k] is None]
+        if missing:
+            for k, v in zip(missing, jax.device_get([_value(getattr(ts, k)) for k in missing])):
+                have[k] = np.asarray(v)
+        new = {k: v for k, v in want.items() if not np.array_equal(have[k], v)}
+        if fp16 != bool(have["scaling"]):  # scaling switches on at the initial scale, off at exactly 1
+            new["loss_scale"] = np.asarray(self.loss_scaling.init if fp16 else 1.0, np.float32)
+            new["good_steps"] = np.zeros((), np.int32)
+        if not new:
+            return opt_state
         if hasattr(opt_state, "opt_state") and hasattr(ts.count, "get_value"):
             # nnx.Optimizer: its opt_state leaves are OptArray Variables; update them in place.
             for k, v in new.items():
