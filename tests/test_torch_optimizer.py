@@ -132,6 +132,21 @@ def test_xla_kernels_are_jax_only() -> None:
         wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, TriAccelConfig(kernels="xla"))
 
 
+def test_statistics_ring_rows_and_flags_start_16_byte_aligned() -> None:
+    """The statistics kernel is specialised on its output pointers' alignment: every ring row and
+    every row's non-finite flag starts on a 16-byte boundary (one compilation, not one per offset),
+    and the rows stay (n_tensors, 3) contiguous views of the ring."""
+    model = SmallCNN()
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, CFG.replace(t_ctrl=7))
+    n = len(list(model.parameters()))
+    assert n % 4 != 0   # rows of 3 x n floats would not all be aligned without padding
+    rows, flags = opt._buf_rows, opt._found_slots
+    assert len(rows) == len(flags) == 7 and opt._buf.shape == (7, n, 3)
+    assert all(r.shape == (n, 3) and r.is_contiguous() and r.data_ptr() % 16 == 0 for r in rows)
+    assert all(f.shape == (1,) and f.data_ptr() % 16 == 0 for f in flags)
+    assert all(z.dim() == 0 and z.data_ptr() == f.data_ptr() for z, f in zip(opt._found_0d, flags))
+
+
 def test_strict_norm_runs_norms_in_fp32() -> None:
     model = SmallCNN()
     layers = discover_layers(model)

@@ -210,7 +210,12 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.last_eigvals: np.ndarray | None = None
         self.last_memory: MemoryReading | None = None
         # Statistics ring: one row per optimizer step since the last flush (read at boundaries only).
-        self._buf = torch.zeros((config.t_ctrl, len(params), 3), dtype=torch.float32, device=self.device)
+        # Each row (and each row's flag below) starts on a 16-byte boundary: the statistics kernel is
+        # specialised on its output pointers' alignment, and rows of 3 x len(params) floats at odd
+        # offsets compiled it up to three times in a run's first steps (~0.5 s each, ResNet-18 on an
+        # H200, 2026-11-28, docs/results.md).
+        n = len(params)
+        self._buf = torch.zeros((config.t_ctrl, -(-n // 4) * 4, 3), dtype=torch.float32, device=self.device)[:, :n]
         from triaccel.kernels.grad_moments import JAX_ONLY_IMPLS, FixedMoments  # Triton on CUDA, torch reference on CPU
 
         if config.kernels in JAX_ONLY_IMPLS:
@@ -225,7 +230,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         # One non-finite flag per ring row (1.0 = non-finite step), set by the statistics launch
         # itself and zeroed at each flush, so a step adds no launch to zero or to compute it. Views
         # made once: a view costs a few us of host time, and a step at small batches is host-bound.
-        self._found_ring = torch.zeros(config.t_ctrl, dtype=torch.float32, device=self.device)
+        self._found_ring = torch.zeros((config.t_ctrl, 4), dtype=torch.float32, device=self.device)[:, 0]
         self._buf_rows = list(self._buf.unbind(0))
         self._found_slots = [self._found_ring[i:i + 1] for i in range(config.t_ctrl)]   # (1,) each
         self._found_0d = list(self._found_ring.unbind(0))   # 0-dim, as fused optimizers take it
