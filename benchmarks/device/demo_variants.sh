@@ -5,7 +5,8 @@
 # BACKEND (jax | torch, default jax), MODEL (default resnet18), SEEDS (default 0), EPOCHS (default 10), LIMIT
 # (seconds per run, default 200). Every run starts cold, as a first run on a machine does: JAX on its own
 # empty compilation cache and an empty jax-triton kernel cache; torch with inductor's caches
-# (/tmp/torchinductor_$USER) emptied. WARM=1: each variant keeps its caches from seed to seed (the first
+# (/tmp/torchinductor_$USER) emptied; what only a machine's first process pays goes to a warm-up process
+# run before them (WARMUP=0: none), and the decoded images are cached for every run. WARM=1: each variant keeps its caches from seed to seed (the first
 # seed runs cold, the others warm: for accuracy over seeds at a fraction of the device time; compare walls
 # within a seed only). Logs and summaries go to $OUT/s<seed>/ (step records into $OUT/step-records.tgz), packed into $OUT/runs.tgz past 8
 # files (the device returns at most 8 per call); one summary line per run, with the process's wall seconds.
@@ -31,9 +32,20 @@ if 'setup_seconds' in s: print(f\"  wall_s {s['wall_seconds']:.1f} setup_s {s['s
 if 'compile_log' in s: print(f\"  compile on the critical path (s) {s['compile_log']['total']['critical']['seconds']}\")
 if s.get('compiled_graphs') is not None: print('  compiled graphs', s['compiled_graphs'])"; }
 seeds=${SEEDS:-${SEED:-0}}
-rm -rf "$TRIACCEL_CACHE" /tmp/cc
+# Cold = empty compilation caches; the decoded images stay cached for every run (decoding is not what is
+# compared: it cost the first run of each seed 1.1 s more than the second, 2026-11-28).
+clear_caches() { find "$TRIACCEL_CACHE" -mindepth 1 -maxdepth 1 ! -name '*.npz' -exec rm -rf {} + 2>/dev/null; rm -rf /tmp/cc; }
+clear_caches
+# A short process first (WARMUP=0: none) pays what only a machine's first process pays, whichever run that
+# is: the packages' bytecode, matplotlib's font cache (5.5 s and 10.5 s under cProfile, 2026-11-28), the
+# driver's set-up; it also decodes the images into the cache.
+if [ "${WARMUP:-1}" = 1 ]; then
+  timeout 300 python3 -m examples.cifar.train --backend $B --model ${MODEL:-resnet18} --data $D --epochs 1 \
+    --train-subset 512 --test-subset 500 --no-progress --method amp --out /tmp/runs/warmup > $OUT/warmup.log 2>&1
+  echo "warm-up process rc $?"; clear_caches
+fi
 for seed in $seeds; do
-  if [ "${WARM:-0}" = 1 ]; then cc=; else cc=s$seed-; rm -rf "$TRIACCEL_CACHE" /tmp/cc; fi
+  if [ "${WARM:-0}" = 1 ]; then cc=; else cc=s$seed-; clear_caches; fi
   rm -rf /tmp/runs; mkdir -p /tmp/runs $OUT/s$seed
   for v in "$@"; do one $seed "${v%%=*}" ${v#*=}; done
 done
