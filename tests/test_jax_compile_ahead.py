@@ -736,3 +736,8 @@ def test_variant_key_hashes_its_graph_once_and_compares_as_the_tuple():
     assert a != "tree" and not (a == 3)
     g, t, s = a
     assert (g.name, t, s) == ("a", "tree", 1)
+    import copy
+    import pickle
+
+    for c in (copy.deepcopy(a), pickle.loads(pickle.dumps(VariantKey("g", ("t",), 2)))):
+        assert type(c) is VariantKey and c == tuple(c) and hash(c) == hash(tuple(c))

@@ -507,6 +507,9 @@ class VariantKey(tuple):
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return VariantKey, tuple(self)   # rebuilt, so hashed again (a hash is per process)
+
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
