@@ -66,6 +66,13 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
     assert summary["options"]["compile_shapes"] == "buckets"
     with pytest.raises(SystemExit):
         train.parse_args(["--data", str(DATA), "--compile", "graphs", "--compile-shapes", "dynamic"])
+    # --graph-halves off: the ladder from the first batch up alone, the noise halves run eagerly
+    off, _ = _run(tmp_path / "off", "--backend", "torch", "--method", "triaccel", "--compile", "graphs",
+                  "--budget", "4GiB", "--set", "min_dwell=0", "--graph-halves", "off")
+    ladder = off["graphed_sizes"]
+    assert ladder[0] == 32 and summary["graphed_sizes"] == sorted(set(ladder) | {-(-b // 2) for b in ladder})
+    with pytest.raises(SystemExit):   # only with --compile graphs
+        train.parse_args(["--data", str(DATA), "--graph-halves", "off"])
 
 
 def test_xla_options_reach_the_jax_run_and_are_refused_elsewhere():

@@ -159,9 +159,10 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     if opts.compile == "off":
         fwd = parts_forward(train_model, opts.bn_parts)
     elif opts.compile == "graphs":
-        # a noise measurement's half batches graphed too: a capture costs ~0.5 s (H200, 2026-11-28) where an
-        # eager EfficientNet-B0 step costs ~33 ms of host time (H100, 2026-11-23)
-        halves = {-(-b // 2) for b in graphed} if opts.method == "triaccel" else set()
+        # a noise measurement's half batches graphed too (--graph-halves on): a capture costs ~0.5 s (H200,
+        # 2026-11-28) where an eager EfficientNet-B0 step costs ~33 ms of host time (H100, 2026-11-23)
+        halves = ({-(-b // 2) for b in graphed} if opts.method == "triaccel" and opts.graph_halves == "on"
+                  else set())
         fwd = ShapeGraphs(train_model, set(graphed) | halves, max_graphs=3,
                           key=(lambda: opt.plan.key) if opts.method == "triaccel" else None)
     else:
@@ -273,6 +274,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             "injected_ooms": inject.injected,
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "graphed_sizes": sorted(fwd.sizes) if opts.compile == "graphs" else None,
             "compiled_graphs": (None if opts.compile == "off" else fwd.captures if opts.compile == "graphs"
                                 else int(torch._dynamo.utils.counters["stats"]["unique_graphs"])),
             "report": opt.report() if opts.method == "triaccel" else None,
