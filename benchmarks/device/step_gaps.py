@@ -1,7 +1,8 @@
 """Host time per step in a demo run, from its log.jsonl (the step records' `host_s`: seconds into the
 epoch when the step returned). Per epoch and batch size: step count, median and p90 gap in ms, their
-sum in s and the five largest gaps in s, to find where an epoch's time goes (compilations, control
-boundaries, a slow step size); and the control boundaries apart (steps at multiples of the run's
+sum in s and the five largest gaps as (step, s), to find where an epoch's time goes (compilations,
+graph captures, control boundaries, a slow step size); the first step's time into the epoch (a run's
+one-time set-up lands there); and the control boundaries apart (steps at multiples of the run's
 t_ctrl): their median gap and their cost over the other steps' median, summed.
 
 usage: python3 benchmarks/device/step_gaps.py RUN/log.jsonl [...] [--epochs N]
@@ -13,11 +14,12 @@ import json
 import statistics
 
 
-def gaps_by_batch(steps: list[dict]) -> dict[int, list[float]]:
-    """Seconds between consecutive step records of one epoch, keyed by the later step's batch size."""
-    out: dict[int, list[float]] = {}
+def gaps_by_batch(steps: list[dict]) -> dict[int, list[tuple[float, int]]]:
+    """(seconds since the previous step record, step) for consecutive step records of one epoch, keyed
+    by the later step's batch size."""
+    out: dict[int, list[tuple[float, int]]] = {}
     for a, b in zip(steps, steps[1:]):
-        out.setdefault(b["batch_size"], []).append(b["host_s"] - a["host_s"])
+        out.setdefault(b["batch_size"], []).append((b["host_s"] - a["host_s"], b["step"]))
     return out
 
 
@@ -47,11 +49,14 @@ def main() -> None:
             raise SystemExit(f"{path}: step records have no host_s (a log from before it was recorded)")
         print(path)
         for epoch in sorted({r["epoch"] for r in steps})[:args.epochs]:
-            for bs, g in sorted(gaps_by_batch([r for r in steps if r["epoch"] == epoch]).items()):
-                g.sort()
+            of_epoch = [r for r in steps if r["epoch"] == epoch]
+            print(f"  epoch {epoch + 1}: first step (step {of_epoch[0]['step']}) at {of_epoch[0]['host_s']:.3f} s")
+            for bs, gs in sorted(gaps_by_batch(of_epoch).items()):
+                gs.sort()
+                g = [x for x, _ in gs]
                 print(f"  epoch {epoch + 1} bs {bs:>4}: steps {len(g):>4}  median {1e3 * statistics.median(g):6.2f} ms  "
                       f"p90 {1e3 * g[int(0.9 * (len(g) - 1))]:6.2f} ms  sum {sum(g):6.2f} s  "
-                      f"largest {[round(x, 3) for x in g[-5:]]}")
+                      f"largest {[(st, round(x, 3)) for x, st in gs[-5:]]}")
             cost = boundary_cost([r for r in steps if r["epoch"] == epoch], t_ctrl) if t_ctrl else None
             if cost is not None:
                 print(f"    control boundaries (every {t_ctrl} steps): {cost[0]}, median {1e3 * cost[1]:.2f} ms, "
