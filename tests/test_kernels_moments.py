@@ -579,3 +579,13 @@ def test_jax_layout_table_is_cached_eagerly_and_made_per_trace():
     assert float(f(x)) == 3.0 + 15.0 and len(built) == 1
     assert seen and seen[0] is not first
     np.testing.assert_array_equal(np.asarray(first), np.arange(6))
+
+
+def test_prepare_triton_runtime_reports_no_driver_without_a_gpu():
+    """The start-up the demo's --triton-warmup runs on a thread: on a machine without a GPU it finds no
+    active driver and says so (False), raising nothing; with one, True."""
+    import torch
+
+    from triaccel.kernels._dispatch import prepare_triton_runtime
+
+    assert prepare_triton_runtime() is torch.cuda.is_available()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -22,6 +23,7 @@ from triaccel.backends.torch.layers import discover_layers
 from triaccel.distributed import decision_digest
 from triaccel.backends.torch.models import create_model
 from triaccel.flops import FlopShare
+from triaccel.kernels._dispatch import prepare_triton_runtime
 
 from .common import OOMInjector, RunLog, RunOptions, StepTrace, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
@@ -92,6 +94,12 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     the model runs under DDP, each step's global batch is split across ranks (every method)."""
     t_start = time.perf_counter()
     device = pick_device(opts) if distributed is None else distributed.device
+    # --triton-warmup on: Triton's per-process start-up on a thread beside the set-up below, joined before
+    # the first step's statistics launch would pay it (no CUDA call on that thread)
+    runtime = None
+    if opts.triton_warmup == "on" and opts.method == "triaccel" and device.type == "cuda":
+        runtime = threading.Thread(target=prepare_triton_runtime, name="triton-runtime", daemon=True)
+        runtime.start()
     torch.manual_seed(opts.seed)
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
     nhwc = opts.channels_last(device.type)
@@ -206,6 +214,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         profiler[0].export_chrome_trace(os.path.join(opts.out, "trace", "torch_trace.json"))
 
     tracer = StepTrace(opts.trace_steps, begin_trace, end_trace)
+    if runtime is not None:
+        runtime.join()
     setup_seconds = time.perf_counter() - t_start
     eval_times: list[float] = []   # evaluation and the epoch's records, outside epoch_times
     for epoch in range(opts.epochs):

@@ -239,6 +239,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "too (on) or run them eagerly (off): a capture costs ~0.6 s once (H200, 2026-11-28), an "
                         "eager half step its host time at every measurement (ResNet-18 ~5 ms, EfficientNet-B0 "
                         "~30 ms), every t_noise steps")
+    p.add_argument("--triton-warmup", choices=["on", "off"], default="off",
+                   help="torch, triaccel, CUDA: run Triton's once-per-process start-up (its cache key and driver; "
+                        "~1.1 s of the first statistics launch under cProfile, H200, 2026-11-28) on a thread beside "
+                        "the set-up instead of in the first step; off by default until measured")
     p.add_argument("--compile-shapes", choices=["auto", "dynamic", "buckets"], default="auto",
                    help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
                         "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
@@ -329,7 +333,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, bn_mask=a.bn_mask, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze, graph_halves=a.graph_halves,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, bn_mask=a.bn_mask, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze, graph_halves=a.graph_halves, triton_warmup=a.triton_warmup,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set),
         xla_options=_parse_set(a.xla_option, "--xla-option", "an XLA compiler option"))
