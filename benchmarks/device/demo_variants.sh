@@ -5,7 +5,7 @@
 # BACKEND (jax | torch, default jax), MODEL (default resnet18), SEEDS (default 0), EPOCHS (default 10), LIMIT
 # (seconds per run, default 200). Every run starts cold, as a first run on a machine does: JAX on its own
 # empty compilation cache and an empty jax-triton kernel cache; torch with inductor's caches
-# (/tmp/torchinductor_$USER) emptied; what only a machine's first process pays goes to a warm-up process
+# (/tmp/torchinductor_$USER) and Triton's kernel cache emptied; what only a machine's first process pays goes to a warm-up process
 # run before them (WARMUP=0: none), and the decoded images are cached for every run. WARM=1: each variant keeps its caches from seed to seed (the first
 # seed runs cold, the others warm: for accuracy over seeds at a fraction of the device time; compare walls
 # within a seed only). Logs and summaries go to $OUT/s<seed>/ (step records into $OUT/step-records.tgz), packed into $OUT/runs.tgz past 8
@@ -18,7 +18,8 @@ one() { seed=$1; name=$2; shift 2; dir=$OUT/s$seed; extra=()
     [ "${WARM:-0}" = 1 ] || rm -rf "$TRIACCEL_CACHE/jax-triton"   # every cold run compiles its Triton kernels
     extra=(--compile-cache /tmp/cc/$cc$name)
   else
-    [ "${WARM:-0}" = 1 ] || rm -rf /tmp/torchinductor_* 2>/dev/null
+    # cold: inductor's caches and Triton's kernel cache (triaccel's statistics kernel compiles again)
+    [ "${WARM:-0}" = 1 ] || rm -rf /tmp/torchinductor_* "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null
   fi
   t0=$EPOCHREALTIME
   timeout ${LIMIT:-200} python3 -m examples.cifar.train --backend $B --model ${MODEL:-resnet18} --data $D --seed $seed \
