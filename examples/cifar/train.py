@@ -236,7 +236,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "triaccel.backends.torch.cuda_graph.ShapeGraphs; buckets only)")
     p.add_argument("--graph-halves", choices=["on", "off"], default="on",
                    help="torch, --compile graphs, triaccel: capture the gradient-noise measurements' half batches "
-                        "too (on) or run them eagerly (off): a capture costs ~0.6 s once (H200, 2026-11-28), an "
+                        "too (on) or run them eagerly (off): a capture costs 0.2-0.6 s once (H200, 2026-11-28), an "
                         "eager half step its host time at every measurement (ResNet-18 ~5 ms, EfficientNet-B0 "
                         "~30 ms), every t_noise steps")
     p.add_argument("--triton-warmup", choices=["on", "off"], default="off",
