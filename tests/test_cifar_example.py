@@ -444,3 +444,17 @@ def test_one_process_with_bn_parts_and_keyed_augmentation_trains_as_two_ranks(tm
     assert len(ranks) == 6
     np.testing.assert_allclose(step_losses(tmp_path / "one" / "log.jsonl"), ranks, rtol=1e-6)
     assert not np.allclose(step_losses(tmp_path / "stream" / "log.jsonl"), ranks, rtol=1e-6)   # the test can fail
+
+
+def test_ahead_thread_runs_at_once_and_reraises_on_finish():
+    """The demo's --triton-warmup jobs: started on construction, chained, errors raised by finish()."""
+    from examples.cifar.torch_loop import _Ahead
+
+    done = []
+    first = _Ahead(lambda: done.append("runtime"))
+    second = _Ahead(lambda: (first.finish(), done.append("kernels")))
+    second.finish()
+    assert done == ["runtime", "kernels"]
+    failing = _Ahead(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        _Ahead(lambda: failing.finish()).finish()

@@ -147,6 +147,30 @@ def test_statistics_ring_rows_and_flags_start_16_byte_aligned() -> None:
     assert all(z.dim() == 0 and z.data_ptr() == f.data_ptr() for z, f in zip(opt._found_0d, flags))
 
 
+@pytest.mark.parametrize("base", ["bf16", "fp16"])
+def test_prepare_kernels_leaves_state_and_training_as_they_were(base: str) -> None:
+    """prepare_kernels() launches the statistics once over the parameters (FP16: over copies, as an
+    unscaling launch writes back) and changes nothing: parameters, ring, counters; training after it
+    equals training without it."""
+    x, y = _data()
+    runs = []
+    for prepare in (False, True):
+        torch.manual_seed(0)
+        model = SmallCNN()
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model,
+                   CFG.replace(curvature="off", base_precision=base))
+        if prepare:
+            before = [p.detach().clone() for p in model.parameters()]
+            ring = opt._buf.clone()
+            opt.prepare_kernels()
+            assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+            assert torch.equal(opt._buf, ring) and opt.step_count == 0 and opt._rows == []
+            assert float(opt._found_ring.sum()) == 0.0
+        runs.append((_train(opt, model, x, y, 6), [p.detach().clone() for p in model.parameters()]))
+    (l0, p0), (l1, p1) = runs
+    assert l0 == l1 and all(torch.equal(a, b) for a, b in zip(p0, p1))
+
+
 def test_strict_norm_runs_norms_in_fp32() -> None:
     model = SmallCNN()
     layers = discover_layers(model)

@@ -336,6 +336,26 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.micro_count = self.decision.accumulation - 1
         self.step()
 
+    @torch.no_grad()
+    def prepare_kernels(self) -> None:
+        """Compile and load the per-step statistics kernel before the first step needs it: one launch
+        over the parameters (the gradients' shapes and dtypes, so the same plan and specialisation) into
+        a scratch row, with the arguments the next step will pass. The state is untouched. On CUDA with
+        Triton this moves the kernel's first compilation (and Triton's start-up) out of the first
+        step; it may run on a thread beside set-up work, but not while another thread captures a CUDA
+        graph (loading a module then breaks the capture): join it before the first forward."""
+        if self.distributed is not None and self.distributed.sharded:
+            return   # FSDP: the step launches over the local shards, which the parameters are not
+        scaled = self.fp16_active
+        # an unscaling launch writes its input back: then copies, not the parameters
+        tensors = [p.detach().clone() if scaled else p.detach() for p in self._params]
+        n = len(tensors)
+        scratch = torch.zeros((-(-n // 4) * 4, 3), dtype=torch.float32, device=self.device)[:n]   # as a ring row
+        flag = torch.zeros(4, dtype=torch.float32, device=self.device)[:1]
+        guarded = scaled or self._device_guard or self.host_check
+        inv_scale = torch.ones(1, dtype=torch.float32, device=self.device) if scaled else None
+        self._moments(tensors, inv_scale=inv_scale, out=scratch, found_inf=flag if guarded else None)
+
     def _grad_list(self) -> list[torch.Tensor]:
         grads = [p.grad for p in self._params]
         if any(g is None for g in grads):

@@ -88,18 +88,39 @@ def static_batches(buckets: Sequence[int], distributed: Any = None, smallest: in
     return tuple(b // world for b in buckets if b % world == 0 and b >= smallest)
 
 
+class _Ahead(threading.Thread):
+    """`fn()` started at once on a daemon thread; `finish()` waits for it and raises what it raised."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(name="triton-warmup", daemon=True)
+        self.fn, self.error = fn, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.fn()
+        except BaseException as e:   # re-raised on the caller's thread by finish()
+            self.error = e
+
+    def finish(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise self.error
+
+
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
           distributed: Any = None) -> dict[str, Any]:
     """distributed: this rank of a torchrun launch (`triaccel.backends.torch.distributed.Distributed`):
     the model runs under DDP, each step's global batch is split across ranks (every method)."""
     t_start = time.perf_counter()
     device = pick_device(opts) if distributed is None else distributed.device
-    # --triton-warmup on: Triton's per-process start-up on a thread beside the set-up below, joined before
-    # the first step's statistics launch would pay it (no CUDA call on that thread)
+    # --triton-warmup on: Triton's per-process start-up on a thread beside the set-up below (no CUDA call),
+    # then, once the wrapper exists, its statistics kernel compiled by one launch over the parameters;
+    # joined before the first forward (a module loaded while the first step captures a CUDA graph would
+    # break the capture)
     runtime = None
     if opts.triton_warmup == "on" and opts.method == "triaccel" and device.type == "cuda":
-        runtime = threading.Thread(target=prepare_triton_runtime, name="triton-runtime", daemon=True)
-        runtime.start()
+        runtime = _Ahead(prepare_triton_runtime)
     torch.manual_seed(opts.seed)
     model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
     nhwc = opts.channels_last(device.type)
@@ -145,6 +166,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
                 yield transform(xtr[idx]), ytr[idx]
 
         opt: Any = wrap(inner, model, cfg, curvature_data=curvature_batches(), distributed=distributed)
+        if runtime is not None:   # then the statistics kernel itself, compiled and loaded
+            started = runtime
+            runtime = _Ahead(lambda: (started.finish(), opt.prepare_kernels()))
         controller: Controller = opt.controller
         cast = opt.autocast
         step_kwargs = dict(scaler=opt, apply_lr_batch_scale=False,
@@ -215,7 +239,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
 
     tracer = StepTrace(opts.trace_steps, begin_trace, end_trace)
     if runtime is not None:
-        runtime.join()
+        runtime.finish()
     setup_seconds = time.perf_counter() - t_start
     eval_times: list[float] = []   # evaluation and the epoch's records, outside epoch_times
     for epoch in range(opts.epochs):

@@ -241,8 +241,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "~30 ms), every t_noise steps")
     p.add_argument("--triton-warmup", choices=["on", "off"], default="off",
                    help="torch, triaccel, CUDA: run Triton's once-per-process start-up (its cache key and driver; "
-                        "~1.1 s of the first statistics launch under cProfile, H200, 2026-11-28) on a thread beside "
-                        "the set-up instead of in the first step; off by default until measured")
+                        "~1.1 s of the first statistics launch under cProfile, H200, 2026-11-28) and the statistics "
+                        "kernel's compilation (TriAccelOptimizer.prepare_kernels) on a thread beside the set-up, "
+                        "joined before the first forward, instead of in the first step; off by default until measured")
     p.add_argument("--compile-shapes", choices=["auto", "dynamic", "buckets"], default="auto",
                    help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
                         "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
