@@ -137,7 +137,7 @@ class _Bare(nn.Module):
 class ShapeGraphs(nn.Module):
     """`module`'s forward and backward replayed as CUDA graphs, one capture per batch size, with no
     compiler: `torch.cuda.make_graphed_callables` (a few eager warm-up passes, then one capture of the
-    forward and one of the backward): ~0.5 s per shape in the demo's step records (H200, 2026-11-28),
+    forward and one of the backward): 0.2-0.6 s per shape in the demo's step records (H200, 2026-11-28),
     where `torch.compile`'s cudagraphs backend traces for 7.1-9.3 s (EfficientNet-B0, H100, 2026-11-28).
     For an elastic batch that visits a few buckets, and a step bound by the host's kernel launches.
 

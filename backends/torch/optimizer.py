@@ -349,9 +349,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         scaled = self.fp16_active
         # an unscaling launch writes its input back: then copies, not the parameters
         tensors = [p.detach().clone() if scaled else p.detach() for p in self._params]
-        n = len(tensors)
-        scratch = torch.zeros((-(-n // 4) * 4, 3), dtype=torch.float32, device=self.device)[:n]   # as a ring row
-        flag = torch.zeros(4, dtype=torch.float32, device=self.device)[:1]
+        # fresh allocations: aligned as the ring's rows and flags are
+        scratch, flag = torch.zeros_like(self._buf_rows[0]), torch.zeros_like(self._found_slots[0])
         guarded = scaled or self._device_guard or self.host_check
         inv_scale = torch.ones(1, dtype=torch.float32, device=self.device) if scaled else None
         self._moments(tensors, inv_scale=inv_scale, out=scratch, found_inf=flag if guarded else None)

@@ -191,7 +191,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     if opts.compile == "off":
         fwd = parts_forward(train_model, opts.bn_parts)
     elif opts.compile == "graphs":
-        # a noise measurement's half batches graphed too (--graph-halves on): a capture costs ~0.5 s (H200,
+        # a noise measurement's half batches graphed too (--graph-halves on): a capture costs 0.2-0.6 s (H200,
         # 2026-11-28) where an eager EfficientNet-B0 step costs ~33 ms of host time (H100, 2026-11-23)
         halves = ({-(-b // 2) for b in graphed} if opts.method == "triaccel" and opts.graph_halves == "on"
                   else set())
