@@ -73,9 +73,9 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
     assert ladder[0] == 32 and summary["graphed_sizes"] == sorted(set(ladder) | {-(-b // 2) for b in ladder})
     with pytest.raises(SystemExit):   # only with --compile graphs
         train.parse_args(["--data", str(DATA), "--graph-halves", "off"])
-    # --triton-warmup (torch, triaccel, CUDA only: on a CPU no thread starts): off unless asked
-    assert train.parse_args(["--data", str(DATA)]).triton_warmup == "off"
-    assert train.parse_args(["--data", str(DATA), "--triton-warmup", "on"]).triton_warmup == "on"
+    # --triton-warmup (torch, triaccel, CUDA only: on a CPU no thread starts): on unless turned off
+    assert train.parse_args(["--data", str(DATA)]).triton_warmup == "on"
+    assert train.parse_args(["--data", str(DATA), "--triton-warmup", "off"]).triton_warmup == "off"
 
 
 def test_xla_options_reach_the_jax_run_and_are_refused_elsewhere():
