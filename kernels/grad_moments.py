@@ -297,24 +297,50 @@ def moments_reference_jnp(flat: Any, offsets: Sequence[int], inv_scale: Any = No
     return out, (x.astype(flat.dtype) if inv_scale is not None else None)
 
 
-def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None) -> tuple[Any, list[Any] | None]:
+# Arrays of at most this many elements are reduced together, by size bucket (see below).
+SMALL_MAX = 1 << 16
+
+
+def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None,
+                               small_max: int = SMALL_MAX) -> tuple[Any, list[Any] | None]:
     """jnp reference over separate arrays: ((n, 3) float32 [sum, sumsq, nonfinite], the unscaled arrays
-    (each in its own dtype) or None). Each array is reduced on its own, in FP32 (FP64 for a float64
-    array), the three sums in one pass XLA fuses with the unscaling; no concatenation and no scatter
+    (each in its own dtype) or None). Sums in FP32 (FP64 for a float64 array), the three in one pass
+    XLA fuses with the unscaling; no concatenation of the whole set and no scatter
     (`moments_reference_jnp`'s segment sums are atomics on a GPU), so inside a jitted step the
-    unscaled arrays fuse into their consumers and nothing is written back."""
+    unscaled arrays fuse into their consumers and nothing is written back.
+
+    An array of more than ``small_max`` elements is reduced on its own. Smaller ones are zero-padded
+    to the next power of two (at least 16) and stacked per length, one row reduction per length: a
+    ResNet's BatchNorm vectors and small convolutions cost a handful of kernels instead of one or two
+    each (a bs-96 JAX step is launch-bound). Zero padding changes no sum and no count."""
     import jax.numpy as jnp
 
-    rows, parts = [], []
-    for a in leaves:
+    if small_max < 0:
+        raise ValueError(f"small_max={small_max}: must be >= 0 (elements; 0 reduces every array alone)")
+    rows: list[Any] = [None] * len(leaves)
+    parts: list[Any] = []
+    buckets: dict[tuple[int, Any], list[tuple[int, Any]]] = {}
+
+    def sums(x: Any, axis: Any) -> Any:  # (..., 3) [sum, sumsq, nonfinite] along `axis`
+        fin = jnp.isfinite(x)
+        xf = jnp.where(fin, x, 0.0)
+        return jnp.stack([jnp.sum(xf, axis), jnp.sum(xf * xf, axis), jnp.sum(~fin, axis, dtype=x.dtype)], axis=-1)
+
+    for i, a in enumerate(leaves):
         acc = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
         x = a.astype(acc)
         if inv_scale is not None:
             x = x * jnp.asarray(inv_scale, dtype=acc).reshape(())
             parts.append(x.astype(a.dtype))
-        fin = jnp.isfinite(x)
-        xf = jnp.where(fin, x, 0.0)
-        rows.append(jnp.stack([jnp.sum(xf), jnp.sum(xf * xf), jnp.sum(~fin, dtype=acc)]).astype(jnp.float32))
+        if 0 < a.size <= small_max:
+            buckets.setdefault((max(16, 1 << (a.size - 1).bit_length()), acc), []).append((i, x.reshape(-1)))
+        else:
+            rows[i] = sums(x, None).astype(jnp.float32)
+    for (length, _), items in buckets.items():
+        stacked = jnp.stack([jnp.pad(x, (0, length - x.size)) for _, x in items])
+        r = sums(stacked, 1).astype(jnp.float32)
+        for k, (i, _) in enumerate(items):
+            rows[i] = r[k]
     out = jnp.stack(rows) if rows else jnp.zeros((0, 3), jnp.float32)
     return out, (parts if inv_scale is not None else None)
 

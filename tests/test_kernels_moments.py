@@ -192,6 +192,37 @@ def test_jax_xla_impl_matches_the_flat_reference_in_and_out_of_jit():
         grad_moments_flat(flat, off, impl=impl)
 
 
+def test_xla_tree_stacks_small_arrays_by_length():
+    """Arrays up to `small_max` elements are reduced per power-of-two length: the same statistics as one
+    reduction per array, in far fewer reductions (a launch-bound step pays per kernel)."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    sizes = [64, 64, 100, 128, 7, 1, 0, 3000, 70000, 2, 2**16]
+    ts = make(sizes, torch.float32, seed=11)
+    ts[2][5], ts[4][0], ts[8][9] = float("nan"), float("inf"), float("-inf")
+    dtypes = [jnp.float32, jnp.bfloat16, jnp.float32, jnp.float16, jnp.float32, jnp.float32, jnp.float32,
+              jnp.bfloat16, jnp.float32, jnp.float32, jnp.float32]
+    leaves = [jnp.asarray(t.numpy()).astype(d) for t, d in zip(ts, dtypes)]
+    for scale in (None, 0.5):
+        alone, parts_alone = moments_reference_jnp_tree(leaves, scale, small_max=0)
+        got, parts = moments_reference_jnp_tree(leaves, scale)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(alone), rtol=2e-6, atol=1e-6)
+        assert np.asarray(got)[:, 2].tolist() == [0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 0]
+        if scale is not None:
+            for u, w in zip(parts, parts_alone):
+                assert u.dtype == w.dtype
+                np.testing.assert_array_equal(np.asarray(u.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
+
+    def reductions(small_max):
+        jaxpr = jax.make_jaxpr(lambda ls: moments_reference_jnp_tree(ls, small_max=small_max)[0])(leaves)
+        return sum(e.primitive.name.startswith("reduce_") for e in jaxpr.jaxpr.eqns)
+
+    # lengths 64 (two arrays), 128 (100 and 128), 16 (7, 1, 2), 4096, 2**16; 0 and 70000 alone
+    assert reductions(0) == 3 * len(sizes) and reductions(2**16) == 3 * 7
+    with pytest.raises(ValueError, match="small_max=-1"):
+        moments_reference_jnp_tree(leaves, small_max=-1)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_torch_and_jnp_references_agree(dtype):
     jax = pytest.importorskip("jax")
