@@ -809,7 +809,7 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
         fused torch optimizer or ``GradScaler.update`` reads, with no extra launch.
     impl: "auto" (Triton on CUDA / interpreter / jax-triton on GPU, else reference), "triton" or
         "reference"; JAX arrays also "xla": :func:`moments_reference_jnp_tree`, one reduction per
-        array with no concatenation, no written-back copy (inside a jitted step XLA fuses the
+        large array and one per length class of small ones, no written-back copy (inside a jitted step XLA fuses the
         unscaling into its consumers) and no jax-triton lowering.
     block, iters, num_warps: launch configuration (elements per load, loads per unrolled step,
         warps per program); chunk: elements per program (a multiple of 16; None: from the total

@@ -162,8 +162,9 @@ class TriAccelConfig:
         Triton kernel where it can run, CUDA or the interpreter, else torch's reductions; JAX: "xla"),
         "triton" (insist; under JAX the same kernel through jax-triton on a GPU), "reference" (the
         framework's own reductions over the concatenated gradients; under JAX segment sums, measured
-        4.4x slower per bs-384 epoch on an H100: for debugging), or, JAX only, "xla": one fused
-        reduction per gradient array inside the jitted update (no concatenation, no written-back
+        4.4x slower per bs-384 epoch on an H100: for debugging), or, JAX only, "xla": XLA's own
+        reductions inside the jitted update, one per large gradient array and one per power-of-two
+        length for arrays of at most 2^16 elements (no concatenation of the whole set, no written-back
         unscaled copy, no jax-triton; `triaccel.kernels.moments_reference_jnp_tree`). JAX's default
         by measurement (H200, ResNet-18 CIFAR-10 seed 2, cold runs, docs/results.md 2026-11-28):
         3.8-5.2 s less wall than the jax-triton kernel, whose first lowering imports torch and
