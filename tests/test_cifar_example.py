@@ -458,3 +458,40 @@ def test_ahead_thread_runs_at_once_and_reraises_on_finish():
     failing = _Ahead(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         _Ahead(lambda: failing.finish()).finish()
+
+
+def test_kernel_warmup_child_builds_the_run_and_launches_once(tmp_path):
+    """--triton-warmup process: the child reads (RunOptions, num_classes) on stdin, builds the run's model
+    and wrapper and launches the statistics kernel (here on the CPU, where spawn() starts no child); a
+    failing child leaves the run to compile the kernel itself, with a warning naming the exit code."""
+    import pickle
+    import subprocess
+    import sys
+
+    from examples.cifar import kernel_warmup
+
+    opts = train.parse_args(["--data", str(DATA), "--device", "cpu", "--width", "0.125", "--triton-warmup", "process",
+                             "--budget", "4GiB"])
+    assert opts.triton_warmup == "process"
+    assert kernel_warmup.spawn(opts) is None   # no CUDA device asked for: no child
+    for other in ("--method amp", "--backend jax", "--triton-warmup on"):
+        o = train.parse_args(["--data", str(DATA), "--width", "0.125", "--triton-warmup", "process", *other.split()])
+        assert kernel_warmup.spawn(o) is None
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "examples.cifar.kernel_warmup"], input=pickle.dumps((opts, 10)),
+                       capture_output=True, cwd=root, env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+
+    class Opt:
+        launches = 0
+
+        def prepare_kernels(self):
+            self.launches += 1
+
+    opt = Opt()
+    failing = subprocess.Popen([sys.executable, "-c", "print('no GPU here'); raise SystemExit(3)"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with pytest.warns(RuntimeWarning, match="exited with 3.*no GPU here"):
+        kernel_warmup.finish(failing, opt)
+    kernel_warmup.finish(None, opt)
+    assert opt.launches == 2

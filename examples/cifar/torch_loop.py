@@ -25,6 +25,7 @@ from triaccel.backends.torch.models import create_model
 from triaccel.flops import FlopShare
 from triaccel.kernels._dispatch import prepare_triton_runtime
 
+from . import kernel_warmup
 from .common import OOMInjector, RunLog, RunOptions, StepTrace, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
 
@@ -88,6 +89,21 @@ def static_batches(buckets: Sequence[int], distributed: Any = None, smallest: in
     return tuple(b // world for b in buckets if b % world == 0 and b >= smallest)
 
 
+def build_model(opts: RunOptions, num_classes: int, device: torch.device) -> torch.nn.Module:
+    """The run's model on `device`, seeded, in the run's memory format."""
+    torch.manual_seed(opts.seed)
+    model = create_model(opts.model, num_classes=num_classes, width=opts.width, seed=opts.seed).to(device)
+    if opts.channels_last(device.type):
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def inner_optimizer(opts: RunOptions, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Every method's optimizer: SGD with Nesterov momentum and weight decay."""
+    return torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum, nesterov=True,
+                           weight_decay=opts.weight_decay)
+
+
 class _Ahead(threading.Thread):
     """`fn()` started at once on a daemon thread; `finish()` waits for it and raises what it raised."""
 
@@ -109,9 +125,11 @@ class _Ahead(threading.Thread):
 
 
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
-          distributed: Any = None) -> dict[str, Any]:
+          distributed: Any = None, kernel_child: Any = None) -> dict[str, Any]:
     """distributed: this rank of a torchrun launch (`triaccel.backends.torch.distributed.Distributed`):
-    the model runs under DDP, each step's global batch is split across ranks (every method)."""
+    the model runs under DDP, each step's global batch is split across ranks (every method).
+    kernel_child: `--triton-warmup process`'s child (`kernel_warmup.spawn`), waited for before the first
+    forward."""
     t_start = time.perf_counter()
     device = pick_device(opts) if distributed is None else distributed.device
     # --triton-warmup on: Triton's per-process start-up on a thread beside the set-up below (no CUDA call),
@@ -119,21 +137,17 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # joined before the first forward (a module loaded while the first step captures a CUDA graph would
     # break the capture)
     runtime = None
-    if opts.triton_warmup == "on" and opts.method == "triaccel" and device.type == "cuda":
+    if opts.triton_warmup in ("on", "process") and opts.method == "triaccel" and device.type == "cuda":
         runtime = _Ahead(prepare_triton_runtime)
-    torch.manual_seed(opts.seed)
-    model = create_model(opts.model, num_classes=data.num_classes, width=opts.width, seed=opts.seed).to(device)
+    model = build_model(opts, data.num_classes, device)
     nhwc = opts.channels_last(device.type)
-    if nhwc:
-        model = model.to(memory_format=torch.channels_last)
     if device.type == "cuda":
         # cuDNN autotuning runs once per new input shape: the batch moves on a few buckets, and the
         # epoch's short last step adds one shape per bucket; the same setting for every method.
         torch.backends.cudnn.benchmark = opts.cudnn_benchmark
     if distributed is not None:
         model = distributed.prepare(model)   # DistributedDataParallel; rank 0's weights everywhere
-    inner = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum, nesterov=True,
-                            weight_decay=opts.weight_decay)
+    inner = inner_optimizer(opts, model)
     cfg = opts.triaccel_config(1 if distributed is None else distributed.world_size)
     mean, std, xtr, ytr, xte, yte = device_arrays(data, device)
     # each rank its own augmentation stream (rank 0's is the single-process one)
@@ -166,7 +180,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
                 yield transform(xtr[idx]), ytr[idx]
 
         opt: Any = wrap(inner, model, cfg, curvature_data=curvature_batches(), distributed=distributed)
-        if runtime is not None:   # then the statistics kernel itself, compiled and loaded
+        if runtime is not None and kernel_child is None:   # then the kernel itself, compiled and loaded
             started = runtime
             runtime = _Ahead(lambda: (started.finish(), opt.prepare_kernels()))
         controller: Controller = opt.controller
@@ -240,6 +254,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     tracer = StepTrace(opts.trace_steps, begin_trace, end_trace)
     if runtime is not None:
         runtime.finish()
+        if kernel_child is not None:   # the kernel from the child's cache entry, loaded on this thread
+            kernel_warmup.finish(kernel_child, opt)
     setup_seconds = time.perf_counter() - t_start
     eval_times: list[float] = []   # evaluation and the epoch's records, outside epoch_times
     for epoch in range(opts.epochs):
