@@ -19,6 +19,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 import warnings
 from typing import Any
 
@@ -40,11 +41,18 @@ def spawn(opts: RunOptions) -> subprocess.Popen | None:
 
     if not torch.cuda.is_available():
         return None
+    return start(opts, NUM_CLASSES[opts.dataset])
+
+
+def start(opts: RunOptions, num_classes: int) -> subprocess.Popen:
+    """The child for `opts` (any device), its output kept in a temporary file for `finish`."""
+    log = tempfile.TemporaryFile()
     child = subprocess.Popen([sys.executable, "-m", "examples.cifar.kernel_warmup"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=os.getcwd())
+                             stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
+    child.log = log   # type: ignore[attr-defined]
     assert child.stdin is not None
-    child.stdin.write(pickle.dumps((opts, NUM_CLASSES[opts.dataset])))
-    child.stdin.close()
+    with child.stdin:
+        child.stdin.write(pickle.dumps((opts, num_classes)))
     return child
 
 
@@ -54,18 +62,23 @@ def finish(child: subprocess.Popen | None, opt: Any) -> None:
     would break the capture."""
     if child is not None:
         try:
-            out, _ = child.communicate(timeout=WAIT_S)
+            rc = child.wait(timeout=WAIT_S)
         except subprocess.TimeoutExpired:
             child.kill()
-            out, _ = child.communicate()
+            child.wait()
             warnings.warn(f"--triton-warmup process: the child did not finish in {WAIT_S:.0f} s; the run "
                           "compiles the statistics kernel itself", RuntimeWarning, stacklevel=2)
         else:
-            if child.returncode != 0:
-                tail = out.decode(errors="replace").strip().splitlines()[-5:]
-                warnings.warn(f"--triton-warmup process: the child exited with {child.returncode}; the run "
-                              f"compiles the statistics kernel itself. Its last lines: {tail}",
-                              RuntimeWarning, stacklevel=2)
+            if rc != 0:
+                log = getattr(child, "log", None)
+                tail: list[str] = []
+                if log is not None:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace").strip().splitlines()[-5:]
+                warnings.warn(f"--triton-warmup process: the child exited with {rc}; the run compiles the "
+                              f"statistics kernel itself. Its last lines: {tail}", RuntimeWarning, stacklevel=2)
+        if getattr(child, "log", None) is not None:
+            child.log.close()
     opt.prepare_kernels()
 
 
