@@ -458,36 +458,3 @@ def test_ahead_thread_runs_at_once_and_reraises_on_finish():
     failing = _Ahead(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         _Ahead(lambda: failing.finish()).finish()
-
-
-def test_kernel_warmup_child_builds_the_run_and_launches_once(tmp_path):
-    """--triton-warmup process: the child reads (RunOptions, num_classes) on stdin, builds the run's model
-    and wrapper and launches the statistics kernel (here on the CPU, started by start(): spawn() starts
-    none without CUDA); a
-    failing child leaves the run to compile the kernel itself, with a warning naming the exit code."""
-    from examples.cifar import kernel_warmup
-
-    opts = train.parse_args(["--data", str(DATA), "--device", "cpu", "--width", "0.125", "--triton-warmup", "process",
-                             "--budget", "4GiB"])
-    assert opts.triton_warmup == "process"
-    assert kernel_warmup.spawn(opts) is None   # no CUDA device asked for: no child
-    for other in ("--method amp", "--backend jax", "--triton-warmup on"):
-        o = train.parse_args(["--data", str(DATA), "--width", "0.125", "--triton-warmup", "process", *other.split()])
-        assert kernel_warmup.spawn(o) is None
-
-    class Opt:
-        launches = 0
-
-        def prepare_kernels(self):
-            self.launches += 1
-
-    opt = Opt()
-    # the hand-off as a run does it: the child started, then waited for and the run's own launch
-    child = kernel_warmup.start(opts, 10)
-    kernel_warmup.finish(child, opt)
-    assert child.returncode == 0 and opt.launches == 1
-    failing = kernel_warmup.start(opts, -1)   # a model with -1 classes cannot be built: the child fails
-    with pytest.warns(RuntimeWarning, match="exited with 1.*Error"):
-        kernel_warmup.finish(failing, opt)
-    kernel_warmup.finish(None, opt)
-    assert opt.launches == 3

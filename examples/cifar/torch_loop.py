@@ -25,7 +25,6 @@ from triaccel.backends.torch.models import create_model
 from triaccel.flops import FlopShare
 from triaccel.kernels._dispatch import prepare_triton_runtime
 
-from . import kernel_warmup
 from .common import OOMInjector, RunLog, RunOptions, StepTrace, lr_factor, median_last, precision_record
 from .datasets import CifarArrays
 
@@ -125,11 +124,9 @@ class _Ahead(threading.Thread):
 
 
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
-          distributed: Any = None, kernel_child: Any = None) -> dict[str, Any]:
+          distributed: Any = None) -> dict[str, Any]:
     """distributed: this rank of a torchrun launch (`triaccel.backends.torch.distributed.Distributed`):
-    the model runs under DDP, each step's global batch is split across ranks (every method).
-    kernel_child: `--triton-warmup process`'s child (`kernel_warmup.spawn`), waited for before the first
-    forward."""
+    the model runs under DDP, each step's global batch is split across ranks (every method)."""
     t_start = time.perf_counter()
     device = pick_device(opts) if distributed is None else distributed.device
     # --triton-warmup on: Triton's per-process start-up on a thread beside the set-up below (no CUDA call),
@@ -137,7 +134,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # joined before the first forward (a module loaded while the first step captures a CUDA graph would
     # break the capture)
     runtime = None
-    if opts.triton_warmup in ("on", "process") and opts.method == "triaccel" and device.type == "cuda":
+    if opts.triton_warmup == "on" and opts.method == "triaccel" and device.type == "cuda":
         runtime = _Ahead(prepare_triton_runtime)
     model = build_model(opts, data.num_classes, device)
     nhwc = opts.channels_last(device.type)
@@ -180,7 +177,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
                 yield transform(xtr[idx]), ytr[idx]
 
         opt: Any = wrap(inner, model, cfg, curvature_data=curvature_batches(), distributed=distributed)
-        if runtime is not None and kernel_child is None:   # then the kernel itself, compiled and loaded
+        if runtime is not None:   # then the statistics kernel itself, compiled and loaded
             started = runtime
             runtime = _Ahead(lambda: (started.finish(), opt.prepare_kernels()))
         controller: Controller = opt.controller
@@ -254,8 +251,6 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     tracer = StepTrace(opts.trace_steps, begin_trace, end_trace)
     if runtime is not None:
         runtime.finish()
-        if kernel_child is not None:   # the kernel from the child's cache entry, loaded on this thread
-            kernel_warmup.finish(kernel_child, opt)
     setup_seconds = time.perf_counter() - t_start
     eval_times: list[float] = []   # evaluation and the epoch's records, outside epoch_times
     for epoch in range(opts.epochs):

@@ -21,7 +21,6 @@ from typing import Any, Sequence
 
 from triaccel.local_plan import parse_reserve
 
-from . import kernel_warmup
 from .common import DEFAULT_LEVERS, LEVERS, MEMORY_FORMATS, RunLog, RunOptions, options_record
 from .plots import plot_run
 
@@ -240,15 +239,14 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "too (on) or run them eagerly (off): a capture costs 0.2-0.6 s once (H200, 2026-11-28), an "
                         "eager half step its host time at every measurement (ResNet-18 ~5 ms, EfficientNet-B0 "
                         "~30 ms), every t_noise steps")
-    p.add_argument("--triton-warmup", choices=["on", "process", "off"], default="on",
+    p.add_argument("--triton-warmup", choices=["on", "off"], default="on",
                    help="torch, triaccel, CUDA: run Triton's once-per-process start-up (its cache key and driver; "
                         "~1.1 s of the first statistics launch under cProfile, H200, 2026-11-28) and the statistics "
                         "kernel's compilation (TriAccelOptimizer.prepare_kernels) on a thread beside the set-up, "
                         "joined before the first forward, instead of in the first step (graphed, seed 0, H200, 2026-11-28: "
                         "EfficientNet-B0 28.6 s from model to last evaluation against 31.9 s off, ResNet-18 18.6 "
-                        "against 18.5 s); process: the start-up on the thread, the kernel compiled by a child process "
-                        "started before the data loads (examples/cifar/kernel_warmup.py), the run loading it from "
-                        "Triton's cache (not under torchrun)")
+                        "against 18.5 s; a child process compiling the kernel instead was slower: "
+                        "benchmarks/results/s38/callE)")
     p.add_argument("--compile-shapes", choices=["auto", "dynamic", "buckets"], default="auto",
                    help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
                         "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
@@ -414,8 +412,6 @@ def run(opts: RunOptions) -> dict[str, Any]:
 
         dp = init_distributed()
     rank = 0 if dp is None else dp.rank
-    # --triton-warmup process: the kernel's child process starts before anything else of the run
-    kernel_child = kernel_warmup.spawn(opts)
     t_load = time.perf_counter()
     if rank:
         dp.all_sum(0)   # rank 0 decodes and caches the images first
@@ -439,8 +435,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
           flush=True)
     try:
         summary = train(opts, data, log, _progress_factory(opts.progress and not rank),
-                        **({} if dp is None else {"distributed": dp}),
-                        **({} if kernel_child is None else {"kernel_child": kernel_child}))
+                        **({} if dp is None else {"distributed": dp}))
     finally:
         log.close()
     summary.update(options=options_record(opts), data_load_seconds=load_s)
