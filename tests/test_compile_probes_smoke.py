@@ -54,3 +54,20 @@ def test_drift_probe_profiles_two_windows_of_a_demo_run(tmp_path):
     windows = json.loads((tmp_path / "drift.json").read_text())
     assert list(windows) == ["2:4", "6:8"] and all(windows.values())
     assert "window (6, 8):" in p.stdout and "ms/step first" in p.stdout
+
+
+def test_step_gaps_finds_each_backends_boundary_step():
+    """The torch wrapper reads its statistics at the end of the step that fills the ring (k = t_ctrl - 1
+    mod t_ctrl), the JAX loop before step k = 0 mod t_ctrl: the boundary's gap is looked for there."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "device"))
+    from step_gaps import boundary_cost, boundary_step
+
+    assert boundary_step("torch", 50) == 49 and boundary_step("jax", 50) == 0
+    # 10 ms boundaries at steps 4 and 9 (t_ctrl 5), 2 ms elsewhere
+    t, steps = 0.0, []
+    for k in range(12):
+        t += 0.010 if k % 5 == 4 else 0.002
+        steps.append({"step": k, "host_s": t})
+    n, med, excess = boundary_cost(steps, 5, boundary_step("torch", 5))
+    assert n == 2 and med == pytest.approx(0.010) and excess == pytest.approx(0.016)
+    assert boundary_cost(steps, 5, boundary_step("jax", 5))[1] == pytest.approx(0.002)

@@ -23,13 +23,20 @@ def gaps_by_batch(steps: list[dict]) -> dict[int, list[tuple[float, int]]]:
     return out
 
 
-def boundary_cost(steps: list[dict], t_ctrl: int) -> tuple[int, float, float] | None:
+def boundary_step(backend: str, t_ctrl: int) -> int:
+    """The remainder mod t_ctrl of the step whose record carries a control boundary's cost: the JAX loop
+    runs the control before step k = 0 mod t_ctrl (`SplitStep.control`), the torch wrapper at the end of
+    the step that fills its statistics ring (`TriAccelOptimizer.step`: step k = t_ctrl - 1 mod t_ctrl)."""
+    return t_ctrl - 1 if backend == "torch" else 0
+
+
+def boundary_cost(steps: list[dict], t_ctrl: int, at_step: int = 0) -> tuple[int, float, float] | None:
     """(boundaries, their median gap s, their summed excess over the other steps' median gap s) for
     one epoch's step records; None without a boundary or another step. A gap belongs to the later
-    step (the boundary's control runs before it)."""
+    step; boundaries are the steps k with k % t_ctrl == at_step (`boundary_step`)."""
     at, rest = [], []
     for a, b in zip(steps, steps[1:]):
-        (at if b["step"] % t_ctrl == 0 else rest).append(b["host_s"] - a["host_s"])
+        (at if b["step"] % t_ctrl == at_step else rest).append(b["host_s"] - a["host_s"])
     if not at or not rest:
         return None
     base = statistics.median(rest)
@@ -44,7 +51,8 @@ def main() -> None:
     for path in args.logs:
         rows = [json.loads(line) for line in open(path)]
         steps = [r for r in rows if r.get("type") == "step"]
-        t_ctrl = next((r["options"].get("t_ctrl") for r in rows if r.get("type") == "run"), None)
+        options = next((r["options"] for r in rows if r.get("type") == "run"), {})
+        t_ctrl = options.get("t_ctrl")
         if steps and "host_s" not in steps[0]:
             raise SystemExit(f"{path}: step records have no host_s (a log from before it was recorded)")
         print(path)
@@ -57,7 +65,8 @@ def main() -> None:
                 print(f"  epoch {epoch + 1} bs {bs:>4}: steps {len(g):>4}  median {1e3 * statistics.median(g):6.2f} ms  "
                       f"p90 {1e3 * g[int(0.9 * (len(g) - 1))]:6.2f} ms  sum {sum(g):6.2f} s  "
                       f"largest {[(st, round(x, 3)) for x, st in gs[-5:]]}")
-            cost = boundary_cost([r for r in steps if r["epoch"] == epoch], t_ctrl) if t_ctrl else None
+            cost = (boundary_cost([r for r in steps if r["epoch"] == epoch], t_ctrl,
+                                  boundary_step(options.get("backend", "jax"), t_ctrl)) if t_ctrl else None)
             if cost is not None:
                 print(f"    control boundaries (every {t_ctrl} steps): {cost[0]}, median {1e3 * cost[1]:.2f} ms, "
                       f"{cost[2]:.2f} s over the other steps' median")
