@@ -239,14 +239,17 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "too (on) or run them eagerly (off): a capture costs 0.2-0.6 s once (H200, 2026-11-28), an "
                         "eager half step its host time at every measurement (ResNet-18 ~5 ms, EfficientNet-B0 "
                         "~30 ms), every t_noise steps")
-    p.add_argument("--triton-warmup", choices=["on", "off"], default="on",
+    p.add_argument("--triton-warmup", choices=["on", "runtime", "off"], default="on",
                    help="torch, triaccel, CUDA: run Triton's once-per-process start-up (its cache key and driver; "
                         "~1.1 s of the first statistics launch under cProfile, H200, 2026-11-28) and the statistics "
                         "kernel's compilation (TriAccelOptimizer.prepare_kernels) on a thread beside the set-up, "
                         "joined before the first forward, instead of in the first step (graphed, seed 0, H200, 2026-11-28: "
                         "EfficientNet-B0 28.6 s from model to last evaluation against 31.9 s off, ResNet-18 18.6 "
                         "against 18.5 s; a child process compiling the kernel instead was slower: "
-                        "benchmarks/results/s38/callE)")
+                        "benchmarks/results/s38/callE); runtime: only the start-up on the thread (its file hashing "
+                        "overlaps Python work; the kernel's compilation beside Python took 2.0-3.1 s against 1.05 s "
+                        "alone, benchmarks/device/triton_warmup_probe.py), the kernel compiled at the end of the "
+                        "set-up on the main thread (not measured in a run yet)")
     p.add_argument("--compile-shapes", choices=["auto", "dynamic", "buckets"], default="auto",
                    help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
                         "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
