@@ -132,7 +132,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # --triton-warmup on: Triton's per-process start-up on a thread beside the set-up below (no CUDA call),
     # then, once the wrapper exists, its statistics kernel compiled by one launch over the parameters;
     # joined before the first forward (a module loaded while the first step captures a CUDA graph would
-    # break the capture); runtime: only the start-up on the thread, the kernel compiled on this one after
+    # break the capture); runtime: only the start-up on the thread, the kernel compiled on this one at the
+    # end of the set-up (beside Python on a thread its compilation took 2-3x longer, H200, 2026-11-28)
     runtime = None
     if opts.triton_warmup in ("on", "runtime") and opts.method == "triaccel" and device.type == "cuda":
         runtime = _Ahead(prepare_triton_runtime)
