@@ -2,8 +2,9 @@
 epoch when the step returned). Per epoch and batch size: step count, median and p90 gap in ms, their
 sum in s and the five largest gaps as (step, s), to find where an epoch's time goes (compilations,
 graph captures, control boundaries, a slow step size); the first step's time into the epoch (a run's
-one-time set-up lands there); and the control boundaries apart (steps at multiples of the run's
-t_ctrl): their median gap and their cost over the other steps' median, summed.
+one-time set-up lands there); and the control boundaries apart (`boundary_step`: the steps k = 0 mod
+t_ctrl in a JAX run, k = t_ctrl - 1 in a torch run): their median gap and their cost over the other
+steps' median, summed.
 
 usage: python3 benchmarks/device/step_gaps.py RUN/log.jsonl [...] [--epochs N]
 """

@@ -29,14 +29,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def busy(seconds: float) -> int:
-    """Pure-Python work for about `seconds` when alone (holds the GIL throughout)."""
-    n, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        n += sum(i * i for i in range(200))
-    return n
-
-
 def busy_fixed(iters: int) -> float:
     """A fixed amount of pure-Python work; returns its seconds."""
     t = time.perf_counter()
