@@ -79,7 +79,7 @@ class RunOptions:
     memory_format: str = "auto"       # torch on CUDA: channels_last | contiguous | auto (see channels_last())
     compile: str = "off"              # torch: torch.compile of the model, off | default | reduce-overhead (modes) | cudagraphs (backend) | graphs (CUDA graphs per bucket, no compiler)
     graph_halves: str = "on"          # torch, --compile graphs, triaccel: on | off: noise measurements' half batches captured too
-    triton_warmup: str = "on"         # torch, triaccel, CUDA: on | runtime | off: Triton's start-up (on: and the kernel) on a thread
+    triton_warmup: str = "on"         # torch, triaccel, CUDA: on | off: Triton's start-up and the kernel's compilation on a thread
     compile_shapes: str = "dynamic"   # torch, compiled: dynamic (one graph per policy) | buckets (one per bucket)
     inject_oom_every: int = 0         # test-only (benchmarks/soak.py): see OOMInjector; 0 = off
     trace_steps: tuple[int, int] | None = None  # (start, stop): profile optimizer steps [start, stop) (StepTrace)

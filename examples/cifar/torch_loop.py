@@ -132,10 +132,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # --triton-warmup on: Triton's per-process start-up on a thread beside the set-up below (no CUDA call),
     # then, once the wrapper exists, its statistics kernel compiled by one launch over the parameters;
     # joined before the first forward (a module loaded while the first step captures a CUDA graph would
-    # break the capture); runtime: only the start-up on the thread, the kernel compiled on this one at the
-    # end of the set-up (beside Python on a thread its compilation took 2-3x longer, H200, 2026-11-28)
+    # break the capture)
     runtime = None
-    if opts.triton_warmup in ("on", "runtime") and opts.method == "triaccel" and device.type == "cuda":
+    if opts.triton_warmup == "on" and opts.method == "triaccel" and device.type == "cuda":
         runtime = _Ahead(prepare_triton_runtime)
     model = build_model(opts, data.num_classes, device)
     nhwc = opts.channels_last(device.type)
@@ -178,7 +177,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
                 yield transform(xtr[idx]), ytr[idx]
 
         opt: Any = wrap(inner, model, cfg, curvature_data=curvature_batches(), distributed=distributed)
-        if runtime is not None and opts.triton_warmup == "on":   # then the kernel, compiled and loaded
+        if runtime is not None:   # then the kernel, compiled and loaded
             started = runtime
             runtime = _Ahead(lambda: (started.finish(), opt.prepare_kernels()))
         controller: Controller = opt.controller
@@ -252,8 +251,6 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     tracer = StepTrace(opts.trace_steps, begin_trace, end_trace)
     if runtime is not None:
         runtime.finish()
-        if opts.triton_warmup == "runtime":   # the kernel's compilation on this thread, uncontended
-            opt.prepare_kernels()
     setup_seconds = time.perf_counter() - t_start
     eval_times: list[float] = []   # evaluation and the epoch's records, outside epoch_times
     for epoch in range(opts.epochs):

@@ -239,17 +239,15 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "too (on) or run them eagerly (off): a capture costs 0.2-0.6 s once (H200, 2026-11-28), an "
                         "eager half step its host time at every measurement (ResNet-18 ~5 ms, EfficientNet-B0 "
                         "~30 ms), every t_noise steps")
-    p.add_argument("--triton-warmup", choices=["on", "runtime", "off"], default="on",
+    p.add_argument("--triton-warmup", choices=["on", "off"], default="on",
                    help="torch, triaccel, CUDA: run Triton's once-per-process start-up (its cache key and driver; "
                         "~1.1 s of the first statistics launch under cProfile, H200, 2026-11-28) and the statistics "
                         "kernel's compilation (TriAccelOptimizer.prepare_kernels) on a thread beside the set-up, "
                         "joined before the first forward, instead of in the first step (graphed, seed 0, H200, 2026-11-28: "
                         "EfficientNet-B0 28.6 s from model to last evaluation against 31.9 s off, ResNet-18 18.6 "
                         "against 18.5 s; a child process compiling the kernel instead was slower: "
-                        "benchmarks/results/s38/callE); runtime: only the start-up on the thread (its file hashing "
-                        "overlaps Python work; the kernel's compilation beside Python took 2.0-3.1 s against 1.05 s "
-                        "alone, benchmarks/device/triton_warmup_probe.py), the kernel compiled at the end of the "
-                        "set-up on the main thread (not measured in a run yet)")
+                        "benchmarks/results/s38/callE; only the start-up on the thread and the kernel compiled on the "
+                        "main thread was slower in 4 of 4 runs: benchmarks/results/s39/callA)")
     p.add_argument("--compile-shapes", choices=["auto", "dynamic", "buckets"], default="auto",
                    help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
                         "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
@@ -430,7 +428,9 @@ def run(opts: RunOptions) -> dict[str, Any]:
         from .torch_loop import train
     else:
         from .jax_loop import train
-    log.write("run", options=options_record(opts), train_images=len(data.train_x),
+    # the batch law's bound as the run used it (plots label B_noise with it; default 1.0 before 2026-11-28)
+    log.write("run", options=options_record(opts), noise_scale_c=opts.triaccel_config().noise_scale_c,
+              train_images=len(data.train_x),
               test_images=len(data.test_x), host=platform.node(), started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               command=" ".join([os.path.basename(sys.executable), "-m", "examples.cifar.train", *sys.argv[1:]]))
     print(f"triaccel demo: {opts.backend} {opts.model} {opts.dataset} {opts.method}, {opts.epochs} epoch(s), "
