@@ -94,8 +94,9 @@ def plot_run(log_path: str | Path, out_dir: str | Path) -> list[Path]:
         ax1.plot(x, [r["batch_size"] for r in st], color="#2a6f97", label="batch size")
         ns, nb, warm = noise_series(decisions)
         if ns:   # batch_law="noise" grows the batch while the grown batch is <= c x B_noise (once warm)
-            c = float((log["run"][0].get("options", {}).get("extra") or {}).get("noise_scale_c", 1.0)) \
-                if log["run"] else 1.0
+            # the bound the run recorded; older logs: their --set value, else that time's default 1.0
+            run = log["run"][0] if log["run"] else {}
+            c = float(run.get("noise_scale_c", (run.get("options", {}).get("extra") or {}).get("noise_scale_c", 1.0)))
             name = "B_noise (gradient noise scale)" if c == 1.0 else f"{c:g} x B_noise"
             for on, style in ((True, dict(marker="o", mfc="#6a994e")), (False, dict(marker="o", mfc="none"))):
                 pts = [(s, c * b) for s, b, w in zip(ns, nb, warm) if w == on]
