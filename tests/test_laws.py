@@ -234,6 +234,33 @@ def test_buckets_move_one_bucket():
     assert b.oom(0) == 64 and b.ceiling == 64
 
 
+def test_jump_growth_takes_the_largest_allowed_rung_at_once():
+    """batch_growth="jump": one decision grows to the largest bucket (or B + k*delta_up) that every
+    hold allows (noise bound, memory, batch_hold_steps); shrinking stays one rung; "rung" moves one."""
+    buckets = (96, 192, 384, 512)
+    cfg = TriAccelConfig(batch_init=96, batch_min=96, batch_max=512, batch_buckets=buckets, noise_scale_c=2.0)
+    rung, jump = BatchLaw(cfg), BatchLaw(cfg.replace(batch_growth="jump"))
+    assert rung.update(None, None, 0, b_noise=300.0) == 192                   # one rung
+    assert jump.update(None, None, 0, b_noise=300.0) == 512                   # 2 x 300 >= 512
+    jump2 = BatchLaw(cfg.replace(batch_growth="jump"))
+    assert jump2.update(None, None, 0, b_noise=200.0) == 384                  # 512 > 2 x 200
+    assert jump2.update(None, None, 50, b_noise=100.0) == 384                 # nothing above allowed: stays
+    assert jump2.update(10, 100, 100, b_noise=1e6) == 512                      # 10 x 512/384 = 13 <= 85: grows
+    mem = BatchLaw(cfg.replace(batch_growth="jump"))
+    assert mem.update(20, 100, 0, b_noise=1e6) == 384                         # 20 x 4 = 80 <= 85; x 5.3 > 85
+    assert mem.update(90, 100, 50, b_noise=1e6) == 192                        # pressure: one rung down
+    held = BatchLaw(cfg.replace(batch_growth="jump", batch_hold_steps=100))
+    assert held.update(None, None, 50, b_noise=1e6) == 96
+    assert held.update(None, None, 100, b_noise=1e6) == 512
+    # without buckets: B + k*delta_up on the grid, up to the ceiling
+    free = BatchLaw(CFG.replace(batch_growth="jump"))
+    assert free.update(used=10, mem_max=100, step=0) == 160                   # memory law: to batch_max
+    free2 = BatchLaw(CFG.replace(batch_growth="jump"))
+    assert free2.update(used=49, mem_max=100, step=0) == 128                  # 49 x 160/96 = 82 > 80
+    with pytest.raises(ValueError, match="batch_growth"):
+        cfg.replace(batch_growth="leap")
+
+
 def test_resolve_memory_limit():
     assert resolve_memory_limit(None, 80) == 80 and resolve_memory_limit(40, 80) == 40
     assert resolve_memory_limit(40, None) == 40 and resolve_memory_limit(None, None) is None

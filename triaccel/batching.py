@@ -39,7 +39,8 @@ class BatchLaw:
     would exceed rho_high*MemMax, so one step up does not overshoot into the shrink band.
 
     B stays within [batch_min, min(batch_max, ceiling)] and on the grid (multiples of batch_multiple,
-    or `batch_buckets` when given, where a step moves one bucket). B does not grow before step
+    or `batch_buckets` when given, where a step moves one bucket). batch_growth="jump": a growth goes
+    to the largest grid batch that every hold allows, not one step up. B does not grow before step
     `batch_hold_steps`. An OOM multiplies B by oom_shrink at once and lowers the ceiling below the
     size that failed, so growth does not retry it until `oom_cooldown` steps pass without another
     OOM (never, when it is None). Under lr_rule="accumulate", B is a micro-batch of the fixed
@@ -101,29 +102,38 @@ class BatchLaw:
             want_up = not pressure and b_noise is not None
         else:
             want_up = mem and used < c.rho_low * mem_max
-        if c.batch_buckets is not None:
-            grid = self._grid()
-            i = grid.index(self._clip(b))
-            if pressure:
-                b = grid[max(i - 1, 0)]
-            elif want_up:
-                b = grid[min(i + 1, len(grid) - 1)]
-        else:
-            if pressure:
+        if pressure:
+            if c.batch_buckets is not None:
+                grid = self._grid()
+                b = grid[max(grid.index(self._clip(b)) - 1, 0)]
+            else:
                 b = max(b - c.delta_down, c.batch_min)
-            elif want_up:
-                b = min(b + c.delta_up, self.ceiling)
-        if b > self.batch:
-            held = step < c.batch_hold_steps
-            # the grown batch would likely land above rho_high (memory as modelled, else proportional to B)
-            grown = (mem_at or {}).get(b, used * b / self.batch if mem else None)
-            held = held or (mem and grown > c.rho_high * mem_max)
-            # a larger batch no longer buys progress per sample beyond c x the noise scale
-            held = held or (c.batch_law == "noise" and b > c.noise_scale_c * b_noise)
-            if held:
-                b = self.batch
+        elif want_up:
+            # candidates in ascending order; every hold below only tightens as B grows, so the scan
+            # stops at the first held one
+            for up in self._larger(b)[:None if c.batch_growth == "jump" else 1]:
+                held = step < c.batch_hold_steps
+                # the grown batch would likely land above rho_high (memory as modelled, else proportional to B)
+                grown = (mem_at or {}).get(up, used * up / self.batch if mem else None)
+                held = held or (mem and grown > c.rho_high * mem_max)
+                # a larger batch no longer buys progress per sample beyond c x the noise scale
+                held = held or (c.batch_law == "noise" and up > c.noise_scale_c * b_noise)
+                if held:
+                    break
+                b = up
         self._set_batch(self._clip(b), step)
         return self.batch
+
+    def _larger(self, b: int) -> list[int]:
+        """Grid batches above `b` a growth may reach, ascending: the larger buckets, or b + k*delta_up
+        (k >= 1) up to the ceiling, each on the grid."""
+        c = self.cfg
+        grid = self._grid()
+        if c.batch_buckets is not None:
+            return grid[grid.index(self._clip(b)) + 1:]
+        ups = {self._clip(min(b + k * c.delta_up, self.ceiling))
+               for k in range(1, max(self.ceiling - b, 0) // c.delta_up + 2)}
+        return sorted(u for u in ups if u > b)
 
     def _lift_cap(self, step: int) -> None:
         c = self.cfg

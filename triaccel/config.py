@@ -23,6 +23,7 @@ _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)
 CURVATURE_MODES = ("fisher", "hessian", "off")
 PRECISION_LAWS = ("evidence", "variance")
 BATCH_LAWS = ("noise", "memory")
+BATCH_GROWTHS = ("rung", "jump")
 LR_RULES = ("linear", "sqrt", "none", "accumulate")
 PRECISIONS = ("fp16", "bf16", "fp32")
 OFFLOAD_MODES = ("auto", "off")
@@ -109,6 +110,11 @@ class TriAccelConfig:
         a ceiling (growth only if memory scaled by B_new/B stays <= rho_high*MemMax; shrink above
         rho_high*MemMax or on OOM). "memory": the paper's law, B grows whenever memory use is
         below rho_low*MemMax.
+      batch_growth: how far one decision grows B: "rung" (default: one bucket, or delta_up) or "jump"
+        (to the largest bucket, or B + k*delta_up, that every growth condition above allows at that
+        decision: the noise bound, memory, batch_hold_steps). Under CUDA graphs or compiled shapes
+        each size visited costs a capture or a compilation (0.37-0.49 s per CUDA-graph capture of
+        EfficientNet-B0, H200, 2026-11-28, docs/results.md): a jump skips the sizes in between.
       noise_scale_c: growth bound factor c > 0 (samples per unit of B_noise). 2.0 by measurement (H200,
         CIFAR-10, torch, both sides `--compile graphs`, seeds 0-2, 2026-11-28, docs/results.md): against
         c = 1 (McCandlish et al.'s critical batch B_crit ~ B_noise) ResNet-18 reached 87.45% mean
@@ -192,6 +198,7 @@ class TriAccelConfig:
     tau_curv: float | None = None
     promotion_window: int | None = None
     batch_law: str = "noise"
+    batch_growth: str = "rung"
     noise_scale_c: float = 2.0
     noise_beta: float = 0.8
     t_noise: int | None = None
@@ -285,6 +292,7 @@ class TriAccelConfig:
         if self.promotion_window is not None:
             integer("promotion_window", 1)
         choice("batch_law", BATCH_LAWS)
+        choice("batch_growth", BATCH_GROWTHS)
         real("noise_scale_c", 0.0, math.inf, lo_open=True, hi_open=True)
         real("noise_beta", 0.0, 1.0, hi_open=True)
         if self.t_noise is not None:
