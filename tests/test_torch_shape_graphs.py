@@ -96,3 +96,23 @@ def test_least_recently_used_graph_is_dropped_and_a_new_key_captures() -> None:
     assert g.captures == 4
     g.release()
     assert g.graphs == 0
+
+
+def test_capture_cost_probe_keeps_the_caches_only_inside_and_refuses_bad_sizes(capsys) -> None:
+    """benchmarks/device/capture_cost.py (run on the GPU): its `caches_kept` makes torch's cache emptying a
+    no-op during a capture and restores it after, also when the capture raises."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "device"))
+    import capture_cost
+
+    before = torch.cuda.empty_cache
+    with pytest.raises(RuntimeError, match="capture failed"):
+        with capture_cost.caches_kept():
+            assert torch.cuda.empty_cache is not before and torch.cuda.empty_cache() is None
+            raise RuntimeError("capture failed")
+    assert torch.cuda.empty_cache is before
+    with pytest.raises(SystemExit):
+        capture_cost.main(["--sizes", "96", "0"])
+    assert "--sizes, --warmups and --steps take integers >= 1" in capsys.readouterr().err

@@ -1,0 +1,130 @@
+"""What one CUDA-graph capture of the demo's training step costs, per batch size (issue 14: triaccel's graphed
+EfficientNet-B0 run makes five captures AMP does not, 0.37-0.49 s each in its step records, ~2.2 s of its 3.5 s
+behind AMP bs 512 over epochs 1-2; benchmarks/results/s39/callB). `ShapeGraphs` captures with
+`torch.cuda.make_graphed_callables`: `warmup` eager passes, then one capture of the forward and one of the
+backward, each entered through `torch.cuda.graph`, which first empties the allocator's caches (device and
+pinned host). This times, in a fresh process per variant: the first step at each size (the capture), the
+second, and the median of the next ones; and the process's peak reserved memory, for `--warmups` passes and
+with the caches emptied (as torch does) or kept (`torch.cuda.empty_cache` made a no-op during the capture).
+
+    python3 benchmarks/device/capture_cost.py --model efficientnet_b0 [--sizes 96 48 192 384 512 256]
+        [--warmups 1 3] [--steps 20] [--out DIR]
+
+Prints one table and writes DIR/capture_cost-<model>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def caches_kept() -> Iterator[None]:
+    """`torch.cuda.graph`'s cache emptying on entry made a no-op (device and, where torch has it, pinned host)."""
+    import torch
+
+    saved = torch.cuda.empty_cache, getattr(torch._C, "_host_emptyCache", None)
+    torch.cuda.empty_cache = lambda: None
+    if saved[1] is not None:
+        torch._C._host_emptyCache = lambda: None
+    try:
+        yield
+    finally:
+        torch.cuda.empty_cache = saved[0]
+        if saved[1] is not None:
+            torch._C._host_emptyCache = saved[1]
+
+
+def one(model_name: str, sizes: list[int], warmup: int, keep: bool, steps: int) -> dict[str, Any]:
+    """Every size captured in turn by one `ShapeGraphs` (bf16 autocast, SGD step), in this process."""
+    import torch
+    import torch.nn.functional as F
+
+    from triaccel.backends.torch.cuda_graph import ShapeGraphs
+    from triaccel.backends.torch.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model(model_name, num_classes=10).cuda()
+    if model_name != "efficientnet_b0":   # the demo's --memory-format auto
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    fwd = ShapeGraphs(model, set(sizes), max_graphs=len(sizes), warmup=warmup)
+    rows = []
+    for b in sizes:
+        x = torch.randn(b, 3, 32, 32, device="cuda")
+        if model_name != "efficientnet_b0":
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 10, (b,), device="cuda")
+
+        def step() -> float:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(fwd(x), y)
+            loss.backward()
+            opt.step()
+            torch.cuda.synchronize()
+            return time.perf_counter() - t
+
+        with caches_kept() if keep else contextlib.nullcontext():
+            first = step()
+        second = step()
+        steady = statistics.median(step() for _ in range(steps))
+        rows.append({"batch": b, "first_s": round(first, 4), "second_ms": round(second * 1e3, 2),
+                     "steady_ms": round(steady * 1e3, 2), "capture_s": round(first - steady, 4)})
+    return {"warmup": warmup, "caches": "kept" if keep else "emptied", "rows": rows,
+            "max_reserved_GiB": round(torch.cuda.max_memory_reserved() / 2**30, 3), "torch": torch.__version__}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="efficientnet_b0", choices=["resnet18", "efficientnet_b0"])
+    p.add_argument("--sizes", type=int, nargs="+", default=[96, 48, 192, 384, 512, 256])
+    p.add_argument("--warmups", type=int, nargs="+", default=[1, 3])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--one", help=argparse.SUPPRESS)   # WARMUP,kept|emptied: one variant in this process
+    a = p.parse_args(argv)
+    if any(b < 1 for b in a.sizes) or any(w < 1 for w in a.warmups) or a.steps < 1:
+        p.error("--sizes, --warmups and --steps take integers >= 1")
+    if a.one:
+        w, caches = a.one.split(",")
+        print(json.dumps(one(a.model, a.sizes, int(w), caches == "kept", a.steps)))
+        return {}
+    runs = []
+    for w in a.warmups:
+        for caches in ("emptied", "kept"):
+            cmd = [sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--one", f"{w},{caches}",
+                   "--sizes", *map(str, a.sizes)]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            if out.returncode != 0:
+                raise SystemExit(f"variant warmup={w} caches={caches} failed:\n{out.stderr[-3000:]}")
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"# {a.model}: first step at each size (capture) and the steady step, fresh process per variant")
+    print(f"{'warmup':>6} {'caches':>8} " + " ".join(f"{b:>17}" for b in a.sizes) + "  sum capture s  reserved GiB")
+    for r in runs:
+        cells = " ".join(f"{x['first_s']:7.3f}/{x['steady_ms']:6.1f}ms" for x in r["rows"])
+        print(f"{r['warmup']:>6} {r['caches']:>8} {cells}  {sum(x['capture_s'] for x in r['rows']):13.3f}"
+              f"  {r['max_reserved_GiB']:12.3f}")
+    res = {"model": a.model, "sizes": a.sizes, "steps": a.steps, "runs": runs,
+           "command": " ".join(["python3", "benchmarks/device/capture_cost.py", *(argv or sys.argv[1:])])}
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    path = Path(a.out) / f"capture_cost-{a.model}.json"
+    path.write_text(json.dumps(res, indent=1))
+    print(f"wrote {path}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
