@@ -119,8 +119,9 @@ class TriAccelConfig:
         CIFAR-10, torch, both sides `--compile graphs`, seeds 0-2, 2026-11-28, docs/results.md): against
         c = 1 (McCandlish et al.'s critical batch B_crit ~ B_noise) ResNet-18 reached 87.45% mean
         against 87.27% in 11.3 s of training against 11.9 s, EfficientNet-B0 74.54% against 73.83% in
-        22.8 s against 23.4 s; c = 4 took the same steps as c = 2 on EfficientNet-B0 (the bound no longer
-        binds there: growth then waits on the noise EMA's warm-up and moves one bucket per decision).
+        22.8 s against 23.4 s; c = 4 took the same steps as c = 2 on EfficientNet-B0 seed 0 (the bound no
+        longer binds there: growth then waits on the noise EMA's warm-up and moves one bucket per
+        decision).
         Earlier, eager (H100, 2026-11-23): c = 0.5 spent two more epochs at bs 96 than c = 1.
       noise_beta: EMA factor in [0, 1) over noise measurements.
       t_noise: steps between noise measurements (None: t_ctrl), from warmup_steps on; they stop
