@@ -1,12 +1,13 @@
 # (next session, ~7 min, nvidia-h200, carry [".device"]; copy to .device/ first) #14 EfficientNet-B0: what a
 # CUDA-graph capture costs (warm-up passes 1 / 3, torch's cache emptying kept / made a no-op), then
 # batch_growth=jump against the default rung climb (c = 2), AMP bs 512 beside, seeds 0-1, every run cold.
+# Each block has its own timeout so that the last line packs whatever ran (run with timeout_s 595).
 O=$OUT; mkdir -p $O/cap $O/eff; date -u
 R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg
 for m in efficientnet_b0 resnet18; do
-  timeout 150 python3 benchmarks/device/capture_cost.py --model $m --out $O/cap > $O/cap/$m.log 2>&1; done
+  timeout 100 python3 benchmarks/device/capture_cost.py --model $m --out $O/cap > $O/cap/$m.log 2>&1; done
 cd $R
-OUT=$O/eff MODEL=efficientnet_b0 SEEDS="0 1" LIMIT=100 bash benchmarks/device/torch_variants.sh \
+OUT=$O/eff MODEL=efficientnet_b0 SEEDS="0 1" LIMIT=100 timeout 360 bash benchmarks/device/torch_variants.sh \
   "amp512g=--method amp --batch 512 --compile graphs" "trig=--method triaccel --budget 4GiB --compile graphs" \
   "trij=--method triaccel --budget 4GiB --compile graphs --set batch_growth=jump" > $O/eff/torch.log 2>&1
 for m in efficientnet_b0 resnet18; do grep -v "^W1\|Warning" $O/cap/$m.log | tail -8; done
