@@ -14,6 +14,9 @@ def test_the_climb_follows_the_noise_law_and_a_static_batch_counts_as_static(tmp
     r = simulate("", 1000.0, 96, 512, 10, 50000)
     assert r["reached"] == {96: 0, 192: 350, 384: 400, 512: 450}
     assert r["passes"] > r["steps"] and sum(r["samples_at"].values()) == 10 * 50000
+    # batch_growth="jump": the first warm decision goes straight to the top rung the bound allows
+    assert simulate("--set batch_growth=jump", 1000.0, 96, 512, 10, 50000)["reached"] == {96: 0, 512: 350}
+    assert simulate("--set batch_growth=jump", 100.0, 96, 512, 2, 50000)["reached"] == {96: 0, 192: 350}
     # c x B_noise (c = 2 by default) below the next rung: the batch stays; at it, the batch grows
     assert set(simulate("", 90.0, 96, 512, 2, 50000)["reached"]) == {96}
     assert set(simulate("", 96.0, 96, 512, 2, 50000)["reached"]) == {96, 192}
