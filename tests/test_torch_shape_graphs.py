@@ -26,6 +26,7 @@ def _net(seed: int = 0) -> nn.Module:
 @pytest.mark.parametrize("kw, match", [({"sizes": []}, "sizes"), ({"sizes": [0]}, "sizes"), ({"sizes": "8"}, "sizes"),
                                        ({"sizes": [8], "max_graphs": 0}, "max_graphs"),
                                        ({"sizes": [8], "warmup": 0}, "warmup"),
+                                       ({"sizes": [8], "empty_caches": 1}, "empty_caches"),
                                        ({"sizes": [True]}, "sizes")])
 def test_bad_arguments_name_the_parameter(kw, match) -> None:
     with pytest.raises(ValueError, match=match):
@@ -62,17 +63,18 @@ def _batches(sizes, seed=0):
 
 
 @cuda
-@pytest.mark.parametrize("autocast", [False, True])
-def test_graphed_training_equals_eager_training(autocast: bool) -> None:
+@pytest.mark.parametrize("autocast, warmup, empty_caches", [(False, 3, True), (True, 3, True), (True, 1, False)])
+def test_graphed_training_equals_eager_training(autocast: bool, warmup: int, empty_caches: bool) -> None:
     """Steps at graphed sizes (16, 32), a size off the list (12: eager) and back: the same losses,
     weights and BatchNorm statistics as eager steps (the warm-up passes leave no trace in the
-    running statistics); one capture per (size, autocast state)."""
+    running statistics); one capture per (size, autocast state); also with one warm-up pass and the
+    allocator's caches kept (the variants benchmarks/device/capture_cost.py times)."""
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     sizes = [16, 16, 32, 12, 16, 32, 32]
     eager = _net().cuda()
     graphed_net = _net().cuda()
-    g = ShapeGraphs(graphed_net, [16, 32], max_graphs=4)
+    g = ShapeGraphs(graphed_net, [16, 32], max_graphs=4, warmup=warmup, empty_caches=empty_caches)
     want = _train(eager, eager, _batches(sizes), autocast=autocast)
     got = _train(graphed_net, g, _batches(sizes), autocast=autocast)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -98,21 +100,24 @@ def test_least_recently_used_graph_is_dropped_and_a_new_key_captures() -> None:
     assert g.graphs == 0
 
 
-def test_capture_cost_probe_keeps_the_caches_only_inside_and_refuses_bad_sizes(capsys) -> None:
-    """benchmarks/device/capture_cost.py (run on the GPU): its `caches_kept` makes torch's cache emptying a
-    no-op during a capture and restores it after, also when the capture raises."""
+def test_caches_kept_only_inside_and_the_probe_refuses_bad_sizes(capsys) -> None:
+    """`caches_kept` (ShapeGraphs(empty_caches=False)) makes torch's cache emptying a no-op inside and
+    restores it after, also when the capture raises; benchmarks/device/capture_cost.py (run on the GPU)
+    refuses bad arguments."""
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "device"))
-    import capture_cost
+    from triaccel.backends.torch.cuda_graph import caches_kept
 
     before = torch.cuda.empty_cache
     with pytest.raises(RuntimeError, match="capture failed"):
-        with capture_cost.caches_kept():
+        with caches_kept():
             assert torch.cuda.empty_cache is not before and torch.cuda.empty_cache() is None
             raise RuntimeError("capture failed")
     assert torch.cuda.empty_cache is before
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "device"))
+    import capture_cost
+
     with pytest.raises(SystemExit):
         capture_cost.main(["--sizes", "96", "0"])
     assert "--sizes, --warmups and --steps take integers >= 1" in capsys.readouterr().err

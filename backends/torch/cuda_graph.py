@@ -23,14 +23,33 @@ fixed at capture: module modes (train/eval), autocast and the batch shape are th
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections import OrderedDict
-from typing import Any, Callable, Collection, Hashable, Sequence
+from typing import Any, Callable, Collection, Hashable, Iterator, Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["GraphedStep", "ShapeGraphs"]
+__all__ = ["GraphedStep", "ShapeGraphs", "caches_kept"]
+
+
+@contextlib.contextmanager
+def caches_kept() -> Iterator[None]:
+    """Inside: `torch.cuda.empty_cache` (and the pinned-host cache's emptying, where torch has it) are
+    no-ops, process-wide. `torch.cuda.graph` empties both allocator caches on entering each capture, so
+    the steps after a capture allocate their blocks from the driver again; restored on exit, also on
+    an error."""
+    saved = torch.cuda.empty_cache, getattr(torch._C, "_host_emptyCache", None)
+    torch.cuda.empty_cache = lambda: None
+    if saved[1] is not None:
+        torch._C._host_emptyCache = lambda: None
+    try:
+        yield
+    finally:
+        torch.cuda.empty_cache = saved[0]
+        if saved[1] is not None:
+            torch._C._host_emptyCache = saved[1]
 
 
 class GraphedStep:
@@ -147,7 +166,9 @@ class ShapeGraphs(nn.Module):
     that the input does not show (a `TriAccelOptimizer`'s ``plan.key``, its precision policy); the
     autocast state (enabled, dtype) is always part of the key. max_graphs: captures kept (>= 1), least
     recently used dropped first: each holds its own memory pool (the activations of one step at its
-    batch). warmup: eager passes before each capture (>= 1).
+    batch). warmup: eager passes before each capture (>= 1). empty_caches: True (torch's way) lets
+    each capture empty the allocator's caches first; False keeps them (`caches_kept`), for the probe
+    `benchmarks/device/capture_cost.py` (not measured in a run yet).
 
     What the capture bakes in: the module's kernels at that shape, autocast state and policy; the
     parameters' and buffers' storage (an optimizer must update them in place, as torch's do). The
@@ -159,7 +180,7 @@ class ShapeGraphs(nn.Module):
     """
 
     def __init__(self, module: nn.Module, sizes: Collection[int], *, key: Callable[[], Hashable] | None = None,
-                 max_graphs: int = 2, warmup: int = 3) -> None:
+                 max_graphs: int = 2, warmup: int = 3, empty_caches: bool = True) -> None:
         super().__init__()
         if isinstance(sizes, (str, bytes)) or not sizes or not all(
                 isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes):
@@ -168,6 +189,9 @@ class ShapeGraphs(nn.Module):
             raise ValueError(f"max_graphs={max_graphs!r}: allowed integers >= 1")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"warmup={warmup!r}: allowed integers >= 1")
+        if not isinstance(empty_caches, bool):
+            raise ValueError(f"empty_caches={empty_caches!r}: allowed True or False")
+        self.empty_caches = empty_caches
         self.module = module
         self.sizes = frozenset(sizes)
         self.key, self.max_graphs, self.warmup = key, max_graphs, warmup
@@ -196,7 +220,8 @@ class ShapeGraphs(nn.Module):
         static = torch.empty_like(x, memory_format=torch.preserve_format).copy_(x)
         try:
             # autocast's cast cache would hand the capture casts made outside it (torch refuses it)
-            with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
+            with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False), \
+                    contextlib.nullcontext() if self.empty_caches else caches_kept():
                 fn = torch.cuda.make_graphed_callables(_Bare(self.module), (static,), num_warmup_iters=self.warmup,
                                                        allow_unused_input=True)
         finally:   # also when the capture fails (e.g. out of memory): the caller may retry the step

@@ -5,7 +5,7 @@ behind AMP bs 512 over epochs 1-2; benchmarks/results/s39/callB). `ShapeGraphs` 
 backward, each entered through `torch.cuda.graph`, which first empties the allocator's caches (device and
 pinned host). This times, in a fresh process per variant: the first step at each size (the capture), the
 second, and the median of the next ones; and the process's peak reserved memory, for `--warmups` passes and
-with the caches emptied (as torch does) or kept (`torch.cuda.empty_cache` made a no-op during the capture).
+with the caches emptied (as torch does) or kept (`ShapeGraphs(empty_caches=False)`).
 
     python3 benchmarks/device/capture_cost.py --model efficientnet_b0 [--sizes 96 48 192 384 512 256]
         [--warmups 1 3] [--steps 20] [--out DIR]
@@ -16,33 +16,15 @@ Prints one table and writes DIR/capture_cost-<model>.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextlib.contextmanager
-def caches_kept() -> Iterator[None]:
-    """`torch.cuda.graph`'s cache emptying on entry made a no-op (device and, where torch has it, pinned host)."""
-    import torch
-
-    saved = torch.cuda.empty_cache, getattr(torch._C, "_host_emptyCache", None)
-    torch.cuda.empty_cache = lambda: None
-    if saved[1] is not None:
-        torch._C._host_emptyCache = lambda: None
-    try:
-        yield
-    finally:
-        torch.cuda.empty_cache = saved[0]
-        if saved[1] is not None:
-            torch._C._host_emptyCache = saved[1]
 
 
 def one(model_name: str, sizes: list[int], warmup: int, keep: bool, steps: int) -> dict[str, Any]:
@@ -58,7 +40,7 @@ def one(model_name: str, sizes: list[int], warmup: int, keep: bool, steps: int) 
     if model_name != "efficientnet_b0":   # the demo's --memory-format auto
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    fwd = ShapeGraphs(model, set(sizes), max_graphs=len(sizes), warmup=warmup)
+    fwd = ShapeGraphs(model, set(sizes), max_graphs=len(sizes), warmup=warmup, empty_caches=not keep)
     rows = []
     for b in sizes:
         x = torch.randn(b, 3, 32, 32, device="cuda")
@@ -77,8 +59,7 @@ def one(model_name: str, sizes: list[int], warmup: int, keep: bool, steps: int) 
             torch.cuda.synchronize()
             return time.perf_counter() - t
 
-        with caches_kept() if keep else contextlib.nullcontext():
-            first = step()
+        first = step()
         second = step()
         steady = statistics.median(step() for _ in range(steps))
         rows.append({"batch": b, "first_s": round(first, 4), "second_ms": round(second * 1e3, 2),
