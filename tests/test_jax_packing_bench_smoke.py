@@ -14,6 +14,10 @@ def test_both_forms_time_the_same_state():
     packed = jax_packing.one("resnet18", 0.0625, 2, True, 1)
     assert apart["leaves"] == packed["leaves"] == apart["buffers"] > packed["buffers"] >= 1
     assert apart["first_call_s"] > 0 and packed["step_ms"] > 0
+    # the wrapped update carries the TriAccel state: more leaves, still packed into fewer buffers
+    wrapped = jax_packing.one("resnet18", 0.0625, 2, True, 1, update="triaccel")
+    assert wrapped["update"] == "triaccel" and wrapped["leaves"] > packed["leaves"]
+    assert wrapped["buffers"] < wrapped["leaves"]
 
 
 def test_bad_arguments_are_refused(monkeypatch, capsys):
