@@ -280,6 +280,8 @@ def test_likely_next_reach_lists_the_ladder_ascending():
     ctl = Controller(cfg, _specs(["other"]))
     assert ctl.likely_next(0)[1] == (8, 32)
     assert ctl.likely_next(0, reach=4)[1] == (4, 8, 32, 64)
+    jump = Controller(cfg.replace(batch_growth="jump"), _specs(["other"]))
+    assert jump.likely_next(0)[1] == (8, 32, 64)          # a jump may reach any larger rung
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="reach"):
             ctl.likely_next(0, reach=bad)

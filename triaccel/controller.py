@@ -467,8 +467,9 @@ class Controller:
         (compile) variants ahead: the precisions the next precision boundary would decide if no new
         observation came (evidence that expires, promotions that end; the same law, on a copy),
         and the batch sizes up to `reach` (>= 1) grid steps down and up from the current one,
-        ascending (the batch law moves one step per decision; above only up to the OOM ceiling;
-        empty when the batch lever is off). Changes nothing."""
+        ascending (the batch law moves one step per decision; under batch_growth="jump" a growth may
+        reach any larger one, so all of those are listed; above only up to the OOM ceiling; empty
+        when the batch lever is off). Changes nothing."""
         if isinstance(reach, bool) or not isinstance(reach, (int, np.integer)) or reach < 1:
             raise ValueError(f"reach={reach!r}: allowed an integer >= 1")
         cfg = self.config
@@ -484,7 +485,7 @@ class Controller:
                 list(range(cfg.batch_min, cfg.batch_max + 1, cfg.batch_multiple))
             b = self._decision.batch_size
             below, above = [g for g in grid if g < b], [g for g in grid if g > b and g <= self._batch.ceiling]
-            batches = (*below[-int(reach):], *above[:int(reach)])
+            batches = (*below[-int(reach):], *above[:None if cfg.batch_growth == "jump" else int(reach)])
         return precisions, batches
 
     # -- reporting & state ------------------------------------------------------------------

@@ -333,7 +333,7 @@ class SplitStep:
         """Queue, in the order they are likely needed, the variants the controller may ask for after
         `step` (`Controller.likely_next`): under the current policy the gradient-noise half batch
         (unless ``pad_to_batch``), then every larger batch bucket up to the ceiling (the batch law
-        climbs one per decision and the ladder is short) with its half (not the buckets below:
+        climbs one per decision, or jumps under batch_growth="jump", and the ladder is short) with its half (not the buckets below:
         those compile when the batch shrinks); under the policy the next precision decision would
         take, the current size (and its half); and the bound functions that know their argument
         shapes (`bind(example_args=...)`, or a call) under both policies: those bound with soon=True
