@@ -33,18 +33,19 @@ def one(model_name: str, sizes: list[int], warmup: int, keep: bool, steps: int) 
     import torch.nn.functional as F
 
     from triaccel.backends.torch.cuda_graph import ShapeGraphs
-    from triaccel.backends.torch.models import create_model
+    from triaccel.backends.torch.models import create_model, uses_channels_last
 
     torch.manual_seed(0)
+    nhwc = uses_channels_last(model_name, "auto", "cuda")   # the demo's --memory-format auto
     model = create_model(model_name, num_classes=10).cuda()
-    if model_name != "efficientnet_b0":   # the demo's --memory-format auto
+    if nhwc:
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     fwd = ShapeGraphs(model, set(sizes), max_graphs=len(sizes), warmup=warmup, empty_caches=not keep)
     rows = []
     for b in sizes:
         x = torch.randn(b, 3, 32, 32, device="cuda")
-        if model_name != "efficientnet_b0":
+        if nhwc:
             x = x.contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 10, (b,), device="cuda")
 
