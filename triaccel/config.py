@@ -113,8 +113,9 @@ class TriAccelConfig:
       batch_growth: how far one decision grows B: "rung" (default: one bucket, or delta_up) or "jump"
         (to the largest bucket, or B + k*delta_up, that every growth condition above allows at that
         decision: the noise bound, memory, batch_hold_steps). Under CUDA graphs or compiled shapes
-        each size visited costs a capture or a compilation (0.37-0.49 s per CUDA-graph capture of
-        EfficientNet-B0, H200, 2026-11-28, docs/results.md): a jump skips the sizes in between.
+        each size visited costs a capture or a compilation (EfficientNet-B0's graphed demo: host
+        gaps of 0.37-0.49 s at each new size's first step, H200, 2026-11-28, docs/results.md): a
+        jump skips the sizes in between.
       noise_scale_c: growth bound factor c > 0 (samples per unit of B_noise). 2.0 by measurement (H200,
         CIFAR-10, torch, both sides `--compile graphs`, seeds 0-2, 2026-11-28, docs/results.md): against
         c = 1 (McCandlish et al.'s critical batch B_crit ~ B_noise) ResNet-18 reached 87.45% mean
