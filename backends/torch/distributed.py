@@ -8,6 +8,7 @@ opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, config, distribut
 loader = ElasticLoader(x, y, batch_size=config.batch_init, seed=0)   # the GLOBAL order, same on every rank
 res = elastic_step(loader, opt.controller, loss_fn, opt, opt.step_count, scaler=opt,
                    apply_lr_batch_scale=False, optimizer_step=lambda d: opt.step_accumulated())
+ddp.close()                                    # at the end: a gloo rank that exits inside the group can abort
 ```
 
 Every rank runs the same controller on the same numbers (the rules: `triaccel.distributed`):
@@ -349,6 +350,8 @@ class Distributed:
                               f"past the process group's timeout or skipped this collective ({exc})") from exc
 
     def close(self) -> None:
-        """Leave the process group (every rank)."""
+        """Leave the process group (every rank, once training is done). Call it before the process exits:
+        gloo's worker threads still alive at interpreter shutdown can abort the process (SIGABRT,
+        pytorch/pytorch#190489)."""
         if dist.is_initialized():
             dist.destroy_process_group()

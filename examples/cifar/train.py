@@ -441,6 +441,10 @@ def run(opts: RunOptions) -> dict[str, Any]:
                         **({} if dp is None else {"distributed": dp}))
     finally:
         log.close()
+        # leave the process group before exit: a rank that exits with gloo's threads still alive can
+        # abort ("terminate called without an active exception", seen in CI on 2026-11-28)
+        if dp is not None:
+            dp.close()
     summary.update(options=options_record(opts), data_load_seconds=load_s)
     if rank:
         return summary
