@@ -67,12 +67,17 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
     with pytest.raises(SystemExit):
         train.parse_args(["--data", str(DATA), "--compile", "graphs", "--compile-shapes", "dynamic"])
     # --graph-halves off: the ladder from the first batch up alone, the noise halves run eagerly
+    # (with the capture variants the GPU probe times: each shape's first step eager, caches kept)
     off, _ = _run(tmp_path / "off", "--backend", "torch", "--method", "triaccel", "--compile", "graphs",
-                  "--budget", "4GiB", "--set", "min_dwell=0", "--graph-halves", "off")
+                  "--budget", "4GiB", "--set", "min_dwell=0", "--graph-halves", "off",
+                  "--graph-warmup", "eager", "--graph-caches", "kept")
     ladder = off["graphed_sizes"]
     assert ladder[0] == 32 and summary["graphed_sizes"] == sorted(set(ladder) | {-(-b // 2) for b in ladder})
-    with pytest.raises(SystemExit):   # only with --compile graphs
-        train.parse_args(["--data", str(DATA), "--graph-halves", "off"])
+    assert (off["options"]["graph_warmup"], off["options"]["graph_caches"]) == ("eager", "kept")
+    assert (summary["options"]["graph_warmup"], summary["options"]["graph_caches"]) == ("3", "emptied")
+    for only_graphed in (["--graph-halves", "off"], ["--graph-warmup", "1"], ["--graph-caches", "kept"]):
+        with pytest.raises(SystemExit):   # only with --compile graphs
+            train.parse_args(["--data", str(DATA), *only_graphed])
     # --triton-warmup (torch, triaccel, CUDA only: on a CPU no thread starts): on unless turned off
     assert train.parse_args(["--data", str(DATA)]).triton_warmup == "on"
     assert train.parse_args(["--data", str(DATA), "--triton-warmup", "off"]).triton_warmup == "off"

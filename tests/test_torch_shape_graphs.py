@@ -26,6 +26,9 @@ def _net(seed: int = 0) -> nn.Module:
 @pytest.mark.parametrize("kw, match", [({"sizes": []}, "sizes"), ({"sizes": [0]}, "sizes"), ({"sizes": "8"}, "sizes"),
                                        ({"sizes": [8], "max_graphs": 0}, "max_graphs"),
                                        ({"sizes": [8], "warmup": 0}, "warmup"),
+                                       ({"sizes": [8], "warmup": -1, "eager_first": 1}, "warmup"),
+                                       ({"sizes": [8], "eager_first": -1}, "eager_first"),
+                                       ({"sizes": [8], "eager_first": True}, "eager_first"),
                                        ({"sizes": [8], "empty_caches": 1}, "empty_caches"),
                                        ({"sizes": [True]}, "sizes")])
 def test_bad_arguments_name_the_parameter(kw, match) -> None:
@@ -63,18 +66,22 @@ def _batches(sizes, seed=0):
 
 
 @cuda
-@pytest.mark.parametrize("autocast, warmup, empty_caches", [(False, 3, True), (True, 3, True), (True, 1, False)])
-def test_graphed_training_equals_eager_training(autocast: bool, warmup: int, empty_caches: bool) -> None:
+@pytest.mark.parametrize("autocast, warmup, eager_first, empty_caches",
+                         [(False, 3, 0, True), (True, 3, 0, True), (True, 1, 0, False), (True, 0, 1, False)])
+def test_graphed_training_equals_eager_training(autocast: bool, warmup: int, eager_first: int,
+                                                empty_caches: bool) -> None:
     """Steps at graphed sizes (16, 32), a size off the list (12: eager) and back: the same losses,
     weights and BatchNorm statistics as eager steps (the warm-up passes leave no trace in the
     running statistics); one capture per (size, autocast state); also with one warm-up pass and the
-    allocator's caches kept (the variants benchmarks/device/capture_cost.py times)."""
+    allocator's caches kept, and with each size's first step eager and no warm-up pass (the variants
+    benchmarks/device/capture_cost.py times)."""
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     sizes = [16, 16, 32, 12, 16, 32, 32]
     eager = _net().cuda()
     graphed_net = _net().cuda()
-    g = ShapeGraphs(graphed_net, [16, 32], max_graphs=4, warmup=warmup, empty_caches=empty_caches)
+    g = ShapeGraphs(graphed_net, [16, 32], max_graphs=4, warmup=warmup, eager_first=eager_first,
+                    empty_caches=empty_caches)
     want = _train(eager, eager, _batches(sizes), autocast=autocast)
     got = _train(graphed_net, g, _batches(sizes), autocast=autocast)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -118,6 +125,7 @@ def test_caches_kept_only_inside_and_the_probe_refuses_bad_sizes(capsys) -> None
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "device"))
     import capture_cost
 
-    with pytest.raises(SystemExit):
-        capture_cost.main(["--sizes", "96", "0"])
-    assert "--sizes, --warmups and --steps take integers >= 1" in capsys.readouterr().err
+    for bad in (["--sizes", "96", "0"], ["--warmups", "0"], ["--warmups", "lazy"]):
+        with pytest.raises(SystemExit):
+            capture_cost.main(bad)
+        assert "--warmups integers >= 1 or 'eager'" in capsys.readouterr().err

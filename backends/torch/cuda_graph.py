@@ -166,9 +166,13 @@ class ShapeGraphs(nn.Module):
     that the input does not show (a `TriAccelOptimizer`'s ``plan.key``, its precision policy); the
     autocast state (enabled, dtype) is always part of the key. max_graphs: captures kept (>= 1), least
     recently used dropped first: each holds its own memory pool (the activations of one step at its
-    batch). warmup: eager passes before each capture (>= 1). empty_caches: True (torch's way) lets
-    each capture empty the allocator's caches first; False keeps them (`caches_kept`), for the probe
-    `benchmarks/device/capture_cost.py` (not measured in a run yet).
+    batch). warmup: passes `make_graphed_callables` runs and discards before each capture, on a new
+    side stream (>= 1; 0 only with eager_first >= 1). eager_first: calls of each new key that run the
+    module eagerly, as real steps on the caller's stream, before the capture (cuDNN's autotuning and
+    lazy set-up happen there instead of in discarded passes; 0: capture at the key's first call).
+    empty_caches: True (torch's way) lets each capture empty the allocator's caches first; False keeps
+    them (`caches_kept`). The choice among these is for the probe `benchmarks/device/capture_cost.py`
+    and the demo's `--graph-warmup` / `--graph-caches` to measure; the defaults are torch's recipe.
 
     What the capture bakes in: the module's kernels at that shape, autocast state and policy; the
     parameters' and buffers' storage (an optimizer must update them in place, as torch's do). The
@@ -180,22 +184,26 @@ class ShapeGraphs(nn.Module):
     """
 
     def __init__(self, module: nn.Module, sizes: Collection[int], *, key: Callable[[], Hashable] | None = None,
-                 max_graphs: int = 2, warmup: int = 3, empty_caches: bool = True) -> None:
+                 max_graphs: int = 2, warmup: int = 3, eager_first: int = 0, empty_caches: bool = True) -> None:
         super().__init__()
         if isinstance(sizes, (str, bytes)) or not sizes or not all(
                 isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes):
             raise ValueError(f"sizes={sizes!r}: allowed a non-empty collection of ints >= 1")
         if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1:
             raise ValueError(f"max_graphs={max_graphs!r}: allowed integers >= 1")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-            raise ValueError(f"warmup={warmup!r}: allowed integers >= 1")
+        if isinstance(eager_first, bool) or not isinstance(eager_first, int) or eager_first < 0:
+            raise ValueError(f"eager_first={eager_first!r}: allowed integers >= 0")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < (0 if eager_first else 1):
+            raise ValueError(f"warmup={warmup!r}: allowed integers >= 1 (>= 0 with eager_first >= 1: cuDNN/cuBLAS "
+                             f"set up in eager passes before a capture)")
         if not isinstance(empty_caches, bool):
             raise ValueError(f"empty_caches={empty_caches!r}: allowed True or False")
         self.empty_caches = empty_caches
         self.module = module
         self.sizes = frozenset(sizes)
-        self.key, self.max_graphs, self.warmup = key, max_graphs, warmup
+        self.key, self.max_graphs, self.warmup, self.eager_first = key, max_graphs, warmup, eager_first
         self._graphs: OrderedDict[Hashable, Callable[..., Any]] = OrderedDict()
+        self._eager_calls: dict[Hashable, int] = {}   # per key: eager calls before its first capture
         self.captures = 0   # captures made (a dropped graph captured again counts again)
 
     def forward(self, x: torch.Tensor) -> Any:
@@ -207,6 +215,10 @@ class ShapeGraphs(nn.Module):
         k = (tuple(x.shape), x.stride(), x.dtype, x.device, enabled, dtype, None if self.key is None else self.key())
         fn = self._graphs.get(k)
         if fn is None:
+            done = self._eager_calls.get(k, 0)
+            if done < self.eager_first:   # a real step; a key dropped and needed again captures at once
+                self._eager_calls[k] = done + 1
+                return self.module(x)
             fn = self._capture(x, enabled, dtype)
             self._graphs[k] = fn
         self._graphs.move_to_end(k)

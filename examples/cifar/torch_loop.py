@@ -206,8 +206,11 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         # 2026-11-28) where an eager EfficientNet-B0 step costs ~33 ms of host time (H100, 2026-11-23)
         halves = ({-(-b // 2) for b in graphed} if opts.method == "triaccel" and opts.graph_halves == "on"
                   else set())
+        eager_first = opts.graph_warmup == "eager"
         fwd = ShapeGraphs(train_model, set(graphed) | halves, max_graphs=3,
-                          key=(lambda: opt.plan.key) if opts.method == "triaccel" else None)
+                          key=(lambda: opt.plan.key) if opts.method == "triaccel" else None,
+                          warmup=0 if eager_first else int(opts.graph_warmup), eager_first=int(eager_first),
+                          empty_caches=opts.graph_caches == "emptied")
     else:
         fwd = compile_model(train_model, opt if opts.method == "triaccel" else None,
                             **({"backend": "cudagraphs"} if opts.compile == "cudagraphs" else {"mode": opts.compile}),
