@@ -64,6 +64,9 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"type": "step"' in x]
     assert sum(r["samples"] for r in steps) == 192 and summary["compiled_graphs"] == 0
     assert summary["options"]["compile_shapes"] == "buckets"
+    # the set-up's phases, seconds from its start, in order (no Triton thread off CUDA)
+    ph = summary["setup_phases"]
+    assert list(ph) == ["model", "wrapped", "flops"] and ph["model"] <= ph["wrapped"] <= ph["flops"] <= summary["setup_seconds"]
     with pytest.raises(SystemExit):
         train.parse_args(["--data", str(DATA), "--compile", "graphs", "--compile-shapes", "dynamic"])
     # --graph-halves off: the ladder from the first batch up alone, the noise halves run eagerly

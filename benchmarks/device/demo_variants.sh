@@ -29,7 +29,7 @@ one() { seed=$1; name=$2; shift 2; dir=$OUT/s$seed; extra=()
   cp /tmp/runs/s$seed-$name/summary.json $dir/$name.json || return; python3 -c "
 import json; s=json.load(open('$dir/$name.json')); e=s['epoch_seconds']
 print(f\"s$seed {'$name':<12} acc {s['final_acc']:.4f} train_s {sum(e):.1f} process_s $wall epochs {[round(x, 2) for x in e]} steps {s['steps']} batch {s['final_batch']} peak_GiB {(s['peak_alloc_bytes'] or 0) / 2**30:.2f}\")
-if 'setup_seconds' in s: print(f\"  wall_s {s['wall_seconds']:.1f} setup_s {s['setup_seconds']:.1f} eval_s {sum(s['eval_seconds']):.1f} data_s {s['data_load_seconds']:.1f}\")
+if 'setup_seconds' in s: print(f\"  wall_s {s['wall_seconds']:.1f} setup_s {s['setup_seconds']:.1f} eval_s {sum(s['eval_seconds']):.1f} data_s {s['data_load_seconds']:.1f} setup_phases {s.get('setup_phases')}\")
 if 'compile_log' in s: print(f\"  compile on the critical path (s) {s['compile_log']['total']['critical']['seconds']}\")
 if s.get('compiled_graphs') is not None: print('  compiled graphs', s['compiled_graphs'])"; }
 seeds=${SEEDS:-${SEED:-0}}

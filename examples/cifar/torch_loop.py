@@ -137,6 +137,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     if opts.triton_warmup == "on" and opts.method == "triaccel" and device.type == "cuda":
         runtime = _Ahead(prepare_triton_runtime)
     model = build_model(opts, data.num_classes, device)
+    # where the set-up's seconds go (from t_start; the summary's setup_phases): triaccel's set-up has run
+    # ~0.5-1.2 s longer than AMP's on the H200 (2026-11-28) with Triton's start-up on a thread
+    phases = {"model": time.perf_counter() - t_start}
     nhwc = opts.channels_last(device.type)
     if device.type == "cuda":
         # cuDNN autotuning runs once per new input shape: the batch moves on a few buckets, and the
@@ -182,6 +185,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             runtime = _Ahead(lambda: (started.finish(), opt.prepare_kernels()))
         controller: Controller = opt.controller
         cast = opt.autocast
+        phases["wrapped"] = time.perf_counter() - t_start
         step_kwargs = dict(scaler=opt, apply_lr_batch_scale=False,
                            optimizer_step=lambda d: opt.step_accumulated())
     else:
@@ -221,6 +225,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     tlayers = opt.layers if opts.method == "triaccel" else discover_layers(net)
     flops = FlopShare(layer_flops(net, tlayers, transform(xtr[:1])))
     static_prec = None if opts.method == "triaccel" else precision_record(opts.method, [l.spec for l in tlayers])
+    phases["flops"] = time.perf_counter() - t_start
 
     inject = OOMInjector(opts.inject_oom_every, torch.OutOfMemoryError)   # test-only (off by default)
 
@@ -253,7 +258,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
 
     tracer = StepTrace(opts.trace_steps, begin_trace, end_trace)
     if runtime is not None:
+        t_wait = time.perf_counter()
         runtime.finish()
+        phases["triton_wait"] = time.perf_counter() - t_wait   # the thread's work not hidden by the set-up
     setup_seconds = time.perf_counter() - t_start
     eval_times: list[float] = []   # evaluation and the epoch's records, outside epoch_times
     for epoch in range(opts.epochs):
@@ -317,7 +324,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     return {**ranks, "final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times), "peak_alloc_bytes": peak,
             "wall_seconds": time.perf_counter() - t_start, "setup_seconds": setup_seconds,
-            "eval_seconds": eval_times, "train_seconds": sum(epoch_times),
+            "setup_phases": {k: round(v, 4) for k, v in phases.items()}, "eval_seconds": eval_times, "train_seconds": sum(epoch_times),
             "steps": step, "final_batch": controller.decision.batch_size, "device": str(device),
             "injected_ooms": inject.injected,
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
