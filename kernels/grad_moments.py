@@ -76,6 +76,12 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
 # impls for JAX arrays only: XLA's own reductions inside the jitted step (no kernel, no write-back)
 JAX_ONLY_IMPLS = ("xla",)
+# impls for torch tensors only: torch's own segmented sums over the concatenated gradients, a fixed
+# number of launches whatever the tensor count, no Triton (`moments_segments_torch`)
+TORCH_ONLY_IMPLS = ("torch",)
+# elements per chunk of `moments_segments_torch`: chunks never straddle two tensors, so no chunk
+# (one CUDA block of torch's segmented reduction) reads a whole large gradient alone
+SEGMENT_CHUNK = 1024
 
 # Default launch configuration: BLOCK elements per load, ITERS loads per unrolled step, rows of
 # at least BLOCK*ITERS elements, about PER_SM rows per SM (benchmarks/kernels.py --sweep).
@@ -274,6 +280,42 @@ def moments_reference_torch(tensors: Sequence[Any], inv_scale: Any = None) -> An
     return torch.stack(rows).reshape(len(rows), 3)
 
 
+def segment_chunks(sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk offsets (C+1,) into the concatenation, each tensor's first chunk (n+1,)) for tensors of
+    `sizes` elements cut into chunks of at most SEGMENT_CHUNK elements (an empty tensor has none)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    counts = -(-sizes // SEGMENT_CHUNK)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    chunk_off = np.append(np.repeat(starts[:-1], counts) + within * SEGMENT_CHUNK, starts[-1])
+    return chunk_off, np.concatenate([[0], np.cumsum(counts)])
+
+
+def moments_segments_torch(flat: Any, chunk_off: Any, tensor_off: Any, inv_scale: Any = None) -> Any:
+    """torch's own reductions: (n, 3) float32 [sum, sumsq, nonfinite] of the segments of 1-D `flat`
+    (FP32 arithmetic; FP64 for a float64 `flat`) and the unscaled values, or None without inv_scale.
+
+    chunk_off, tensor_off: device int64 offsets from `segment_chunks` (cached per layout by the
+    callers). Three segmented sums over chunks, then one over each tensor's chunks: a fixed number
+    of launches, no host sync (`unsafe=True`: the offsets were validated when built); transient
+    device memory about three times `flat` in FP32."""
+    import torch
+
+    acc = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    x = flat.to(acc)
+    if inv_scale is not None:
+        x = x * (inv_scale.to(acc) if isinstance(inv_scale, torch.Tensor) else float(inv_scale))
+    fin = torch.isfinite(x)
+    xf = torch.where(fin, x, torch.zeros((), dtype=acc, device=x.device))
+
+    def chunks(v: Any) -> Any:
+        return torch.segment_reduce(v, "sum", offsets=chunk_off, unsafe=True, initial=0)
+
+    per_chunk = torch.stack([chunks(xf), chunks(xf * xf), chunks((~fin).to(acc))], dim=1)
+    rows = torch.segment_reduce(per_chunk, "sum", offsets=tensor_off, axis=0, unsafe=True, initial=0)
+    return rows.float(), (x if inv_scale is not None else None)
+
+
 def moments_reference_jnp(flat: Any, offsets: Sequence[int], inv_scale: Any = None) -> tuple[Any, Any]:
     """jnp reference over a flat buffer: ((n, 3) float32 [sum, sumsq, nonfinite], unscaled flat or None).
     Computes in FP32 (FP64 for a float64 buffer)."""
@@ -461,7 +503,8 @@ class _TorchPlan:
     261 of 262 steps of a ResNet-18 epoch), so a set seen before costs no upload."""
 
     __slots__ = ("n", "device", "triton", "table", "rows", "acc", "cnt", "ref_idx", "wide", "wide_idx",
-                 "mode", "dt", "cfg", "launchers", "ptrs", "based", "base", "addrs", "groups", "res", "bases")
+                 "mode", "dt", "cfg", "launchers", "ptrs", "based", "base", "addrs", "groups", "res", "bases",
+                 "seg")
 
     def launcher(self, smode: int, write: bool, found: bool) -> D.Launcher:
         lk = (smode, write, found)
@@ -480,7 +523,42 @@ def _new_plan(n: int, device: Any, use_triton: bool, cfg: tuple) -> _TorchPlan:
     p.n, p.device, p.triton, p.cfg, p.launchers = n, device, use_triton, cfg, {}
     p.wide, p.wide_idx, p.ref_idx = [], None, [-1, -1, -1]
     p.based, p.addrs, p.groups, p.bases = False, None, [], {}
+    p.seg = None   # impl "torch": (chunk offsets, tensor offsets) on the device
     return p
+
+
+def _segment_plan(p: _TorchPlan, sizes: Sequence[int]) -> None:
+    import torch
+
+    p.seg = tuple(torch.from_numpy(a).to(p.device) for a in segment_chunks(sizes))
+
+
+def _check_torch_impl(impl: str) -> None:
+    if impl in JAX_ONLY_IMPLS:
+        raise ValueError(f"impl={impl!r}: JAX arrays only (XLA's own reductions in the jitted step); for "
+                         f"torch tensors use one of {D.IMPLS + TORCH_ONLY_IMPLS}")
+    if impl not in D.IMPLS + TORCH_ONLY_IMPLS:
+        raise ValueError(f"impl={impl!r}: allowed values for torch tensors are {D.IMPLS + TORCH_ONLY_IMPLS}")
+
+
+def _check_jax_impl(impl: str) -> None:
+    if impl in TORCH_ONLY_IMPLS:
+        raise ValueError(f"impl={impl!r}: torch tensors only (torch's own segmented sums); for JAX arrays use "
+                         f"one of {D.IMPLS + JAX_ONLY_IMPLS}")
+
+
+def _segments_list(p: _TorchPlan, tensors: Sequence[Any], inv_scale: Any, out: Any, found: Any) -> None:
+    """impl "torch" over a list: the tensors concatenated (one copy, promoted to a common dtype),
+    their statistics into ``out``, unscaled in place (one multi-tensor launch)."""
+    import torch
+
+    scale = None if inv_scale is None else _torch_scale(inv_scale, p.device)[1]
+    flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0, device=p.device)
+    rows, _ = moments_segments_torch(flat, *p.seg, scale)
+    out.copy_(rows)
+    _flag_found(found, out[:, 2])
+    if scale is not None:
+        torch._foreach_mul_(list(tensors), scale.reshape(()) if isinstance(scale, torch.Tensor) else scale)
 
 
 def _device_tables(p: _TorchPlan, tab: np.ndarray) -> None:
@@ -544,7 +622,10 @@ def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple) -> _TorchPlan:
         codes[i] = D.dtype_code(str(t.dtype), f"tensors[{i}]")
         if t.device != dev:
             raise ValueError(f"tensors[{i}]: on {t.device}, but tensors[0] is on {dev}; all must share a device")
-    p = _new_plan(len(tensors), dev, D.use_triton_torch(triton is not None, dev, impl), cfg)
+    p = _new_plan(len(tensors), dev, impl not in TORCH_ONLY_IMPLS and D.use_triton_torch(triton is not None, dev, impl),
+                  cfg)
+    if impl in TORCH_ONLY_IMPLS:
+        _segment_plan(p, [t.numel() for t in tensors])
     if not p.triton:
         return p
     for i, t in enumerate(tensors):
@@ -613,6 +694,9 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, found: Any, im
         _PLANS.put(key, p)  # no tensors held: the cache must not keep gradients alive
     out = _out(out, p.n, p.device)
     found = _found(found, p.device)
+    if p.seg is not None:
+        _segments_list(p, tensors, inv_scale, out, found)
+        return out, p
     if not p.triton:
         _torch_scale(inv_scale, p.device)
         out.copy_(moments_reference_torch(tensors, inv_scale))
@@ -666,7 +750,11 @@ def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, found: Any
         if flat.dim() != 1 or not flat.is_contiguous():
             raise ValueError(f"flat: need a contiguous 1-D tensor, got shape {tuple(flat.shape)}")
         code = D.dtype_code(str(flat.dtype), "flat")
-        p = _new_plan(off.size - 1, dev, code != D.CODE_FP64 and D.use_triton_torch(triton is not None, dev, impl), cfg)
+        seg = impl in TORCH_ONLY_IMPLS
+        p = _new_plan(off.size - 1, dev, not seg and code != D.CODE_FP64 and D.use_triton_torch(triton is not None, dev, impl),
+                      cfg)
+        if seg:
+            _segment_plan(p, np.diff(off).tolist())
         if p.triton:
             p.mode, p.dt = 0, code
             sizes = np.diff(off)
@@ -679,6 +767,13 @@ def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, found: Any
         raise ValueError(f"offsets: last offset {int(off[-1])} != flat.numel() {flat.numel()}")
     out = _out(out, p.n, dev)
     found = _found(found, dev)
+    if p.seg is not None:
+        rows, y = moments_segments_torch(flat, *p.seg, None if inv_scale is None else _torch_scale(inv_scale, dev)[1])
+        out.copy_(rows)
+        _flag_found(found, out[:, 2])
+        if y is not None:
+            flat.copy_(y)
+        return out
     if not p.triton:
         _torch_scale(inv_scale, dev)
         views = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
@@ -822,12 +917,11 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
     cfg = _cfg(block, iters, num_warps, chunk)
     leaves, fw = D.leaves_and_framework(tensors, "tensors")
     if fw == "torch":
-        if impl in JAX_ONLY_IMPLS:
-            raise ValueError(f"impl={impl!r}: JAX arrays only (XLA's own reductions in the jitted step); for "
-                             f"torch tensors use one of {D.IMPLS}")
+        _check_torch_impl(impl)
         res = _torch_list(leaves, inv_scale, out, found_inf, impl, cfg)[0]
         return res if out is not None else _torch_moments(res)
     _torch_only(out, found_inf)
+    _check_jax_impl(impl)
     import jax
     import jax.numpy as jnp
 
@@ -870,9 +964,11 @@ def grad_moments_flat(flat: Any, offsets: Sequence[int], *, inv_scale: Any = Non
     off = D.parse_offsets(offsets)
     fw = D.framework_of(flat)
     if fw == "torch":
+        _check_torch_impl(impl)
         res = _torch_flat(flat, off, inv_scale, out, found_inf, impl, cfg)
         return res if out is not None else _torch_moments(res)
     _torch_only(out, found_inf)
+    _check_jax_impl(impl)
     res, y = _jax_flat(flat, off, inv_scale, impl, cfg)
     return _jax_moments(res) if inv_scale is None else (_jax_moments(res), y)
 
@@ -898,7 +994,7 @@ class FixedMoments:
 
     def __init__(self, *, impl: str = "auto", block: int = BLOCK, iters: int = ITERS,
                  num_warps: int = NUM_WARPS, chunk: int | None = None) -> None:
-        D.check_impl(impl)
+        _check_torch_impl(impl)
         self._impl, self._cfg, self._plan = impl, _cfg(block, iters, num_warps, chunk), None
 
     def __call__(self, tensors: Sequence[Any], *, inv_scale: Any = None, out: Any = None,
@@ -906,6 +1002,10 @@ class FixedMoments:
         """tensors: list of torch tensors; inv_scale, out, found_inf and the result as in
         :func:`grad_moments`."""
         p = self._plan
+        if p is not None and len(tensors) == p.n and p.seg is not None:   # impl "torch": no addresses
+            res = _out(out, p.n, p.device)
+            _segments_list(p, tensors, inv_scale, res, _found(found_inf, p.device))
+            return res if out is not None else _torch_moments(res)
         if p is not None and len(tensors) == p.n:
             addrs = D.torch_addresses_or_none(tensors)
             if addrs == p.addrs or (addrs is not None and addrs in p.bases):
@@ -918,6 +1018,6 @@ class FixedMoments:
         if fw != "torch":
             raise TypeError("tensors: FixedMoments takes torch tensors (JAX: jit grad_moments_flat)")
         res, p = _torch_list(leaves, inv_scale, out, found_inf, self._impl, self._cfg)
-        # only a plain Triton plan takes the short path (the reference and FP64 rows need the list)
-        self._plan = p if p.triton and not p.wide else None
+        # a plain Triton plan or a "torch" one takes the short path (the reference and FP64 rows need the list)
+        self._plan = p if (p.triton and not p.wide) or p.seg is not None else None
         return res if out is not None else _torch_moments(res)

@@ -70,10 +70,11 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
     with pytest.raises(SystemExit):
         train.parse_args(["--data", str(DATA), "--compile", "graphs", "--compile-shapes", "dynamic"])
     # --graph-halves off: the ladder from the first batch up alone, the noise halves run eagerly
-    # (with the capture variants the GPU probe times: each shape's first step eager, caches kept)
+    # (with the capture variants the GPU probe times: each shape's first step eager, caches kept; and
+    # the statistics from torch's own segmented sums, kernels="torch")
     off, _ = _run(tmp_path / "off", "--backend", "torch", "--method", "triaccel", "--compile", "graphs",
                   "--budget", "4GiB", "--set", "min_dwell=0", "--graph-halves", "off",
-                  "--graph-warmup", "eager", "--graph-caches", "kept")
+                  "--graph-warmup", "eager", "--graph-caches", "kept", "--set", "kernels=torch")
     ladder = off["graphed_sizes"]
     assert ladder[0] == 32 and summary["graphed_sizes"] == sorted(set(ladder) | {-(-b // 2) for b in ladder})
     assert (off["options"]["graph_warmup"], off["options"]["graph_caches"]) == ("eager", "kept")
@@ -468,3 +469,17 @@ def test_ahead_thread_runs_at_once_and_reraises_on_finish():
     failing = _Ahead(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         _Ahead(lambda: failing.finish()).finish()
+
+
+def test_set_values_parse_as_json_or_as_words():
+    """--set KEY=VALUE: JSON numbers, lists, objects, true/false/null; any other word stays a string
+    (kernels=torch, kernels=triton: words starting with t, f or n once failed as malformed JSON);
+    malformed JSON is a clear error."""
+    got = train._parse_set(["kernels=torch", "k2=triton", "law=noise", "a=true", "b=null", "c=1e-3", "d=[96, 192]",
+                            "e={\"x\": 1}", "f=-2", "g=fast"])
+    assert got == {"kernels": "torch", "k2": "triton", "law": "noise", "a": True, "b": None, "c": 1e-3,
+                   "d": [96, 192], "e": {"x": 1}, "f": -2, "g": "fast"}
+    with pytest.raises(SystemExit, match="not a JSON number, list or object"):
+        train._parse_set(["d=[96,"])
+    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+        train._parse_set(["kernels"])

@@ -96,5 +96,6 @@ def test_kernels_choice_is_checked():
 
     assert TriAccelConfig().kernels == "auto" and TriAccelConfig(kernels="reference").kernels == "reference"
     assert TriAccelConfig(kernels="xla").kernels == "xla"   # JAX only: the torch wrapper refuses it
+    assert TriAccelConfig(kernels="torch").kernels == "torch"   # torch only: the JAX wrapper refuses it
     with pytest.raises(ValueError, match="kernels"):
         TriAccelConfig(kernels="cuda")

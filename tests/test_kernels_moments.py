@@ -48,12 +48,12 @@ def make(sizes, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("impl", ["triton", "reference", "torch"])
 def test_odd_sizes(dtype, impl):
-    ts = make([1, 7, 1023, 0, 65537, 1], dtype)
+    ts = make([1, 7, 1023, 0, 65537, 1, 1024, 1025], dtype)
     m = grad_moments(ts, impl=impl, **CFG)
     assert m.sum.dtype == torch.float32 and m.sumsq.dtype == torch.float32
-    assert m.nonfinite.dtype == torch.int32 and m.sum.shape == (6,)
+    assert m.nonfinite.dtype == torch.int32 and m.sum.shape == (8,)
     check(m, ts)
 
 
@@ -98,7 +98,8 @@ def test_huge_and_subnormal_values():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_inv_scale_float_and_tensor_unscale_in_place(dtype):
+@pytest.mark.parametrize("impl", ["auto", "torch"])
+def test_inv_scale_float_and_tensor_unscale_in_place(dtype, impl):
     base = make([7, 5000], dtype, seed=4)
     base[1][17] = float("inf")
     for inv in (0.125, torch.tensor([1.0 / 1024.0])):
@@ -106,10 +107,10 @@ def test_inv_scale_float_and_tensor_unscale_in_place(dtype):
         exp = [t.clone() for t in base]
         moments_reference_torch(exp, inv)
         scale = float(inv) if isinstance(inv, float) else float(inv.item())
-        m = grad_moments(ts, inv_scale=inv, **CFG)
+        m = grad_moments(ts, inv_scale=inv, impl=impl, **CFG)
         check(m, base, scale)
         for t, e in zip(ts, exp):
-            if dtype == torch.bfloat16:  # interpreter truncates FP32 -> BF16 on store
+            if dtype == torch.bfloat16 and impl != "torch":  # interpreter truncates FP32 -> BF16 on store
                 assert torch.allclose(t.float(), e.float(), rtol=2 ** -7, equal_nan=True)
             else:
                 assert torch.equal(t.float().nan_to_num(0.0), e.float().nan_to_num(0.0))
@@ -190,6 +191,10 @@ def test_jax_xla_impl_matches_the_flat_reference_in_and_out_of_jit():
         grad_moments([torch.ones(3)], impl=impl)
     with pytest.raises(ValueError, match=f"impl='{impl}'"):
         grad_moments_flat(flat, off, impl=impl)
+    with pytest.raises(ValueError, match="impl='torch': torch tensors only"):   # and the torch-only one
+        grad_moments(leaves, impl="torch")
+    with pytest.raises(ValueError, match="impl='torch': torch tensors only"):
+        grad_moments_flat(flat, off, impl="torch")
 
 
 def test_xla_tree_stacks_small_arrays_by_length():
@@ -504,13 +509,13 @@ def test_fixed_layout_reference_and_fp64_paths():
     from triaccel.kernels import FixedMoments
 
     mixed = make([300, 50], torch.float32, seed=41) + [torch.randn(70, dtype=torch.float64)]
-    for impl in ("reference", "auto"):
+    for impl in ("reference", "auto", "torch"):
         fm = FixedMoments(impl=impl, **CFG)
         for _ in range(2):
             check(fm(mixed), mixed)
 
 
-@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("impl", ["triton", "reference", "torch"])
 def test_found_inf_set_in_the_same_launch_and_never_cleared(impl):
     """found_inf: 1.0 when any value is non-finite (single- and multi-row segments, FP64 rows, the
     flat entry and FixedMoments' short path), left as it was otherwise."""

@@ -134,7 +134,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # joined before the first forward (a module loaded while the first step captures a CUDA graph would
     # break the capture)
     runtime = None
-    if opts.triton_warmup == "on" and opts.method == "triaccel" and device.type == "cuda":
+    if (opts.triton_warmup == "on" and opts.method == "triaccel" and device.type == "cuda"
+            and opts.triaccel_config().kernels in ("auto", "triton")):   # kernels "torch": no Triton to start
         runtime = _Ahead(prepare_triton_runtime)
     model = build_model(opts, data.num_classes, device)
     # where the set-up's seconds go (from t_start; the summary's setup_phases): triaccel's set-up has run
@@ -324,7 +325,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     return {**ranks, "final_acc": accs[-1], "accs": accs, "epoch_seconds": epoch_times,
             "s_per_epoch_median_last5": median_last(epoch_times), "peak_alloc_bytes": peak,
             "wall_seconds": time.perf_counter() - t_start, "setup_seconds": setup_seconds,
-            "setup_phases": {k: round(v, 4) for k, v in phases.items()}, "eval_seconds": eval_times, "train_seconds": sum(epoch_times),
+            "setup_phases": phases, "eval_seconds": eval_times, "train_seconds": sum(epoch_times),
             "steps": step, "final_batch": controller.decision.batch_size, "device": str(device),
             "injected_ooms": inject.injected,
             "flop_share": flops.shares(), "b_noise": controller.b_noise,

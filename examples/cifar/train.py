@@ -41,7 +41,13 @@ def _parse_set(items: Sequence[str], flag: str = "--set", what: str = "a TriAcce
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"{flag} {item!r}: expected KEY=VALUE ({what})")
-        out[key] = json.loads(value) if value[:1] in "0123456789-[{tfn" else value
+        if value in ("true", "false", "null") or value[:1] in "0123456789-[{":
+            try:
+                out[key] = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{flag} {item!r}: {value!r} is not a JSON number, list or object ({e})") from None
+        else:   # a string, e.g. kernels=torch (a word starting t/f/n is not JSON's true/false/null)
+            out[key] = value
     return out
 
 
