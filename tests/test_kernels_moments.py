@@ -625,3 +625,26 @@ def test_prepare_triton_runtime_reports_no_driver_without_a_gpu():
     from triaccel.kernels._dispatch import prepare_triton_runtime
 
     assert prepare_triton_runtime() is torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA tensors need a GPU (run on the device)")
+def test_torch_impl_on_cuda_equals_the_kernel_without_a_host_sync():
+    """impl="torch" on CUDA tensors (torch's segmented sums with offsets checked when the plan was
+    built, `unsafe=True`): the kernel's statistics, found_inf and in-place unscaling, also under
+    FixedMoments' short path, which makes no device-to-host synchronisation (the per-step call)."""
+    ts = [t.cuda() for t in make([1, 7, 1023, 0, 65537, 1024, 1025], torch.float32, seed=9)]
+    ts.append(make([3000], torch.bfloat16, seed=10)[0].cuda())
+    ts[4].view(-1)[100] = float("inf")
+    want = grad_moments([t.clone() for t in ts], impl="triton")
+    fm = FixedMoments(impl="torch")
+    for call in range(2):   # the first call builds the plan (uploads), the second takes the short path
+        got_ts, found = [t.clone() for t in ts], torch.zeros(1, device="cuda")
+        torch.cuda.set_sync_debug_mode("error" if call else "default")
+        try:
+            got = fm(got_ts, inv_scale=torch.full((1,), 0.5, device="cuda"), found_inf=found)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.testing.assert_close(got.sum, want.sum * 0.5, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got.sumsq, want.sumsq * 0.25, rtol=1e-5, atol=1e-4)
+        assert torch.equal(got.nonfinite, want.nonfinite) and float(found) == 1.0
+        assert torch.equal(got_ts[2], ts[2] * 0.5)
