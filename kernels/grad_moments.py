@@ -989,7 +989,8 @@ class FixedMoments:
 
     Contract: tensor ``i`` has the same shape, strides and dtype at every call; a list that breaks
     it at addresses seen before is not detected (its statistics would be of the old layout). Use
-    :func:`grad_moments` for lists that change.
+    :func:`grad_moments` for lists that change. With impl "torch" every call after the first skips
+    the checks (no addresses are needed: the tensors are copied into one buffer), under the same contract.
 
     impl, block, iters, num_warps, chunk: as in :func:`grad_moments`, fixed for the object's life.
     """
