@@ -261,6 +261,19 @@ if triton is not None:
 # ----------------------------------------------------------------------------------------------
 
 
+def _unscaled_finite(t: Any, inv_scale: Any) -> tuple[Any, Any, Any]:
+    """torch: (t in FP32 (FP64 for float64) times inv_scale, its finiteness mask, its finite values
+    with non-finite ones as 0), the common start of the torch implementations."""
+    import torch
+
+    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+    x = t.to(acc)
+    if inv_scale is not None:
+        x = x * (inv_scale.to(acc) if isinstance(inv_scale, torch.Tensor) else float(inv_scale))
+    fin = torch.isfinite(x)
+    return x, fin, torch.where(fin, x, torch.zeros((), dtype=acc, device=x.device))
+
+
 def moments_reference_torch(tensors: Sequence[Any], inv_scale: Any = None) -> Any:
     """torch reference: (n, 3) float32 [sum, sumsq, nonfinite]; unscales ``tensors`` in place.
     Computes in FP32 (FP64 for float64 tensors)."""
@@ -268,13 +281,8 @@ def moments_reference_torch(tensors: Sequence[Any], inv_scale: Any = None) -> An
 
     rows = []
     for t in tensors:
-        acc = torch.float64 if t.dtype == torch.float64 else torch.float32
-        x = t.to(acc)
-        if inv_scale is not None:
-            x = x * (inv_scale.to(acc) if isinstance(inv_scale, torch.Tensor) else float(inv_scale))
-        fin = torch.isfinite(x)
-        xf = torch.where(fin, x, torch.zeros((), dtype=acc, device=x.device))
-        rows.append(torch.stack([xf.sum(), (xf * xf).sum(), (~fin).sum().to(acc)]).float())
+        x, fin, xf = _unscaled_finite(t, inv_scale)
+        rows.append(torch.stack([xf.sum(), (xf * xf).sum(), (~fin).sum().to(x.dtype)]).float())
         if inv_scale is not None:
             t.copy_(x)
     return torch.stack(rows).reshape(len(rows), 3)
@@ -301,12 +309,8 @@ def moments_segments_torch(flat: Any, chunk_off: Any, tensor_off: Any, inv_scale
     device memory about three times `flat` in FP32."""
     import torch
 
-    acc = torch.float64 if flat.dtype == torch.float64 else torch.float32
-    x = flat.to(acc)
-    if inv_scale is not None:
-        x = x * (inv_scale.to(acc) if isinstance(inv_scale, torch.Tensor) else float(inv_scale))
-    fin = torch.isfinite(x)
-    xf = torch.where(fin, x, torch.zeros((), dtype=acc, device=x.device))
+    x, fin, xf = _unscaled_finite(flat, inv_scale)
+    acc = x.dtype
 
     def chunks(v: Any) -> Any:
         return torch.segment_reduce(v, "sum", offsets=chunk_off, unsafe=True, initial=0)
