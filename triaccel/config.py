@@ -117,7 +117,8 @@ class TriAccelConfig:
         gaps of 0.37-0.49 s at each new size's first step, H200, 2026-11-28, docs/results.md): a
         jump skips the sizes in between.
       noise_scale_c: growth bound factor c > 0 (samples per unit of B_noise). 2.0 by measurement (H200,
-        CIFAR-10, torch, both sides `--compile graphs`, seeds 0-2, 2026-11-28, docs/results.md): against
+        CIFAR-10, torch, both sides `--compile graphs`, seeds 0-2, 2026-11-28, docs/results.md; c = 2 and
+        c = 1 in one call on seed 2, in calls a few minutes apart on seeds 0-1): against
         c = 1 (McCandlish et al.'s critical batch B_crit ~ B_noise) ResNet-18 reached 87.45% mean
         against 87.27% in 11.3 s of training against 11.9 s, EfficientNet-B0 74.54% against 73.83% in
         22.8 s against 23.4 s; c = 4 took the same steps as c = 2 on EfficientNet-B0 seed 0 (the bound no

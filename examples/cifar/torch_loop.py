@@ -138,8 +138,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             and opts.triaccel_config().kernels in ("auto", "triton")):   # kernels "torch": no Triton to start
         runtime = _Ahead(prepare_triton_runtime)
     model = build_model(opts, data.num_classes, device)
-    # where the set-up's seconds go (from t_start; the summary's setup_phases): triaccel's set-up has run
-    # ~0.5-1.2 s longer than AMP's on the H200 (2026-11-28) with Triton's start-up on a thread
+    # where the set-up's seconds go (from t_start; the summary's setup_phases): triaccel's set-up ran
+    # 0.1-2.5 s longer than AMP's in the same calls, graphed, Triton's start-up on a thread (H200,
+    # 2026-11-28, benchmarks/results/s39/callA-C), not yet split by phase
     phases = {"model": time.perf_counter() - t_start}
     nhwc = opts.channels_last(device.type)
     if device.type == "cuda":
