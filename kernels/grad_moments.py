@@ -558,7 +558,7 @@ def _segments_list(p: _TorchPlan, tensors: Sequence[Any], inv_scale: Any, out: A
 
     scale = None if inv_scale is None else _torch_scale(inv_scale, p.device)[1]
     # torch's C++ flatten (the views and one cat, dtypes promoted): 74 against 194 us per call for a
-    # Python list of views, 213 small tensors on the CI machine's CPU (2026-11-28)
+    # Python list of views, 213 small tensors on the development machine's CPU (2026-11-28)
     flat = torch._utils._flatten_dense_tensors(list(tensors)) if tensors else torch.zeros(0, device=p.device)
     rows, _ = moments_segments_torch(flat, *p.seg, scale)
     out.copy_(rows)
