@@ -67,7 +67,8 @@ def _batches(sizes, seed=0):
 
 @cuda
 @pytest.mark.parametrize("autocast, warmup, eager_first, empty_caches",
-                         [(False, 3, 0, True), (True, 3, 0, True), (True, 1, 0, False), (True, 0, 1, False)])
+                         [(False, 3, 0, True), (True, 3, 0, True), (True, 1, 0, False), (True, 0, 1, False),
+                          (True, 0, 1, True), (False, 0, 1, True), (False, 0, 1, False), (True, 1, 1, True)])
 def test_graphed_training_equals_eager_training(autocast: bool, warmup: int, eager_first: int,
                                                 empty_caches: bool) -> None:
     """Steps at graphed sizes (16, 32), a size off the list (12: eager) and back: the same losses,
