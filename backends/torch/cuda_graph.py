@@ -23,33 +23,14 @@ fixed at capture: module modes (train/eval), autocast and the batch shape are th
 
 from __future__ import annotations
 
-import contextlib
 import gc
 from collections import OrderedDict
-from typing import Any, Callable, Collection, Hashable, Iterator, Sequence
+from typing import Any, Callable, Collection, Hashable, Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["GraphedStep", "ShapeGraphs", "caches_kept"]
-
-
-@contextlib.contextmanager
-def caches_kept() -> Iterator[None]:
-    """Inside: `torch.cuda.empty_cache` (and the pinned-host cache's emptying, where torch has it) are
-    no-ops, process-wide. `torch.cuda.graph` empties both allocator caches on entering each capture, so
-    the steps after a capture allocate their blocks from the driver again; restored on exit, also on
-    an error."""
-    saved = torch.cuda.empty_cache, getattr(torch._C, "_host_emptyCache", None)
-    torch.cuda.empty_cache = lambda: None
-    if saved[1] is not None:
-        torch._C._host_emptyCache = lambda: None
-    try:
-        yield
-    finally:
-        torch.cuda.empty_cache = saved[0]
-        if saved[1] is not None:
-            torch._C._host_emptyCache = saved[1]
+__all__ = ["GraphedStep", "ShapeGraphs"]
 
 
 class GraphedStep:
@@ -155,8 +136,9 @@ class _Bare(nn.Module):
 
 class ShapeGraphs(nn.Module):
     """`module`'s forward and backward replayed as CUDA graphs, one capture per batch size, with no
-    compiler: `torch.cuda.make_graphed_callables` (a few eager warm-up passes, then one capture of the
-    forward and one of the backward): 0.2-0.6 s per shape in the demo's step records (H200, 2026-11-28),
+    compiler: `torch.cuda.make_graphed_callables` (after the shape's first step ran eagerly, one capture of the
+    forward and one of the backward): 0.2-0.6 s per shape in the demo's step records with torch's 3 warm-up
+    passes (H200, 2026-11-28),
     where `torch.compile`'s cudagraphs backend traces for 7.1-9.3 s (EfficientNet-B0, H100, 2026-11-28).
     For an elastic batch that visits a few buckets, and a step bound by the host's kernel launches.
 
@@ -166,13 +148,15 @@ class ShapeGraphs(nn.Module):
     that the input does not show (a `TriAccelOptimizer`'s ``plan.key``, its precision policy); the
     autocast state (enabled, dtype) is always part of the key. max_graphs: captures kept (>= 1), least
     recently used dropped first: each holds its own memory pool (the activations of one step at its
-    batch). warmup: passes `make_graphed_callables` runs and discards before each capture, on a new
-    side stream (>= 1; 0 only with eager_first >= 1). eager_first: calls of each new key that run the
-    module eagerly, as real steps on the caller's stream, before the capture (cuDNN's autotuning and
-    lazy set-up happen there instead of in discarded passes; 0: capture at the key's first call).
-    empty_caches: True (torch's way) lets each capture empty the allocator's caches first; False keeps
-    them (`caches_kept`). The choice among these is for the probe `benchmarks/device/capture_cost.py`
-    and the demo's `--graph-warmup` / `--graph-caches` to measure; the defaults are torch's recipe.
+    batch). eager_first: calls of each new key that run the module eagerly, as real steps on the
+    caller's stream, before the capture (cuDNN's autotuning and lazy set-up happen there instead of in
+    discarded passes; 0: capture at the key's first call). warmup: passes `make_graphed_callables`
+    runs and discards before each capture, on a side stream (>= 1 with eager_first 0, torch's recipe
+    is 3; >= 0 otherwise). Default: one eager step, no discarded pass, the cheapest capture measured
+    (`benchmarks/device/capture_cost.py`, H200, 2026-11-28, benchmarks/results/s41/callA_probe: summed
+    over six sizes EfficientNet-B0 2.17 s against 3.18 s with torch's 3 passes, ResNet-18 0.83 s against
+    1.11 s). Each capture lets `torch.cuda.graph` empty the allocator's caches first, as torch does:
+    keeping them saved nothing in the same probe and failed a GPU test's capture with no discarded pass.
 
     What the capture bakes in: the module's kernels at that shape, autocast state and policy; the
     parameters' and buffers' storage (an optimizer must update them in place, as torch's do). The
@@ -184,7 +168,7 @@ class ShapeGraphs(nn.Module):
     """
 
     def __init__(self, module: nn.Module, sizes: Collection[int], *, key: Callable[[], Hashable] | None = None,
-                 max_graphs: int = 2, warmup: int = 3, eager_first: int = 0, empty_caches: bool = True) -> None:
+                 max_graphs: int = 2, warmup: int = 0, eager_first: int = 1) -> None:
         super().__init__()
         if isinstance(sizes, (str, bytes)) or not sizes or not all(
                 isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes):
@@ -196,9 +180,6 @@ class ShapeGraphs(nn.Module):
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < (0 if eager_first else 1):
             raise ValueError(f"warmup={warmup!r}: allowed integers >= 1 (>= 0 with eager_first >= 1: cuDNN/cuBLAS "
                              f"set up in eager passes before a capture)")
-        if not isinstance(empty_caches, bool):
-            raise ValueError(f"empty_caches={empty_caches!r}: allowed True or False")
-        self.empty_caches = empty_caches
         self.module = module
         self.sizes = frozenset(sizes)
         self.key, self.max_graphs, self.warmup, self.eager_first = key, max_graphs, warmup, eager_first
@@ -232,8 +213,7 @@ class ShapeGraphs(nn.Module):
         static = torch.empty_like(x, memory_format=torch.preserve_format).copy_(x)
         try:
             # autocast's cast cache would hand the capture casts made outside it (torch refuses it)
-            with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False), \
-                    contextlib.nullcontext() if self.empty_caches else caches_kept():
+            with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
                 fn = torch.cuda.make_graphed_callables(_Bare(self.module), (static,), num_warmup_iters=self.warmup,
                                                        allow_unused_input=True)
         finally:   # also when the capture fails (e.g. out of memory): the caller may retry the step

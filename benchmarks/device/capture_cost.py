@@ -6,8 +6,9 @@ backward, each entered through `torch.cuda.graph`, which first empties the alloc
 pinned host). This times, in a fresh process per variant: the first step at each size (the capture), the
 second, and the median of the next ones; and the process's peak reserved memory, for `--warmups` passes
 (or `eager`: each size's first step eager, the second captures with no discarded pass,
-`ShapeGraphs(eager_first=1, warmup=0)`) and with the caches emptied (as torch does) or kept
-(`ShapeGraphs(empty_caches=False)`). A size's cost over its steady steps: first + second - 2 x steady.
+`ShapeGraphs(eager_first=1, warmup=0)`, its default since 2026-11-28: the cheapest here on both models,
+benchmarks/results/s41/callA_probe, where keeping the caches instead of emptying them saved nothing).
+A size's cost over its steady steps: first + second - 2 x steady.
 
     python3 benchmarks/device/capture_cost.py --model efficientnet_b0 [--sizes 96 48 192 384 512 256]
         [--warmups 3 1 eager] [--steps 20] [--out DIR]
@@ -29,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def one(model_name: str, sizes: list[int], warmup: str, keep: bool, steps: int) -> dict[str, Any]:
+def one(model_name: str, sizes: list[int], warmup: str, steps: int) -> dict[str, Any]:
     """Every size captured in turn by one `ShapeGraphs` (bf16 autocast, SGD step), in this process."""
     import torch
     import torch.nn.functional as F
@@ -45,7 +46,7 @@ def one(model_name: str, sizes: list[int], warmup: str, keep: bool, steps: int) 
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     eager = warmup == "eager"
     fwd = ShapeGraphs(model, set(sizes), max_graphs=len(sizes), warmup=0 if eager else int(warmup),
-                      eager_first=int(eager), empty_caches=not keep)
+                      eager_first=int(eager))
     rows = []
     for b in sizes:
         x = torch.randn(b, 3, 32, 32, device="cuda")
@@ -69,7 +70,7 @@ def one(model_name: str, sizes: list[int], warmup: str, keep: bool, steps: int) 
         steady = statistics.median(step() for _ in range(steps))
         rows.append({"batch": b, "first_s": round(first, 4), "second_s": round(second, 4),
                      "steady_ms": round(steady * 1e3, 2), "capture_s": round(first + second - 2 * steady, 4)})
-    return {"warmup": warmup, "caches": "kept" if keep else "emptied", "rows": rows,
+    return {"warmup": warmup, "rows": rows,
             "max_reserved_GiB": round(torch.cuda.max_memory_reserved() / 2**30, 3), "torch": torch.__version__}
 
 
@@ -80,30 +81,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--warmups", nargs="+", default=["3", "1", "eager"])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    p.add_argument("--one", help=argparse.SUPPRESS)   # WARMUP,kept|emptied: one variant in this process
+    p.add_argument("--one", help=argparse.SUPPRESS)   # WARMUP: one variant in this process
     a = p.parse_args(argv)
     if any(b < 1 for b in a.sizes) or a.steps < 1 or not all(w == "eager" or (w.isdigit() and int(w) >= 1)
                                                                for w in a.warmups):
         p.error("--sizes and --steps take integers >= 1, --warmups integers >= 1 or 'eager'")
     if a.one:
-        w, caches = a.one.split(",")
-        print(json.dumps(one(a.model, a.sizes, w, caches == "kept", a.steps)))
+        print(json.dumps(one(a.model, a.sizes, a.one, a.steps)))
         return {}
     runs = []
     for w in a.warmups:
-        for caches in ("emptied", "kept"):
-            cmd = [sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--one", f"{w},{caches}",
-                   "--sizes", *map(str, a.sizes)]
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            if out.returncode != 0:
-                raise SystemExit(f"variant warmup={w} caches={caches} failed:\n{out.stderr[-3000:]}")
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        cmd = [sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--one", w,
+               "--sizes", *map(str, a.sizes)]
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if out.returncode != 0:
+            raise SystemExit(f"variant warmup={w} failed:\n{out.stderr[-3000:]}")
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"# {a.model}: each size's capture cost (first + second step - 2 x steady, s) / its steady step, "
           "fresh process per variant")
-    print(f"{'warmup':>6} {'caches':>8} " + " ".join(f"{b:>17}" for b in a.sizes) + "  sum capture s  reserved GiB")
+    print(f"{'warmup':>6} " + " ".join(f"{b:>17}" for b in a.sizes) + "  sum capture s  reserved GiB")
     for r in runs:
         cells = " ".join(f"{x['capture_s']:7.3f}/{x['steady_ms']:6.1f}ms" for x in r["rows"])
-        print(f"{r['warmup']:>6} {r['caches']:>8} {cells}  {sum(x['capture_s'] for x in r['rows']):13.3f}"
+        print(f"{r['warmup']:>6} {cells}  {sum(x['capture_s'] for x in r['rows']):13.3f}"
               f"  {r['max_reserved_GiB']:12.3f}")
     res = {"model": a.model, "sizes": a.sizes, "steps": a.steps, "runs": runs,
            "command": " ".join(["python3", "benchmarks/device/capture_cost.py", *(argv or sys.argv[1:])])}

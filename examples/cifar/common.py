@@ -79,8 +79,7 @@ class RunOptions:
     memory_format: str = "auto"       # torch on CUDA: channels_last | contiguous | auto (see channels_last())
     compile: str = "off"              # torch: torch.compile of the model, off | default | reduce-overhead (modes) | cudagraphs (backend) | graphs (CUDA graphs per bucket, no compiler)
     graph_halves: str = "on"          # torch, --compile graphs, triaccel: on | off: noise measurements' half batches captured too
-    graph_warmup: str = "3"           # torch, --compile graphs: 3 | 1 | eager: passes before each capture (eager: the shape's first step)
-    graph_caches: str = "emptied"     # torch, --compile graphs: emptied | kept: the allocator's caches at each capture
+    graph_warmup: str = "eager"       # torch, --compile graphs: eager | 3 | 1: passes before each capture (eager: the shape's first step)
     triton_warmup: str = "on"         # torch, triaccel, CUDA: on | off: Triton's start-up and the kernel's compilation on a thread
     compile_shapes: str = "dynamic"   # torch, compiled: dynamic (one graph per policy) | buckets (one per bucket)
     inject_oom_every: int = 0         # test-only (benchmarks/soak.py): see OOMInjector; 0 = off

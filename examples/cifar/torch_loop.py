@@ -135,7 +135,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # break the capture)
     runtime = None
     if (opts.triton_warmup == "on" and opts.method == "triaccel" and device.type == "cuda"
-            and opts.triaccel_config().kernels in ("auto", "triton")):   # kernels "torch": no Triton to start
+            and opts.triaccel_config().kernels in ("auto", "triton")):   # "reference": no Triton to start
         runtime = _Ahead(prepare_triton_runtime)
     model = build_model(opts, data.num_classes, device)
     # where the set-up's seconds go (from t_start; the summary's setup_phases): triaccel's set-up ran
@@ -215,8 +215,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         eager_first = opts.graph_warmup == "eager"
         fwd = ShapeGraphs(train_model, set(graphed) | halves, max_graphs=3,
                           key=(lambda: opt.plan.key) if opts.method == "triaccel" else None,
-                          warmup=0 if eager_first else int(opts.graph_warmup), eager_first=int(eager_first),
-                          empty_caches=opts.graph_caches == "emptied")
+                          warmup=0 if eager_first else int(opts.graph_warmup), eager_first=int(eager_first))
     else:
         fwd = compile_model(train_model, opt if opts.method == "triaccel" else None,
                             **({"backend": "cudagraphs"} if opts.compile == "cudagraphs" else {"mode": opts.compile}),

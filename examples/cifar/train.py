@@ -245,15 +245,13 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "too (on) or run them eagerly (off): a capture costs 0.2-0.6 s once (H200, 2026-11-28), an "
                         "eager half step its host time at every measurement (ResNet-18 ~5 ms, EfficientNet-B0 "
                         "~30 ms), every t_noise steps")
-    p.add_argument("--graph-warmup", choices=["3", "1", "eager"], default="3",
-                   help="torch, --compile graphs: before each CUDA-graph capture, 3 or 1 discarded warm-up passes "
-                        "(torch.cuda.make_graphed_callables on a side stream; 3 is torch's recipe), or eager: a "
-                        "shape's first step runs eagerly as a real step and the next one captures with no "
-                        "discarded pass (ShapeGraphs(eager_first=1, warmup=0)); not yet measured on the GPU")
-    p.add_argument("--graph-caches", choices=["emptied", "kept"], default="emptied",
-                   help="torch, --compile graphs: torch.cuda.graph empties the allocator's caches before each capture "
-                        "(emptied, torch's way) or the demo keeps them (kept: ShapeGraphs(empty_caches=False)); "
-                        "not yet measured on the GPU")
+    p.add_argument("--graph-warmup", choices=["3", "1", "eager"], default="eager",
+                   help="torch, --compile graphs: eager (default): a shape's first step runs eagerly as a real step "
+                        "and the next one captures with no discarded pass (ShapeGraphs' default); or 3 / 1 "
+                        "discarded warm-up passes before each capture (torch.cuda.make_graphed_callables on a side "
+                        "stream; 3 is torch's recipe). Summed over six sizes the captures cost 2.17 / 2.38 / 3.18 s "
+                        "(eager / 1 / 3) on EfficientNet-B0, 0.83 / 0.94 / 1.11 s on ResNet-18 (H200, 2026-11-28, "
+                        "benchmarks/device/capture_cost.py)")
     p.add_argument("--triton-warmup", choices=["on", "off"], default="on",
                    help="torch, triaccel, CUDA: run Triton's once-per-process start-up (its cache key and driver; "
                         "~1.1 s of the first statistics launch under cProfile, H200, 2026-11-28) and the statistics "
@@ -296,8 +294,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         p.error(f"--compile-shapes={a.compile_shapes}: only with --compile default|reduce-overhead|cudagraphs|graphs")
     if a.graph_halves != "on" and a.compile != "graphs":
         p.error(f"--graph-halves={a.graph_halves}: only with --compile graphs")
-    if (a.graph_warmup, a.graph_caches) != ("3", "emptied") and a.compile != "graphs":
-        p.error(f"--graph-warmup={a.graph_warmup} / --graph-caches={a.graph_caches}: only with --compile graphs")
+    if a.graph_warmup != "eager" and a.compile != "graphs":
+        p.error(f"--graph-warmup={a.graph_warmup}: only with --compile graphs")
     if a.compile in ("cudagraphs", "graphs") and a.compile_shapes == "dynamic":
         p.error(f"--compile-shapes=dynamic: not with --compile {a.compile} (a CUDA graph replays one batch size; "
                 "torch's cudagraphs backend replayed one at another, pytorch#131009); allowed auto or buckets")
@@ -355,7 +353,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, bn_mask=a.bn_mask, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze, graph_halves=a.graph_halves, graph_warmup=a.graph_warmup, graph_caches=a.graph_caches, triton_warmup=a.triton_warmup,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, bn_mask=a.bn_mask, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze, graph_halves=a.graph_halves, graph_warmup=a.graph_warmup, triton_warmup=a.triton_warmup,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set),
         xla_options=_parse_set(a.xla_option, "--xla-option", "an XLA compiler option"))
