@@ -76,12 +76,6 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
 # impls for JAX arrays only: XLA's own reductions inside the jitted step (no kernel, no write-back)
 JAX_ONLY_IMPLS = ("xla",)
-# impls for torch tensors only: torch's own segmented sums over the concatenated gradients, a fixed
-# number of launches whatever the tensor count, no Triton (`moments_segments_torch`)
-TORCH_ONLY_IMPLS = ("torch",)
-# elements per chunk of `moments_segments_torch`: chunks never straddle two tensors, so no chunk
-# (one CUDA block of torch's segmented reduction) reads a whole large gradient alone
-SEGMENT_CHUNK = 1024
 
 # Default launch configuration: BLOCK elements per load, ITERS loads per unrolled step, rows of
 # at least BLOCK*ITERS elements, about PER_SM rows per SM (benchmarks/kernels.py --sweep).
@@ -261,19 +255,6 @@ if triton is not None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _unscaled_finite(t: Any, inv_scale: Any) -> tuple[Any, Any, Any]:
-    """torch: (t in FP32 (FP64 for float64) times inv_scale, its finiteness mask, its finite values
-    with non-finite ones as 0), the common start of the torch implementations."""
-    import torch
-
-    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
-    x = t.to(acc)
-    if inv_scale is not None:
-        x = x * (inv_scale.to(acc) if isinstance(inv_scale, torch.Tensor) else float(inv_scale))
-    fin = torch.isfinite(x)
-    return x, fin, torch.where(fin, x, torch.zeros((), dtype=acc, device=x.device))
-
-
 def moments_reference_torch(tensors: Sequence[Any], inv_scale: Any = None) -> Any:
     """torch reference: (n, 3) float32 [sum, sumsq, nonfinite]; unscales ``tensors`` in place.
     Computes in FP32 (FP64 for float64 tensors)."""
@@ -281,43 +262,16 @@ def moments_reference_torch(tensors: Sequence[Any], inv_scale: Any = None) -> An
 
     rows = []
     for t in tensors:
-        x, fin, xf = _unscaled_finite(t, inv_scale)
-        rows.append(torch.stack([xf.sum(), (xf * xf).sum(), (~fin).sum().to(x.dtype)]).float())
+        acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+        x = t.to(acc)
+        if inv_scale is not None:
+            x = x * (inv_scale.to(acc) if isinstance(inv_scale, torch.Tensor) else float(inv_scale))
+        fin = torch.isfinite(x)
+        xf = torch.where(fin, x, torch.zeros((), dtype=acc, device=x.device))
+        rows.append(torch.stack([xf.sum(), (xf * xf).sum(), (~fin).sum().to(acc)]).float())
         if inv_scale is not None:
             t.copy_(x)
     return torch.stack(rows).reshape(len(rows), 3)
-
-
-def segment_chunks(sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(chunk offsets (C+1,) into the concatenation, each tensor's first chunk (n+1,)) for tensors of
-    `sizes` elements cut into chunks of at most SEGMENT_CHUNK elements (an empty tensor has none)."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    counts = -(-sizes // SEGMENT_CHUNK)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    chunk_off = np.append(np.repeat(starts[:-1], counts) + within * SEGMENT_CHUNK, starts[-1])
-    return chunk_off, np.concatenate([[0], np.cumsum(counts)])
-
-
-def moments_segments_torch(flat: Any, chunk_off: Any, tensor_off: Any, inv_scale: Any = None) -> Any:
-    """torch's own reductions: (n, 3) float32 [sum, sumsq, nonfinite] of the segments of 1-D `flat`
-    (FP32 arithmetic; FP64 for a float64 `flat`) and the unscaled values, or None without inv_scale.
-
-    chunk_off, tensor_off: device int64 offsets from `segment_chunks` (cached per layout by the
-    callers). Three segmented sums over chunks, then one over each tensor's chunks: a fixed number
-    of launches, no host sync (`unsafe=True`: the offsets were validated when built); transient
-    device memory about three times `flat` in FP32."""
-    import torch
-
-    x, fin, xf = _unscaled_finite(flat, inv_scale)
-    acc = x.dtype
-
-    def chunks(v: Any) -> Any:
-        return torch.segment_reduce(v, "sum", offsets=chunk_off, unsafe=True, initial=0)
-
-    per_chunk = torch.stack([chunks(xf), chunks(xf * xf), chunks((~fin).to(acc))], dim=1)
-    rows = torch.segment_reduce(per_chunk, "sum", offsets=tensor_off, axis=0, unsafe=True, initial=0)
-    return rows.float(), (x if inv_scale is not None else None)
 
 
 def moments_reference_jnp(flat: Any, offsets: Sequence[int], inv_scale: Any = None) -> tuple[Any, Any]:
@@ -507,8 +461,7 @@ class _TorchPlan:
     261 of 262 steps of a ResNet-18 epoch), so a set seen before costs no upload."""
 
     __slots__ = ("n", "device", "triton", "table", "rows", "acc", "cnt", "ref_idx", "wide", "wide_idx",
-                 "mode", "dt", "cfg", "launchers", "ptrs", "based", "base", "addrs", "groups", "res", "bases",
-                 "seg")
+                 "mode", "dt", "cfg", "launchers", "ptrs", "based", "base", "addrs", "groups", "res", "bases")
 
     def launcher(self, smode: int, write: bool, found: bool) -> D.Launcher:
         lk = (smode, write, found)
@@ -527,44 +480,20 @@ def _new_plan(n: int, device: Any, use_triton: bool, cfg: tuple) -> _TorchPlan:
     p.n, p.device, p.triton, p.cfg, p.launchers = n, device, use_triton, cfg, {}
     p.wide, p.wide_idx, p.ref_idx = [], None, [-1, -1, -1]
     p.based, p.addrs, p.groups, p.bases = False, None, [], {}
-    p.seg = None   # impl "torch": (chunk offsets, tensor offsets) on the device
     return p
-
-
-def _segment_plan(p: _TorchPlan, sizes: Sequence[int]) -> None:
-    import torch
-
-    p.seg = tuple(torch.from_numpy(a).to(p.device) for a in segment_chunks(sizes))
 
 
 def _check_torch_impl(impl: str) -> None:
     if impl in JAX_ONLY_IMPLS:
         raise ValueError(f"impl={impl!r}: JAX arrays only (XLA's own reductions in the jitted step); for "
-                         f"torch tensors use one of {D.IMPLS + TORCH_ONLY_IMPLS}")
-    if impl not in D.IMPLS + TORCH_ONLY_IMPLS:
-        raise ValueError(f"impl={impl!r}: allowed values for torch tensors are {D.IMPLS + TORCH_ONLY_IMPLS}")
+                         f"torch tensors use one of {D.IMPLS}")
+    if impl not in D.IMPLS:
+        raise ValueError(f"impl={impl!r}: allowed values for torch tensors are {D.IMPLS}")
 
 
 def _check_jax_impl(impl: str) -> None:
-    if impl in TORCH_ONLY_IMPLS:
-        raise ValueError(f"impl={impl!r}: torch tensors only (torch's own segmented sums); for JAX arrays use "
-                         f"one of {D.IMPLS + JAX_ONLY_IMPLS}")
-
-
-def _segments_list(p: _TorchPlan, tensors: Sequence[Any], inv_scale: Any, out: Any, found: Any) -> None:
-    """impl "torch" over a list: the tensors concatenated (one copy, promoted to a common dtype),
-    their statistics into ``out``, unscaled in place (one multi-tensor launch)."""
-    import torch
-
-    scale = None if inv_scale is None else _torch_scale(inv_scale, p.device)[1]
-    # torch's C++ flatten (the views and one cat, dtypes promoted): 74 against 194 us per call for a
-    # Python list of views, 213 small tensors on the development machine's CPU (2026-11-28)
-    flat = torch._utils._flatten_dense_tensors(list(tensors)) if tensors else torch.zeros(0, device=p.device)
-    rows, _ = moments_segments_torch(flat, *p.seg, scale)
-    out.copy_(rows)
-    _flag_found(found, out[:, 2])
-    if scale is not None:
-        torch._foreach_mul_(list(tensors), scale.reshape(()) if isinstance(scale, torch.Tensor) else scale)
+    if impl not in D.IMPLS + JAX_ONLY_IMPLS:
+        raise ValueError(f"impl={impl!r}: allowed values for JAX arrays are {D.IMPLS + JAX_ONLY_IMPLS}")
 
 
 def _device_tables(p: _TorchPlan, tab: np.ndarray) -> None:
@@ -628,10 +557,7 @@ def _list_plan(tensors: Sequence[Any], impl: str, cfg: tuple) -> _TorchPlan:
         codes[i] = D.dtype_code(str(t.dtype), f"tensors[{i}]")
         if t.device != dev:
             raise ValueError(f"tensors[{i}]: on {t.device}, but tensors[0] is on {dev}; all must share a device")
-    p = _new_plan(len(tensors), dev, impl not in TORCH_ONLY_IMPLS and D.use_triton_torch(triton is not None, dev, impl),
-                  cfg)
-    if impl in TORCH_ONLY_IMPLS:
-        _segment_plan(p, [t.numel() for t in tensors])
+    p = _new_plan(len(tensors), dev, D.use_triton_torch(triton is not None, dev, impl), cfg)
     if not p.triton:
         return p
     for i, t in enumerate(tensors):
@@ -700,9 +626,6 @@ def _torch_list(tensors: Sequence[Any], inv_scale: Any, out: Any, found: Any, im
         _PLANS.put(key, p)  # no tensors held: the cache must not keep gradients alive
     out = _out(out, p.n, p.device)
     found = _found(found, p.device)
-    if p.seg is not None:
-        _segments_list(p, tensors, inv_scale, out, found)
-        return out, p
     if not p.triton:
         _torch_scale(inv_scale, p.device)
         out.copy_(moments_reference_torch(tensors, inv_scale))
@@ -756,11 +679,7 @@ def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, found: Any
         if flat.dim() != 1 or not flat.is_contiguous():
             raise ValueError(f"flat: need a contiguous 1-D tensor, got shape {tuple(flat.shape)}")
         code = D.dtype_code(str(flat.dtype), "flat")
-        seg = impl in TORCH_ONLY_IMPLS
-        p = _new_plan(off.size - 1, dev, not seg and code != D.CODE_FP64 and D.use_triton_torch(triton is not None, dev, impl),
-                      cfg)
-        if seg:
-            _segment_plan(p, np.diff(off).tolist())
+        p = _new_plan(off.size - 1, dev, code != D.CODE_FP64 and D.use_triton_torch(triton is not None, dev, impl), cfg)
         if p.triton:
             p.mode, p.dt = 0, code
             sizes = np.diff(off)
@@ -773,13 +692,6 @@ def _torch_flat(flat: Any, off: np.ndarray, inv_scale: Any, out: Any, found: Any
         raise ValueError(f"offsets: last offset {int(off[-1])} != flat.numel() {flat.numel()}")
     out = _out(out, p.n, dev)
     found = _found(found, dev)
-    if p.seg is not None:
-        rows, y = moments_segments_torch(flat, *p.seg, None if inv_scale is None else _torch_scale(inv_scale, dev)[1])
-        out.copy_(rows)
-        _flag_found(found, out[:, 2])
-        if y is not None:
-            flat.copy_(y)
-        return out
     if not p.triton:
         _torch_scale(inv_scale, dev)
         views = [flat[int(a):int(b)] for a, b in zip(off[:-1], off[1:])]
@@ -911,9 +823,7 @@ def grad_moments(tensors: Any, *, inv_scale: Any = None, out: Any = None, found_
     impl: "auto" (Triton on CUDA / interpreter / jax-triton on GPU, else reference), "triton" or
         "reference"; JAX arrays also "xla": :func:`moments_reference_jnp_tree`, one reduction per
         large array and one per length class of small ones, no written-back copy (inside a jitted step XLA fuses the
-        unscaling into its consumers) and no jax-triton lowering; torch tensors also "torch":
-        :func:`moments_segments_torch`, torch's own segmented sums over the tensors concatenated (a
-        fixed number of launches, no Triton).
+        unscaling into its consumers) and no jax-triton lowering.
     block, iters, num_warps: launch configuration (elements per load, loads per unrolled step,
         warps per program); chunk: elements per program (a multiple of 16; None: from the total
         size and the GPU's SM count).
@@ -993,8 +903,7 @@ class FixedMoments:
 
     Contract: tensor ``i`` has the same shape, strides and dtype at every call; a list that breaks
     it at addresses seen before is not detected (its statistics would be of the old layout). Use
-    :func:`grad_moments` for lists that change. With impl "torch" every call after the first skips
-    the checks (no addresses are needed: the tensors are copied into one buffer), under the same contract.
+    :func:`grad_moments` for lists that change.
 
     impl, block, iters, num_warps, chunk: as in :func:`grad_moments`, fixed for the object's life.
     """
@@ -1011,10 +920,6 @@ class FixedMoments:
         """tensors: list of torch tensors; inv_scale, out, found_inf and the result as in
         :func:`grad_moments`."""
         p = self._plan
-        if p is not None and len(tensors) == p.n and p.seg is not None:   # impl "torch": no addresses
-            res = _out(out, p.n, p.device)
-            _segments_list(p, tensors, inv_scale, res, _found(found_inf, p.device))
-            return res if out is not None else _torch_moments(res)
         if p is not None and len(tensors) == p.n:
             addrs = D.torch_addresses_or_none(tensors)
             if addrs == p.addrs or (addrs is not None and addrs in p.bases):
@@ -1027,6 +932,6 @@ class FixedMoments:
         if fw != "torch":
             raise TypeError("tensors: FixedMoments takes torch tensors (JAX: jit grad_moments_flat)")
         res, p = _torch_list(leaves, inv_scale, out, found_inf, self._impl, self._cfg)
-        # a plain Triton plan or a "torch" one takes the short path (the reference and FP64 rows need the list)
-        self._plan = p if (p.triton and not p.wide) or p.seg is not None else None
+        # only a plain Triton plan takes the short path (the reference and FP64 rows need the list)
+        self._plan = p if p.triton and not p.wide else None
         return res if out is not None else _torch_moments(res)

@@ -143,11 +143,6 @@ def test_xla_moments_train_as_the_kernel_path():
         assert [v or 0.0 for v in b["var_ema"]] == pytest.approx([v or 0.0 for v in a["var_ema"]], rel=1e-4)
 
 
-def test_torch_kernels_are_refused_by_the_jax_wrapper():
-    with pytest.raises(ValueError, match="kernels='torch': torch only"):
-        TriAccel(TriAccelConfig(kernels="torch"), SmallCNN(nnx.Rngs(0)))
-
-
 @pytest.mark.parametrize("kernels,impl", [("auto", "xla"), ("triton", "triton")])
 def test_jax_auto_kernels_take_xla_statistics(monkeypatch, kernels, impl):
     """Under JAX, kernels="auto" asks the statistics of XLA's per-array reductions (no jax-triton

@@ -132,30 +132,6 @@ def test_xla_kernels_are_jax_only() -> None:
         wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, TriAccelConfig(kernels="xla"))
 
 
-@pytest.mark.parametrize("base", ["bf16", "fp16"])
-def test_torch_segmented_moments_train_as_the_kernel_path(base: str) -> None:
-    """kernels="torch" (torch's own segmented sums, no Triton): the same losses, decisions and
-    statistics as the kernel's path over steps that change the precision policy (FP16: loss
-    scaling, the gradients unscaled in place)."""
-    x, y = _data()
-    runs = []
-    for kernels in ("auto", "torch"):
-        torch.manual_seed(0)
-        model = SmallCNN()
-        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model,
-                   CFG.replace(curvature="off", base_precision=base, precision_law="variance", kernels=kernels))
-        opt.prepare_kernels()
-        runs.append((_train(opt, model, x, y, 24), opt))
-    (loss_k, opt_k), (loss_t, opt_t) = runs
-    np.testing.assert_allclose(loss_t, loss_k, rtol=1e-5)
-    rec = [[(r["step"], r["precisions"]) for r in o.controller.telemetry.records] for o in (opt_k, opt_t)]
-    assert rec[0] == rec[1] and len({tuple(p) for _, p in rec[0]}) >= 2   # the policy changed, alike
-    for a, b in zip(opt_k.controller.telemetry.records, opt_t.controller.telemetry.records):
-        assert [v or 0.0 for v in b["var_ema"]] == pytest.approx([v or 0.0 for v in a["var_ema"]], rel=1e-4)
-    with pytest.raises(ValueError, match="kernels='cuda'"):
-        CFG.replace(kernels="cuda")
-
-
 def test_statistics_ring_rows_and_flags_start_16_byte_aligned() -> None:
     """The statistics kernel is specialised on its output pointers' alignment: every ring row and
     every row's non-finite flag starts on a 16-byte boundary (one compilation, not one per offset),

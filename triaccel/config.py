@@ -27,7 +27,7 @@ BATCH_GROWTHS = ("rung", "jump")
 LR_RULES = ("linear", "sqrt", "none", "accumulate")
 PRECISIONS = ("fp16", "bf16", "fp32")
 OFFLOAD_MODES = ("auto", "off")
-KERNEL_IMPLS = ("auto", "triton", "reference", "xla", "torch")
+KERNEL_IMPLS = ("auto", "triton", "reference", "xla")
 
 
 def _finite(v: Any) -> bool:
@@ -181,11 +181,6 @@ class TriAccelConfig:
         3.8-5.2 s less wall than the jax-triton kernel, whose first lowering imports torch and
         compiles the kernel; bs-512 epochs alike (0.80-0.82 s); alone the kernel is faster
         (43.5 vs 269.5 us on ResNet-18's gradients), inside the bs-96 step no difference resolved.
-        Torch only, "torch": torch's own segmented sums over the concatenated gradients (chunks of
-        1024 elements, then per tensor; `triaccel.kernels.moments_segments_torch`): a fixed number of
-        launches, no Triton, so no Triton start-up or kernel compilation in the run, at the price of
-        one copy of the gradients and transient memory ~3x their size in FP32 per step (the torch
-        twin of JAX's "xla"; not yet measured on a GPU, so not a default).
     """
 
     precision_law: str = "evidence"

@@ -220,7 +220,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
 
         if config.kernels in JAX_ONLY_IMPLS:
             raise ValueError(f"config.kernels={config.kernels!r}: JAX only (XLA's own reductions in the jitted "
-                             "update); torch takes 'auto', 'triton', 'reference' or 'torch'")
+                             "update); torch takes 'auto', 'triton' or 'reference'")
 
         # the gradients of a fixed parameter list: a launch reads only their addresses
         self._moments = FixedMoments(impl=config.kernels)
