@@ -138,9 +138,9 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             and opts.triaccel_config().kernels in ("auto", "triton")):   # "reference": no Triton to start
         runtime = _Ahead(prepare_triton_runtime)
     model = build_model(opts, data.num_classes, device)
-    # where the set-up's seconds go (from t_start; the summary's setup_phases): triaccel's set-up ran
-    # 0.1-2.5 s longer than AMP's in the same calls, graphed, Triton's start-up on a thread (H200,
-    # 2026-11-28, benchmarks/results/s39/callA-C), not yet split by phase
+    # where the set-up's seconds go (from t_start; the summary's setup_phases): ~4 s passed between the
+    # model and the next mark (then "wrapped" / "flops") in every graphed run, AMP's too (H200,
+    # 2026-11-28, benchmarks/results/s41/callB-C); "arrays" and "loader" split that stretch
     phases = {"model": time.perf_counter() - t_start}
     nhwc = opts.channels_last(device.type)
     if device.type == "cuda":
@@ -152,6 +152,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     inner = inner_optimizer(opts, model)
     cfg = opts.triaccel_config(1 if distributed is None else distributed.world_size)
     mean, std, xtr, ytr, xte, yte = device_arrays(data, device)
+    phases["arrays"] = time.perf_counter() - t_start
     # each rank its own augmentation stream (rank 0's is the single-process one)
     gen = torch.Generator(device=device).manual_seed(opts.seed + 7919 * (distributed.rank if distributed else 0))
 
@@ -170,6 +171,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     keyed_aug = opts.augment_rng == "sample"
     loader = ElasticLoader(xtr, ytr, batch_size=cfg.batch_init, seed=opts.seed,
                            transform=None if keyed_aug else transform, index_transform=keyed if keyed_aug else None)
+    phases["loader"] = time.perf_counter() - t_start
     total_samples = opts.epochs * len(xtr)
     warmup_samples = int(opts.warmup_epochs * len(xtr))
     seen = [0]
