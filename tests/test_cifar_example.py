@@ -472,11 +472,11 @@ def test_ahead_thread_runs_at_once_and_reraises_on_finish():
 
 def test_set_values_parse_as_json_or_as_words():
     """--set KEY=VALUE: JSON numbers, lists, objects, true/false/null; any other word stays a string
-    (kernels=torch, kernels=triton: words starting with t, f or n once failed as malformed JSON);
+    (kernels=triton, precision_law=noise: words starting with t, f or n once failed as malformed JSON);
     malformed JSON is a clear error."""
-    got = train._parse_set(["kernels=torch", "k2=triton", "law=noise", "a=true", "b=null", "c=1e-3", "d=[96, 192]",
+    got = train._parse_set(["kernels=reference", "k2=triton", "law=noise", "a=true", "b=null", "c=1e-3", "d=[96, 192]",
                             "e={\"x\": 1}", "f=-2", "g=fast"])
-    assert got == {"kernels": "torch", "k2": "triton", "law": "noise", "a": True, "b": None, "c": 1e-3,
+    assert got == {"kernels": "reference", "k2": "triton", "law": "noise", "a": True, "b": None, "c": 1e-3,
                    "d": [96, 192], "e": {"x": 1}, "f": -2, "g": "fast"}
     with pytest.raises(SystemExit, match="not a JSON number, list or object"):
         train._parse_set(["d=[96,"])

@@ -46,7 +46,7 @@ def _parse_set(items: Sequence[str], flag: str = "--set", what: str = "a TriAcce
                 out[key] = json.loads(value)
             except json.JSONDecodeError as e:
                 raise SystemExit(f"{flag} {item!r}: {value!r} is not a JSON number, list or object ({e})") from None
-        else:   # a string, e.g. kernels=torch (a word starting t/f/n is not JSON's true/false/null)
+        else:   # a string, e.g. kernels=triton (a word starting t/f/n is not JSON's true/false/null)
             out[key] = value
     return out
 
