@@ -8,7 +8,8 @@ each is at least one kernel launch) and the median call time.
 
 Variants: plain (no wrapper), and the wrapper with kernels auto (under JAX: XLA's per-array reductions,
 "xla"), triton (jax-triton, GPU only) and reference, without the
-batch lever (no noise halves in the update) or, with --noise, with them (a noise step's first half).
+batch lever (no noise halves in the update) or, with --noise, with them (a noise step's first half),
+held per parameter array and/or as one vector (--noise-layouts arrays flat).
 Prints a table and writes benchmarks/results/jax_update_compile-<device>.json.
 """
 
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("auto", "triton", "reference")   # "xla" is what "auto" runs under JAX
 
 
-def one(model_name: str, width: float, variant: str, noise: bool, calls: int) -> dict[str, Any]:
+def one(model_name: str, width: float, variant: str, noise: bool, calls: int, layout: str = "arrays") -> dict[str, Any]:
     """variant: "plain" or a `TriAccelConfig.kernels` value."""
     import jax
     import jax.numpy as jnp
@@ -48,7 +49,8 @@ def one(model_name: str, width: float, variant: str, noise: bool, calls: int) ->
     if variant == "plain":
         tx = _sgd(0.1, RunOptions())
     else:
-        ta = TriAccel(TriAccelConfig(elastic_batch=noise, kernels=variant), model, noise_in_update=noise)
+        ta = TriAccel(TriAccelConfig(elastic_batch=noise, kernels=variant), model, noise_in_update=noise,
+                      noise_layout=layout)
         tx = ta.wrap(_sgd(0.1, RunOptions()))
         if noise:
             kw = {"noise_part": jnp.int32(1), "noise_samples": jnp.float32(8.0)}
@@ -67,7 +69,7 @@ def one(model_name: str, width: float, variant: str, noise: bool, calls: int) ->
         t = time.perf_counter()
         jax.block_until_ready(compiled(params, state, params, *extra))
         times.append(time.perf_counter() - t)
-    return {"variant": variant, "noise": noise, "leaves": len(jax.tree_util.tree_leaves(params)),
+    return {"variant": variant if variant == "plain" or not noise else f"{variant}/{layout}", "noise": noise, "leaves": len(jax.tree_util.tree_leaves(params)),
             "lower_s": t1 - t0, "compile_s": t2 - t1, "fusions": hlo.count(" fusion("),
             "custom_calls": hlo.count(" custom-call("), "call_ms": statistics.median(times) * 1e3,
             "device": jax.devices()[0].device_kind}
@@ -79,6 +81,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     ap.add_argument("--width", type=float, default=0.5)
     ap.add_argument("--noise", action="store_true", help="the wrapper with the batch lever: noise halves in the update")
     ap.add_argument("--calls", type=int, default=20, help="timed calls per variant (median)")
+    ap.add_argument("--noise-layouts", nargs="+", choices=("arrays", "flat"), default=["arrays"],
+                    help="with --noise: each wrapped variant with the halves per array and/or as one vector")
     ap.add_argument("--variants", nargs="+", choices=("plain", *KERNELS), default=["plain", "auto", "reference"],
                     help="default: plain auto reference (triton needs jax-triton on a GPU)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -89,23 +93,25 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     if a.calls < 1:
         ap.error(f"--calls={a.calls}: allowed >= 1")
     if a._one is not None:
-        print(json.dumps(one(a.model, a.width, a._one, a.noise, a.calls)))
+        variant, _, layout = a._one.partition(",")
+        print(json.dumps(one(a.model, a.width, variant, a.noise, a.calls, layout or "arrays")))
         return None
     # the child imports examples.cifar; the caller's path stays (the device's wheels, e.g. jax_triton)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    runs = [(v, lay) for v in a.variants for lay in (a.noise_layouts if a.noise and v != "plain" else ["arrays"])]
     rows = [fresh_process_row([sys.executable, __file__, "--model", a.model, "--width", str(a.width), "--calls",
-                               str(a.calls), "--_one", v, *(["--noise"] if a.noise else [])], v, env)
-            for v in a.variants]
+                               str(a.calls), "--_one", f"{v},{lay}", *(["--noise"] if a.noise else [])], v, env)
+            for v, lay in runs]
     dev = rows[0]["device"]
     meta = run_meta(dev)
     write_json({"meta": meta, "rows": rows}, a.out / f"jax_update_compile-{device_tag(dev)}.json")
     base = next((r for r in rows if r["variant"] == "plain"), None)
     print(f"\n{a.model} width {a.width}, {rows[0]['leaves']} parameter arrays, noise halves {a.noise}; "
           f"{dev}  {meta['date']}")
-    print(f"{'variant':>10} {'compile s':>9} {'/plain':>7} {'fusions':>7} {'custom':>6} {'call ms':>8}")
+    print(f"{'variant':>12} {'compile s':>9} {'/plain':>7} {'fusions':>7} {'custom':>6} {'call ms':>8}")
     for r in rows:
         rel = f"{r['compile_s'] / base['compile_s']:.2f}" if base else ""
-        print(f"{r['variant']:>10} {r['compile_s']:9.2f} {rel:>7} {r['fusions']:7d} {r['custom_calls']:6d} "
+        print(f"{r['variant']:>12} {r['compile_s']:9.2f} {rel:>7} {r['fusions']:7d} {r['custom_calls']:6d} "
               f"{r['call_ms']:8.2f}")
     return rows
 

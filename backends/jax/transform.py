@@ -46,6 +46,7 @@ from triaccel.noise import observe_tensor_noise
 from triaccel.stats import feed_statistics
 
 from .curvature import FisherTopK, HessianTopK, nnx_loss
+from .flat_grads import FlatLayout
 from .layers import LayerMap, layer_map
 from .memory import MemoryProbe, fit_batch, pool_capped
 from .policy import CountingJit, policy_names, precision_policy
@@ -82,8 +83,9 @@ class TriAccelState(NamedTuple):
     loss scaling is on; skipped: int32 () non-finite steps skipped so far. acc: params-shaped float32
     accumulator (``()`` unless lr_rule="accumulate"); micro: int32 () micro-batches in acc;
     accum: int32 () micro-batches per optimizer step.
-    Gradient-noise halves (``noise_in_update``; else ``()``): noise_acc: params-shaped float32,
-    the first half's gradient x its samples; noise_held: float32 (T + 1,) its squared norm per
+    Gradient-noise halves (``noise_in_update``; else ``()``): noise_acc: the first half's
+    gradient x its samples, float32, params-shaped (``noise_layout="arrays"``) or (P,) the arrays
+    zero-padded into one vector (``"flat"``: `flat_grads.FlatLayout` of the parameters' sizes); noise_held: float32 (T + 1,) its squared norm per
     tensor and its samples; noise_rows: float32 (S, 3 T + 2) a ring of measurements, each the
     squared norms per tensor of the two halves' and the step's mean (unscaled) gradients, then
     the halves' samples; noise_steps: int32 (S,) the step of each row (-1: empty); noise_count:
@@ -156,21 +158,19 @@ def loss_scale(opt_state: Any) -> jax.Array:
 
 
 class _Half(NamedTuple):
-    """A gradient-noise half inside the update (`_noise_halves`): which half, its own moments and
-    unscaled mean gradient, its real samples (float32 ())."""
+    """A gradient-noise half inside the update (`_noise_halves`): which half, its own moments, the
+    held accumulator after it (`TriAccelState.noise_acc`), its real samples (float32 ())."""
 
     first: jax.Array
     second: jax.Array
     moments: Any
-    grads: Any
+    acc: Any
     samples: jax.Array
 
     def log(self, state: TriAccelState, step_moments: Any) -> dict[str, Any]:
         """The state's noise fields after this half: the first one held, the second one's
         measurement logged in the ring (only when every value of it is finite)."""
         n, f32 = self.samples, jnp.float32
-        acc = jax.tree_util.tree_map(lambda a, x: jnp.where(self.first, x.astype(f32) * n, a), state.noise_acc,
-                                     self.grads)
         held = jnp.where(self.first, jnp.concatenate([self.moments.sumsq.astype(f32), n[None]]), state.noise_held)
         t = state.noise_held.shape[0] - 1
         row = jnp.concatenate([state.noise_held[:t], self.moments.sumsq.astype(f32), step_moments.sumsq.astype(f32),
@@ -178,28 +178,46 @@ class _Half(NamedTuple):
         ok = (self.second & (jnp.sum(self.moments.nonfinite) == 0) & (jnp.sum(step_moments.nonfinite) == 0)
               & jnp.all(jnp.isfinite(row)))
         slot = state.noise_count % state.noise_steps.shape[0]
-        return {"noise_acc": acc, "noise_held": held,
+        return {"noise_acc": self.acc, "noise_held": held,
                 "noise_rows": jnp.where(ok, state.noise_rows.at[slot].set(row), state.noise_rows),
                 "noise_steps": jnp.where(ok, state.noise_steps.at[slot].set(state.count), state.noise_steps),
                 "noise_count": state.noise_count + ok.astype(jnp.int32)}
 
 
-def _noise_halves(state: TriAccelState, m: Any, g: Any, part: Any, samples: Any,
-                  grad_moments: Callable[..., Any]) -> tuple[Any, Any, _Half]:
+def _noise_halves(state: TriAccelState, m: Any, g: Any, part: Any, samples: Any, grad_moments: Callable[..., Any],
+                  flat: bool) -> tuple[Any, Any, _Half]:
     """(moments, gradient) the update goes on with, and the half: on the second half the two halves'
-    sample-weighted mean gradient and its moments, else the micro-batch's own. The second moments
-    pass runs on every call (one more read of the gradients), not under `lax.cond`: with the
-    conditional, ResNet-18's bs-512 epoch took 0.90-0.95 s on an H200, without it 0.79 s (the only
-    change to the step program between those two calls, 2026-11-27, docs/results.md); XLA's GPU
-    conditional reading its predicate on the host is the likely cause, not profiled."""
+    sample-weighted mean gradient and its moments, else the micro-batch's own. flat: over one padded
+    vector (`FlatLayout`; the gradient goes through float32 and back to its dtype, the same values),
+    where the per-array form makes a select, a mean and a reduction per parameter array (A/B pending
+    on the GPU: `flat_grads`' docstring).
+    The second statistics pass runs on every call (one more read of the gradients), not under
+    `lax.cond`: with the conditional, ResNet-18's bs-512 epoch took 0.90-0.95 s on an H200, without
+    it 0.79 s (the only change to the step program between those two calls, 2026-11-27,
+    docs/results.md); XLA's GPU conditional reading its predicate on the host is the likely cause,
+    not profiled."""
     part, n = jnp.asarray(part, jnp.int32), jnp.asarray(samples, jnp.float32)
     first, second = part == 1, part == 2
     total = jnp.maximum(state.noise_held[-1] + n, 1.0)
-    g_step = jax.tree_util.tree_map(
-        lambda a, x: jnp.where(second, ((a + x.astype(jnp.float32) * n) / total).astype(x.dtype), x),
-        state.noise_acc, g)
-    m_step = jax.tree_util.tree_map(lambda a, b: jnp.where(second, a, b), grad_moments(g_step), m)
-    return m_step, g_step, _Half(first, second, m, g, n)
+    if not flat:
+        g_step = jax.tree_util.tree_map(
+            lambda a, x: jnp.where(second, ((a + x.astype(jnp.float32) * n) / total).astype(x.dtype), x),
+            state.noise_acc, g)
+        m_step = jax.tree_util.tree_map(lambda a, b: jnp.where(second, a, b), grad_moments(g_step), m)
+        acc = jax.tree_util.tree_map(lambda a, x: jnp.where(first, x.astype(jnp.float32) * n, a), state.noise_acc, g)
+        return m_step, g_step, _Half(first, second, m, acc, n)
+    leaves, treedef = jax.tree_util.tree_flatten(g)
+    layout = FlatLayout.of(tuple(int(np.prod(x.shape)) for x in leaves))
+    if state.noise_acc.shape != (layout.size,):
+        raise ValueError(f"noise_acc: shape {state.noise_acc.shape}, the gradients' layout needs ({layout.size},) "
+                         "(a state made for other parameters)")
+    v = layout.flatten(leaves)
+    flat_step = jnp.where(second, (state.noise_acc + v * n) / total, v)
+    g_step = jax.tree_util.tree_unflatten(treedef, layout.unflatten(flat_step, leaves))
+    rows = layout.moments(flat_step)
+    m_step = m._replace(sum=jnp.where(second, rows[:, 0], m.sum), sumsq=jnp.where(second, rows[:, 1], m.sumsq),
+                        nonfinite=jnp.where(second, rows[:, 2].astype(m.nonfinite.dtype), m.nonfinite))
+    return m_step, g_step, _Half(first, second, m, jnp.where(first, v * n, state.noise_acc), n)
 
 
 class TriAccelTransformation(optax.GradientTransformationExtraArgs):
@@ -228,12 +246,16 @@ class TriAccel:
     noise_in_update: the update accepts a gradient-noise step's halves (``noise_part``, module
     docstring), at the cost of a float32 copy of the parameters in the state; the measurements go
     to the controller at the next control boundary (`control`, `report`), before its decision.
+    noise_layout: how the update holds and combines the halves: "arrays" (per parameter array) or
+    "flat" (one zero-padded float32 vector, `flat_grads.FlatLayout`: a few kernels whatever the
+    array count; on this machine's CPU EfficientNet-B0's wrapped update went from 1,872 to 1,173
+    fusions, 936 without the halves, 2026-11-28). "arrays" stays the default until the GPU A/B.
     """
 
     def __init__(self, config: TriAccelConfig, model: Any = None, *, loss_fn: Callable[..., Any] | None = None,
                  hessian_iters: int = 3, hessian_layers_per_event: int | None = None,
                  loss_scaling: LossScaleConfig = LossScaleConfig(), device: Any = None,
-                 mesh: Any = None, noise_in_update: bool = False) -> None:
+                 mesh: Any = None, noise_in_update: bool = False, noise_layout: str = "arrays") -> None:
         if not isinstance(config, TriAccelConfig):
             raise ValueError(f"config={config!r}: expected a TriAccelConfig")
         if config.offload == "auto":  # see backends/jax/offload.py: units must be pure fn(params, x)
@@ -252,6 +274,9 @@ class TriAccel:
             raise ValueError(f"noise_in_update={noise_in_update!r}: allowed True or False")
         self.config = config
         self.noise_in_update = noise_in_update
+        if noise_layout not in ("arrays", "flat"):
+            raise ValueError(f"noise_layout={noise_layout!r}: allowed 'arrays' or 'flat'")
+        self.noise_layout = noise_layout
         self.model = model
         self.loss_fn = loss_fn
         self.hessian_iters = hessian_iters
@@ -364,7 +389,8 @@ class TriAccel:
                     raise ValueError("noise_part: the update takes noise halves only with TriAccel(noise_in_update=True)")
                 if self.accumulate:
                     raise ValueError("noise_part: not with lr_rule='accumulate' (a noise step runs at accumulation 1)")
-                m, g, held = _noise_halves(state, m, g, noise_part, noise_samples, grad_moments)
+                m, g, held = _noise_halves(state, m, g, noise_part, noise_samples, grad_moments,
+                                           self.noise_layout == "flat")
             m0 = m
             finite_micro = jnp.sum(m.nonfinite) == 0
             if self.accumulate:
@@ -434,8 +460,12 @@ class TriAccel:
         ceil(t_ctrl / t_noise) + 1 measurements, as many as can fall between two boundaries."""
         c = self.config
         slots = -(-c.t_ctrl // (c.t_noise or c.t_ctrl)) + 1
-        acc = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(_value(p)), jnp.float32), params,
-                                     is_leaf=lambda x: hasattr(x, "get_value"))
+        is_var = lambda x: hasattr(x, "get_value")   # noqa: E731
+        if self.noise_layout == "flat":
+            sizes = tuple(int(np.prod(jnp.shape(_value(p)))) for p in jax.tree_util.tree_leaves(params, is_leaf=is_var))
+            acc = jnp.asarray(np.zeros((FlatLayout.of(sizes).size,), np.float32))
+        else:
+            acc = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(_value(p)), jnp.float32), params, is_leaf=is_var)
         # from host arrays: an eager jnp.zeros of a new shape is one XLA compilation each, in set-up
         return {"noise_acc": acc, "noise_held": jnp.asarray(np.zeros((n + 1,), np.float32)),
                 "noise_rows": jnp.asarray(np.zeros((slots, 3 * n + 2), np.float32)),
