@@ -8,7 +8,9 @@ EfficientNet-B0's 213 arrays it doubled the wrapped update's fusions (936 -> 1,8
 machine's CPU) and cost ~16 s of the train step's XLA compilation on an H200 (92.4 s against 76.5 s
 without the halves, 2026-11-28, docs/results.md). Over one vector the select and the mean are one
 elementwise op, and the statistics a row reduction over fixed-size chunks (no chunk straddles two
-arrays) plus a sorted segment sum of the rows: a few kernels whatever the array count.
+arrays) plus a sorted segment sum of the rows: a few kernels whatever the array count. On this
+machine's CPU that cut the fusions (1,872 -> 1,173) but neither the compilation nor the call time
+(`TriAccel`'s noise_layout); the GPU A/B is benchmarks/results/s41/next/next27_jax_noise_layout.sh.
 """
 
 from __future__ import annotations

@@ -249,7 +249,10 @@ class TriAccel:
     noise_layout: how the update holds and combines the halves: "arrays" (per parameter array) or
     "flat" (one zero-padded float32 vector, `flat_grads.FlatLayout`: a few kernels whatever the
     array count; on this machine's CPU EfficientNet-B0's wrapped update went from 1,872 to 1,173
-    fusions, 936 without the halves, 2026-11-28). "arrays" stays the default until the GPU A/B.
+    fusions, 936 without the halves, but neither its compilation (7.8-8.7 s both, 4.4 s without the
+    halves) nor its call (22.6-27.6 ms against 12.2-17.6) got faster there, 2026-11-28,
+    `benchmarks/jax_update_compile.py --model efficientnet_b0 --width 1 --noise --noise-layouts arrays flat`).
+    "arrays" stays the default; the GPU A/B decides whether "flat" stays at all.
     """
 
     def __init__(self, config: TriAccelConfig, model: Any = None, *, loss_fn: Callable[..., Any] | None = None,
