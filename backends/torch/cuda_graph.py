@@ -154,9 +154,10 @@ class ShapeGraphs(nn.Module):
     runs and discards before each capture, on a side stream (>= 1 with eager_first 0, torch's recipe
     is 3; >= 0 otherwise). Default: one eager step, no discarded pass, the cheapest capture measured
     (`benchmarks/device/capture_cost.py`, H200, 2026-11-28, benchmarks/results/s41/callA_probe: summed
-    over six sizes EfficientNet-B0 2.17 s against 3.18 s with torch's 3 passes, ResNet-18 0.83 s against
+    over six sizes EfficientNet-B0 2.17 s against 3.18 s with torch's 3 passes, ResNet-18 0.82 s against
     1.11 s). Each capture lets `torch.cuda.graph` empty the allocator's caches first, as torch does:
-    keeping them saved nothing in the same probe and failed a GPU test's capture with no discarded pass.
+    keeping them saved nothing in the same probe and, under autocast, failed a GPU test's capture with
+    no discarded pass.
 
     What the capture bakes in: the module's kernels at that shape, autocast state and policy; the
     parameters' and buffers' storage (an optimizer must update them in place, as torch's do). The

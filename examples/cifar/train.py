@@ -255,7 +255,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "and the next one captures with no discarded pass (ShapeGraphs' default); or 3 / 1 "
                         "discarded warm-up passes before each capture (torch.cuda.make_graphed_callables on a side "
                         "stream; 3 is torch's recipe). Summed over six sizes the captures cost 2.17 / 2.38 / 3.18 s "
-                        "(eager / 1 / 3) on EfficientNet-B0, 0.83 / 0.94 / 1.11 s on ResNet-18 (H200, 2026-11-28, "
+                        "(eager / 1 / 3) on EfficientNet-B0, 0.82 / 0.94 / 1.11 s on ResNet-18 (H200, 2026-11-28, "
                         "benchmarks/device/capture_cost.py)")
     p.add_argument("--triton-warmup", choices=["on", "off"], default="on",
                    help="torch, triaccel, CUDA: run Triton's once-per-process start-up (its cache key and driver; "

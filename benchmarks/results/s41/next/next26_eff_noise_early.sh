@@ -4,7 +4,7 @@
 # was warm at step ~300 and the first growth came at step ~350 of epoch 1's ~380; B_noise was ~550-660 then,
 # above the bound's need (c x B_noise > 512), so growth waited on the EMA alone. Variants: measurements every 25
 # steps (warm at ~200; each measurement costs two half steps), and batch_growth=jump with the LR multiplier ramped
-# over 150 steps (jump alone, multiplier 1 -> 5.33 at once, lost seed 2: 61.8%, s41 callG).
+# over 150 steps (jump lost seed 2, 61.8%, s41 callG, at epoch 1's 16-sample last step taken at the 512-sample LR).
 # Run with timeout_s 470 (block 440 s; ~9 runs x 40 s).
 O=$OUT; mkdir -p $O/eff; date -u
 OUT=$O/eff MODEL=efficientnet_b0 SEEDS="0 1 2" LIMIT=60 timeout 440 bash benchmarks/device/torch_variants.sh \
