@@ -138,8 +138,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
             and opts.triaccel_config().kernels in ("auto", "triton")):   # "reference": no Triton to start
         runtime = _Ahead(prepare_triton_runtime)
     model = build_model(opts, data.num_classes, device)
-    # where the set-up's seconds go (from t_start; the summary's setup_phases): ~4 s passed between the
-    # model and the next mark (then "wrapped" / "flops") in every graphed run, AMP's too (H200,
+    # where the set-up's seconds go (from t_start; the summary's setup_phases): 3.5-5.6 s passed between
+    # the model and the next mark (then "wrapped" / "flops") in every graphed run, AMP's too (H200,
     # 2026-11-28, benchmarks/results/s41/callB-C); "arrays" and "loader" split that stretch
     phases = {"model": time.perf_counter() - t_start}
     nhwc = opts.channels_last(device.type)

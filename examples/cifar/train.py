@@ -243,8 +243,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     p.add_argument("--noise-layout", choices=["arrays", "flat"], default="arrays",
                    help="JAX, triaccel, fused steps: how the wrapper's update holds and combines a gradient-noise "
                         "step's halves: per parameter array (arrays) or as one zero-padded vector (flat: a few "
-                        "kernels whatever the array count; TriAccel(noise_layout=...)). EfficientNet-B0's halves "
-                        "cost ~16 s of the train step's compilation per array (H200, 2026-11-28)")
+                        "kernels whatever the array count; TriAccel(noise_layout=...)). EfficientNet-B0's train step "
+                        "compiled in 92.4 s with the halves held per array, 76.5 s without them (H200, 2026-11-28)")
     p.add_argument("--graph-halves", choices=["on", "off"], default="on",
                    help="torch, --compile graphs, triaccel: capture the gradient-noise measurements' half batches "
                         "too (on) or run them eagerly (off): a capture costs 0.2-0.6 s once (H200, 2026-11-28), an "
