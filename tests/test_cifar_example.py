@@ -186,6 +186,17 @@ def test_baselines_run(tmp_path, method):
     assert summary["steps"] == 6 and summary["report"] is None
 
 
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_a_short_last_step_weighted_by_its_samples_trains_every_image_once(tmp_path, backend):
+    # 192 = 4 x 40 + 32: the epoch ends with a 32-sample step, its gradient x 32/40 (JAX: in the fused step)
+    summary, out = _run(tmp_path, "--backend", backend, "--method", "amp", "--batch", "40",
+                        "--set", "short_step_lr=linear")
+    steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["type"] == "step"]
+    assert [r["samples"] for r in steps] == [40, 40, 40, 40, 32] and summary["steps"] == 5
+    assert np.isfinite(summary["final_acc"])
+
+
 def test_bad_options_fail_before_loading_data(tmp_path):
     with pytest.raises(SystemExit):
         train.parse_args(["--levers", "precision,warp"])

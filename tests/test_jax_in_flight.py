@@ -73,10 +73,10 @@ class Fused(Lagged):
         super().__init__(cfg, **kw)
         self.fused_calls = 0
 
-    def fused(self, batch, mask, decision):
+    def fused(self, batch, mask, decision, weight):
         self.fused_calls += 1
         loss, grads = self.grad_fn(batch, mask)
-        self.update(grads, decision)
+        self.update(jax.tree_util.tree_map(lambda g: g * weight, grads), decision)
         return loss
 
     def step(self, step):
@@ -379,7 +379,7 @@ def test_noise_steps_run_as_two_programs_beside_fused_steps():
 def test_step_fn_needs_a_step_in_flight():
     h = Harness(_accumulating())
     with pytest.raises(ValueError, match="step_fn: needs in_flight"):
-        elastic_step(h.loader, h.ctl, h.grad_fn, 0, update_fn=h.update, step_fn=lambda b, m, d: 0.0)
+        elastic_step(h.loader, h.ctl, h.grad_fn, 0, update_fn=h.update, step_fn=lambda b, m, d, w: 0.0)
 
 
 class FusedNoise(Fused):
@@ -390,7 +390,7 @@ class FusedNoise(Fused):
         super().__init__(cfg, **kw)
         self.halves, self.held = 0, None
 
-    def noise(self, batch, mask, decision, part):
+    def noise(self, batch, mask, decision, part, weight):
         self.halves += 1
         loss, grads = self.grad_fn(batch, mask)
         n = float(np.asarray(mask).sum())
@@ -400,7 +400,7 @@ class FusedNoise(Fused):
                 self.failed = _Failed(self.late_error)
         else:
             n1, acc = self.held
-            self.update(jax.tree_util.tree_map(lambda a, g: (a + g * n) / (n1 + n), acc, grads), decision)
+            self.update(jax.tree_util.tree_map(lambda a, g: weight * (a + g * n) / (n1 + n), acc, grads), decision)
         return loss
 
     def step(self, step):

@@ -185,9 +185,9 @@ def _run(in_update: bool, steps: int, layout: str = "arrays"):
             in_flight.settle()
         split.control(s)
         res = elastic_step(loader, ta.controller, lambda b, m: grads_of(b, m), s, update_fn=lambda g, d: update(g),
-                           tensor_layer=ta.layers, in_flight=in_flight, step_fn=lambda b, m, d: split(b, m, *(
+                           tensor_layer=ta.layers, in_flight=in_flight, step_fn=lambda b, m, d, w: split(b, m, *(
                                (jnp.int32(0),) if in_update else ())),
-                           noise_step_fn=(lambda b, m, d, part: split(b, m, jnp.int32(part))) if in_update else None)
+                           noise_step_fn=(lambda b, m, d, part, w: split(b, m, jnp.int32(part))) if in_update else None)
         sizes.append(res.micro_sizes)
     in_flight.settle()
     report = ta.report(split)
@@ -211,4 +211,4 @@ def test_noise_step_fn_needs_a_step_in_flight():
     _, ta, _ = _build(True)
     with pytest.raises(ValueError, match="noise_step_fn: needs in_flight"):
         elastic_step(loader, ta.controller, lambda b, m: (0.0, {}), 0, update_fn=lambda g, d: None,
-                     noise_step_fn=lambda b, m, d, p: 0.0)
+                     noise_step_fn=lambda b, m, d, p, w: 0.0)

@@ -133,8 +133,8 @@ def _worker() -> dict:
             split.control(step)
             res = elastic_step(loader, ta.controller, micro, step, update_fn=lambda g, d: update(g),
                                tensor_layer=ta.layers, grad_scale=lambda: scale[0], in_flight=in_flight,
-                               step_fn=(lambda b, m, d: fused(b, m, 0)) if in_update else None,
-                               noise_step_fn=(lambda b, m, d, p: fused(b, m, p)) if in_update else None)
+                               step_fn=(lambda b, m, d, w: fused(b, m, 0)) if in_update else None,
+                               noise_step_fn=(lambda b, m, d, p, w: fused(b, m, p)) if in_update else None)
             losses.append(float(res.loss))
             batches.append(res.decision.batch_size)
         if in_flight is not None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+import numpy as np
+
 from .config import TriAccelConfig
 
-__all__ = ["BatchLaw", "OOMAtMinimumBatch", "resolve_memory_limit"]
+__all__ = ["BatchLaw", "OOMAtMinimumBatch", "resolve_memory_limit", "short_step_weight"]
 
 
 class OOMAtMinimumBatch(RuntimeError):
@@ -28,6 +30,28 @@ def resolve_memory_limit(budget: int | None, device_total: int | None) -> int | 
     if budget is None:
         return device_total
     return budget
+
+
+def short_step_weight(rule: str, samples: int, logical_batch: int) -> float:
+    """Gradient weight of a step of `samples` real samples whose logical batch is `logical_batch`
+    (config `short_step_lr`): "batch" 1; "linear" samples / logical_batch; "sqrt" its square root.
+
+    The step's mean gradient times the weight, at the logical batch's LR, is the update that rule
+    gives `samples` samples; a weight on the gradient (not the LR) also holds the step's share of
+    the momentum it leaves behind. 1 for a full step. ValueError outside 1 <= samples <= logical_batch.
+    """
+    for name, v in (("samples", samples), ("logical_batch", logical_batch)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name}={v!r}: must be an integer >= 1")
+    if samples > logical_batch:
+        raise ValueError(f"samples={samples}: allowed [1, logical_batch] = [1, {logical_batch}]")
+    if rule == "batch" or samples == logical_batch:
+        return 1.0
+    if rule == "linear":
+        return samples / logical_batch
+    if rule == "sqrt":
+        return math.sqrt(samples / logical_batch)
+    raise ValueError(f"short_step_lr={rule!r}: allowed 'batch', 'linear', 'sqrt'")
 
 
 class BatchLaw:

@@ -25,6 +25,7 @@ PRECISION_LAWS = ("evidence", "variance")
 BATCH_LAWS = ("noise", "memory")
 BATCH_GROWTHS = ("rung", "jump")
 LR_RULES = ("linear", "sqrt", "none", "accumulate")
+SHORT_STEP_LRS = ("batch", "linear", "sqrt")
 PRECISIONS = ("fp16", "bf16", "fp32")
 OFFLOAD_MODES = ("auto", "off")
 KERNEL_IMPLS = ("auto", "triton", "reference", "xla")
@@ -155,6 +156,14 @@ class TriAccelConfig:
         its new value after B grows (0: at once). Applied at control boundaries, so the ramp moves
         in t_ctrl-step stairs. A shrinking B lowers the multiplier at once (a smaller batch at the
         larger LR is the unstable direction).
+      short_step_lr: the update of a step with fewer real samples s than its logical batch B (an
+        epoch's last step): "batch" (default, as a plain loop: the s samples' mean gradient at B's
+        LR), "linear" (the gradient x s/B: the update the linear rule gives s samples, momentum
+        included) or "sqrt" (x sqrt(s/B)). Independent of lr_rule (a static batch has lr_rule
+        "none" and still a short last step). Applied by both backends' `elastic_step`
+        (`triaccel.batching.short_step_weight`); a noise measurement on such a step sees the
+        weighted gradient. Why: on 2026-11-28 (H200, EfficientNet-B0, seed 2, batch_growth="jump")
+        a 16-sample last step at the 512-sample LR threw a run to 61.8% (docs/results.md).
     Loop:
       t_ctrl: steps between control decisions (precision, batch); warmup_steps: steps before the
         first precision decision (thresholds are calibrated then) and the first curvature step.
@@ -224,6 +233,7 @@ class TriAccelConfig:
     batch_hold_steps: int = 0
     lr_rule: str = "linear"
     lr_ramp_steps: int = 0
+    short_step_lr: str = "batch"
     t_ctrl: int = 50
     t_precision: int | None = None
     warmup_steps: int = 100
@@ -331,6 +341,7 @@ class TriAccelConfig:
         integer("batch_hold_steps", 0)
         choice("lr_rule", LR_RULES)
         integer("lr_ramp_steps", 0)
+        choice("short_step_lr", SHORT_STEP_LRS)
         integer("t_ctrl", 1)
         integer("warmup_steps", 0)
         if self.t_precision is not None:

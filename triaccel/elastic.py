@@ -24,7 +24,7 @@ from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import numpy as np
 
-from .batching import OOMAtMinimumBatch
+from .batching import OOMAtMinimumBatch, short_step_weight
 
 __all__ = [
     "ElasticIndexLoader",
@@ -39,6 +39,7 @@ __all__ = [
     "controlled_step",
     "memory_pair",
     "noise_split",
+    "step_weight",
 ]
 
 T = TypeVar("T")
@@ -506,6 +507,18 @@ def noise_split(controller: Any, step: int) -> int:
         return 1
     controller.decide(step)   # idempotent for a step: the decision the step will run under
     return 2 if is_noise_step(step) else 1
+
+
+def step_weight(controller: Any, samples: int, decision: Any) -> float:
+    """The gradient weight of a step of `samples` real samples (the whole step's, all ranks) taken
+    under `decision`: `triaccel.batching.short_step_weight` by the controller's `short_step_lr`
+    against `decision.logical_batch`; 1.0 for a controller without a config. Both backends'
+    `elastic_step` apply it before the update (torch: to the summed gradients; JAX: passed to
+    `step_fn`, or to the summed gradients before `update_fn`)."""
+    rule = getattr(getattr(controller, "config", None), "short_step_lr", "batch")
+    if rule == "batch":
+        return 1.0
+    return short_step_weight(rule, int(samples), int(decision.logical_batch))
 
 
 def controlled_step(

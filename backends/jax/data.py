@@ -56,6 +56,7 @@ from triaccel.elastic import (
     memory_pair,
     noise_split,
     run_elastic_step,
+    step_weight,
 )
 from triaccel.batching import OOMAtMinimumBatch
 from triaccel.noise import observe_split_step
@@ -452,12 +453,15 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     (its retries at the shrunken size, whose new shapes compile in place) runs inside it, with no
     background XLA compilation beside it: XLA's autotuning scratch comes from the pool the step
     allocates from (`memory.limit_device_memory`), so an OOM beside it may be transient.
-    step_fn(batch, mask, decision) -> loss (with has_aux: (loss, aux)): optional, grad_fn and
-    update_fn of one micro-batch as one program (the same loss, the same state after it). With
+    step_fn(batch, mask, decision, weight) -> loss (with has_aux: (loss, aux)): optional, grad_fn
+    and update_fn of one micro-batch as one program (the same loss, the same state after it), the
+    gradient times `weight` (a float: `triaccel.elastic.step_weight`, 1.0 but for a short step
+    under config short_step_lr; the loss returned stays the mean). Steps through grad_fn get the
+    weight on their summed gradients before update_fn. With
     `in_flight`, a step that runs as one micro-batch and measures no gradient noise (the common
     step) runs through it, and its result has grads None; the other steps, and a step replayed
     after an OOM, run through grad_fn and update_fn.
-    noise_step_fn(batch, mask, decision, part) -> loss (with has_aux: (loss, aux)): optional, needs
+    noise_step_fn(batch, mask, decision, part, weight) -> loss (with has_aux: (loss, aux)): optional, needs
     `in_flight`: a gradient-noise step runs as two calls of it, its halves, part 1 then 2, each one
     program that leaves the measurement and the update to the optimizer state (the TriAccel
     wrapper's ``noise_in_update``: the halves' squared norms are read at the next control boundary,
@@ -528,11 +532,13 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         one = step_fn is not None and whole and not measure
         halved = in_update and whole and len(chunk) >= 2
         decision = getattr(controller, "decision", None)
+        # the whole step in this chunk: its gradient weight goes into the step's program
+        w = step_weight(controller, len(chunk), decision) if halved or one else 1.0
         if halved:   # the first half now (the step in flight before is settled behind it), the second below
             cut = -(-len(chunk) // 2)
-            out, grads = noise_step_fn(*fetch(chunk[:cut]), decision, 1), None
+            out, grads = noise_step_fn(*fetch(chunk[:cut]), decision, 1, w), None
         elif one:
-            out, grads = step_fn(*fetch(chunk), decision), None
+            out, grads = step_fn(*fetch(chunk), decision, w), None
         else:
             out, grads = queue(chunk)
         if in_flight is not None and in_flight.settle():
@@ -550,7 +556,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
             rerun[1] += again.replayed
             return _step_loss(again)
         if halved:
-            last = noise_step_fn(*fetch(chunk[cut:]), decision, 2)
+            last = noise_step_fn(*fetch(chunk[cut:]), decision, 2, w)
             halves[:] = [cut, len(chunk) - cut]
             fused[0] = unwaited[0] = True
             acc["aux"] = last[1] if has_aux else None
@@ -563,6 +569,10 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         return absorb(out, grads, weight)
 
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
+        w = 1.0 if fused[0] else step_weight(controller, report.num_samples, decision)
+        if w != 1.0:   # a short step (config short_step_lr): its gradient as applied, measured so too
+            acc["grads"] = _scale_tree(acc["grads"], w)
+            sq[:] = [s * (w * w) for s in sq]
         if measure and len(report.sizes) >= 2 and not unmeasured[0]:
             _observe_noise(controller, step, report, sq, acc["grads"], layer_of, grad_scale)
         # the state before the step's update: for step_fn's step, before the step (its one program)

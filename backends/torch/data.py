@@ -33,7 +33,7 @@ import torch
 from triaccel.batching import resolve_memory_limit
 from triaccel.config import parse_bytes
 from triaccel.elastic import (ElasticIndexLoader, ElasticStepOutcome, ElasticStepReport, controlled_step,
-                              memory_pair, noise_split)
+                              memory_pair, noise_split, step_weight)
 from triaccel.noise import observe_split_step
 
 __all__ = ["ElasticLoader", "ElasticStepResult", "elastic_step", "enforce_memory_budget",
@@ -233,6 +233,10 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
       values). Pass False when the triaccel optimizer wrapper applies the decision's multipliers.
     optimizer_step(decision): replaces `optimizer.step()` (e.g. a wrapper's step); grads are ready.
 
+    A step with fewer samples than its logical batch (an epoch's last) has its summed gradients
+    multiplied by the controller's short-step weight first (`triaccel.elastic.step_weight`; 1 under
+    the default short_step_lr="batch").
+
     Gradient noise: when `controller.is_noise_step(step)`, the step runs as two micro-batches and
     the squared norms of each one's gradient and of their sum go to
     `controller.observe_gradient_noise` (one host read of 2 x 3 x n_params floats on such steps,
@@ -297,6 +301,11 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
         return loss.detach()
 
     def finish(decision: Any, report: ElasticStepReport[torch.Tensor]) -> ElasticStepResult:
+        w = step_weight(controller, report.num_samples if report.step_samples is None else report.step_samples,
+                        decision)
+        if w != 1.0:   # a short step (config short_step_lr): its gradient as applied, measured so too
+            torch._foreach_mul_([p.grad for p in params if p.grad is not None], w)
+            sq[:] = [s * (w * w) for s in sq]
         if measure and (len(report.sizes) >= 2 or distributed is not None):
             _observe_noise(controller, step, params, report, sq, sqnorms, scaler, tensor_layer, distributed)
         if distributed is not None:

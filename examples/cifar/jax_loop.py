@@ -161,18 +161,20 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # (benchmarks/device/jax_dp_probe.py, bs 96 on an H200: 2.93 ms per step as one program that
     # gathers, 8.6-9.1 ms with the gathers, key split and update apart; docs/results.md).
     def grad_body(model: Any, opt: Any, idx: jax.Array, mask: jax.Array, xs: jax.Array, ys: jax.Array,
-                  base: jax.Array, lr: jax.Array, count: jax.Array):
+                  base: jax.Array, lr: jax.Array, count: jax.Array, weight: jax.Array):
+        """weight: the step's gradient weight (elastic_step's, 1 but for a short step under
+        short_step_lr), multiplied into the gradients with the loss scale; the loss returned is the mean."""
         xb = prep(xs[idx], jax.random.fold_in(base, count))
         y = ys[idx]
         scale = loss_scale(opt.opt_state) if ta is not None else jnp.ones((), jnp.float32)
         if per_device is not None:
-            loss, grads = per_device(model, xb, y, mask, scale=scale)
+            loss, grads = per_device(model, xb, y, mask, scale=scale * weight)
             return loss, grads, scale
 
         def lf(m: Any) -> tuple[jax.Array, jax.Array]:
             with stats_mask(mask):
                 loss = _cross_entropy(m(xb), y, mask)
-            return loss * scale, loss
+            return loss * (scale * weight), loss
 
         (_, loss), grads = nnx.value_and_grad(lf, has_aux=True)(model)
         return loss, grads, scale   # the scale the grads carry (the noise measurement unscales them)
@@ -212,9 +214,9 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     in_update = ta is not None and ta.noise_in_update
 
     def train_body(model: Any, opt: Any, idx: jax.Array, mask: jax.Array, xs: jax.Array, ys: jax.Array,
-                   base: jax.Array, lr: jax.Array, count: jax.Array, *part: jax.Array) -> jax.Array:
+                   base: jax.Array, lr: jax.Array, count: jax.Array, weight: jax.Array, *part: jax.Array) -> jax.Array:
         """part (with in-update noise): 0 a plain step, 1 / 2 a noise step's first / second half."""
-        loss, grads, _ = grad_body(model, opt, idx, mask, xs, ys, base, lr, count)
+        loss, grads, _ = grad_body(model, opt, idx, mask, xs, ys, base, lr, count, weight)
         update_body(model, opt, grads, lr, **({"noise_part": part[0], "noise_samples": mask.sum()} if part else {}))
         return loss
 
@@ -244,8 +246,9 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
         idx_like = jax.ShapeDtypeStruct((size,), jnp.int32, sharding=on)
         mask_like = jax.ShapeDtypeStruct((size,), jnp.float32, sharding=on)
         count_like = jax.device_put(np.int32(0), place)
+        weight_like = jax.device_put(np.float32(1.0), place)
         grads_of = split.bind(grad_body, model, opt, soon=False,
-                              example_args=(idx_like, mask_like, xtr, ytr, base_key, lr_like, count_like)
+                              example_args=(idx_like, mask_like, xtr, ytr, base_key, lr_like, count_like, weight_like)
                               if eager_noise else None)
     eval_chunk = min(1000, len(data.test_x))
     # needed at the epoch's end: queued after the noise programs the first noise step needs
@@ -256,19 +259,21 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # test-only (off by default): an XLA runtime error with RESOURCE_EXHAUSTED, as a real OOM
     inject = OOMInjector(opts.inject_oom_every, OOM_ERROR_TYPES[0])
 
-    def scalars(lr: float, *part: int) -> tuple[jax.Array, ...]:
-        """Each micro-batch: (LR, its key's counter[, its noise part]) in one upload (and a test OOM,
-        if armed)."""
+    def scalars(lr: float, weight: float, *part: int) -> tuple[jax.Array, ...]:
+        """Each micro-batch: (LR, its key's counter, the step's gradient weight[, its noise part]) in
+        one upload (and a test OOM, if armed)."""
         inject.fire()
         micro_count[0] += 1
-        return jax.device_put((np.float32(lr), np.int32(micro_count[0]), *map(np.int32, part)), place)
+        return jax.device_put((np.float32(lr), np.int32(micro_count[0]), np.float32(weight), *map(np.int32, part)),
+                              place)
 
     def micro(idx: jax.Array, mask: jax.Array, lr: float) -> Any:
-        loss, grads, grad_scale[0] = (grads_of if fused else split)(idx, mask, xtr, ytr, base_key, *scalars(lr))
+        # weight 1: elastic_step weighs the summed gradients of steps through here itself
+        loss, grads, grad_scale[0] = (grads_of if fused else split)(idx, mask, xtr, ytr, base_key, *scalars(lr, 1.0))
         return loss, grads
 
-    def whole(idx: jax.Array, mask: jax.Array, lr: float, part: int = 0) -> Any:
-        return split(idx, mask, xtr, ytr, base_key, *scalars(lr, *((part,) if in_update else ())))
+    def whole(idx: jax.Array, mask: jax.Array, lr: float, weight: float, part: int = 0) -> Any:
+        return split(idx, mask, xtr, ytr, base_key, *scalars(lr, weight, *((part,) if in_update else ())))
 
     total_samples = opts.epochs * len(data.train_x)
     warmup_samples = int(opts.warmup_epochs * len(data.train_x))
@@ -315,8 +320,8 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
                                update_fn=lambda g, d, lr=lr_now: update(g, jax.device_put(np.float32(lr), place)),
                                tensor_layer=lm if ta is not None else None,
                                grad_scale=lambda: grad_scale[0], in_flight=in_flight, quiet=split.quiet,
-                               step_fn=(lambda b, m, d, lr=lr_now: whole(b[0], m, lr)) if fused else None,
-                               noise_step_fn=(lambda b, m, d, part, lr=lr_now: whole(b[0], m, lr, part))
+                               step_fn=(lambda b, m, d, w, lr=lr_now: whole(b[0], m, lr, w)) if fused else None,
+                               noise_step_fn=(lambda b, m, d, part, w, lr=lr_now: whole(b[0], m, lr, w, part))
                                if in_update else None)
             seen += res.samples
             flops.add(res.decision.precisions if static_prec is None else static_prec, res.samples)
