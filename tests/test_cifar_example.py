@@ -197,6 +197,12 @@ def test_a_short_last_step_weighted_by_its_samples_trains_every_image_once(tmp_p
     assert np.isfinite(summary["final_acc"])
 
 
+def test_static_methods_keep_a_plain_loops_short_step_unless_set():
+    for method, rule in (("amp", "batch"), ("fp32", "batch"), ("triaccel", "linear")):
+        assert train.parse_args(["--method", method]).triaccel_config().short_step_lr == rule
+    assert train.parse_args(["--method", "amp", "--set", "short_step_lr=sqrt"]).triaccel_config().short_step_lr == "sqrt"
+
+
 def test_bad_options_fail_before_loading_data(tmp_path):
     with pytest.raises(SystemExit):
         train.parse_args(["--levers", "precision,warp"])

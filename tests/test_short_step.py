@@ -46,7 +46,7 @@ def test_weight_rejects_bad_input_by_name(args, name):
 def test_config_names_the_allowed_rules():
     with pytest.raises(ValueError, match="short_step_lr"):
         TriAccelConfig(short_step_lr="samples")
-    assert TriAccelConfig().short_step_lr == "batch"
+    assert TriAccelConfig().short_step_lr == "linear"
 
 
 def test_step_weight_against_the_decision_logical_batch():

@@ -534,12 +534,14 @@ class BlockRun:
 
     def controller_config(self, memory_budget: int) -> Any:
         """The block's `TriAccelConfig`: a fixed logical batch, every lever off, micro-batches
-        accumulated after an OOM (the elastic machinery's replay)."""
+        accumulated after an OOM (the elastic machinery's replay), an epoch's short last step as a
+        plain loop's (short_step_lr="batch": the block's CUDA graph runs it so, `GraphedStep.run_eager`)."""
         from .config import TriAccelConfig
 
         return TriAccelConfig(batch_init=self.batch, batch_min=self.micro_batches[0], batch_max=self.batch,
                               batch_buckets=self.micro_batches, lr_rule="accumulate", elastic_batch=False,
-                              adaptive_precision=False, curvature="off", batch_multiple=1, memory_budget=memory_budget)
+                              adaptive_precision=False, curvature="off", batch_multiple=1, memory_budget=memory_budget,
+                              short_step_lr="batch")
 
 
 def check_views(num_samples: int, view_rows: Sequence[int], label_rows: int,

@@ -105,8 +105,12 @@ class RunOptions:
         # Few precision decisions and few batch sizes (under JAX each new dtype assignment and
         # each new batch shape is a compilation).
         # Curvature on the same boundaries as precision: its promotions change the policy too.
+        # A static method's short last step as a plain loop's ("batch": its samples' mean at the batch's LR):
+        # the weighted one measured no better for AMP (EfficientNet-B0 bs 512, seeds 0-2, H200 2026-11-28:
+        # 73.05% mean weighted, 73.53% plain; docs/results.md). --set short_step_lr=... overrides.
+        static = {} if self.method == "triaccel" else {"short_step_lr": "batch"}
         extra = {"t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl,
-                 "offload": self.offload if self.method == "triaccel" else "off", **self.extra}
+                 "offload": self.offload if self.method == "triaccel" else "off", **static, **self.extra}
         if "batch_buckets" not in extra:
             extra["batch_buckets"] = tuple(b for b in bucket_ladder(self.batch, 8, max(self.batch_max, self.batch))
                                            if b % shards == 0)
