@@ -86,6 +86,10 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
     assert train.parse_args(["--data", str(DATA), "--triton-warmup", "off"]).triton_warmup == "off"
     with pytest.raises(SystemExit):
         train.parse_args(["--data", str(DATA), "--triton-warmup", "runtime"])
+    assert train.parse_args(["--data", str(DATA), "--compile", "graphs", "--triton-warmup",
+                             "first-step"]).triton_warmup == "first-step"
+    with pytest.raises(SystemExit):   # torch.compile may compile or capture in the first step
+        train.parse_args(["--data", str(DATA), "--compile", "default", "--triton-warmup", "first-step"])
 
 
 def test_xla_options_reach_the_jax_run_and_are_refused_elsewhere():
@@ -476,6 +480,30 @@ def test_one_process_with_bn_parts_and_keyed_augmentation_trains_as_two_ranks(tm
     assert len(ranks) == 6
     np.testing.assert_allclose(step_losses(tmp_path / "one" / "log.jsonl"), ranks, rtol=1e-6)
     assert not np.allclose(step_losses(tmp_path / "stream" / "log.jsonl"), ranks, rtol=1e-6)   # the test can fail
+
+
+def test_first_update_waits_for_the_thread_once_and_records_the_wait():
+    import threading
+    import time
+
+    from examples.cifar.torch_loop import _Ahead, joined_before
+
+    gate, order, phases = threading.Event(), [], {}
+
+    def work():
+        gate.wait(5)
+        order.append("thread")
+
+    step = joined_before(_Ahead(work), lambda d: order.append(d), phases)
+    threading.Timer(0.05, gate.set).start()   # the thread finishes while the update waits
+    step("step0")
+    step("step1")
+    assert order == ["thread", "step0", "step1"] and phases["triton_wait"] > 0.0
+    failing = joined_before(_Ahead(lambda: 1 / 0), lambda d: order.append(d), {})
+    time.sleep(0.01)
+    with pytest.raises(ZeroDivisionError):   # the thread's error, raised before the update
+        failing("never")
+    assert "never" not in order
 
 
 def test_ahead_thread_runs_at_once_and_reraises_on_finish():

@@ -123,6 +123,21 @@ class _Ahead(threading.Thread):
             raise self.error
 
 
+def joined_before(ahead: _Ahead, step: Callable[[Any], None], phases: dict[str, float]) -> Callable[[Any], None]:
+    """`step(decision)` that first waits for `ahead` (once; its wait in phases["triton_wait"], seconds): the
+    thread's work then overlaps the first step's forward and backward as well as the set-up."""
+    pending = [ahead]
+
+    def first(decision: Any) -> None:
+        if pending:
+            t_wait = time.perf_counter()
+            pending.pop().finish()
+            phases["triton_wait"] = time.perf_counter() - t_wait
+        step(decision)
+
+    return first
+
+
 def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
           distributed: Any = None) -> dict[str, Any]:
     """distributed: this rank of a torchrun launch (`triaccel.backends.torch.distributed.Distributed`):
@@ -134,7 +149,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # joined before the first forward (a module loaded while the first step captures a CUDA graph would
     # break the capture)
     runtime = None
-    if (opts.triton_warmup == "on" and opts.method == "triaccel" and device.type == "cuda"
+    if (opts.triton_warmup != "off" and opts.method == "triaccel" and device.type == "cuda"
             and opts.triaccel_config().kernels in ("auto", "triton")):   # "reference": no Triton to start
         runtime = _Ahead(prepare_triton_runtime)
     model = build_model(opts, data.num_classes, device)
@@ -190,8 +205,12 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         controller: Controller = opt.controller
         cast = opt.autocast
         phases["wrapped"] = time.perf_counter() - t_start
-        step_kwargs = dict(scaler=opt, apply_lr_batch_scale=False,
-                           optimizer_step=lambda d: opt.step_accumulated())
+        update: Callable[[Any], None] = lambda d: opt.step_accumulated()
+        if runtime is not None and opts.triton_warmup == "first-step":
+            # the first step's forward is eager (no capture a module load could break): joined before its update
+            update = joined_before(runtime, update, phases)
+            runtime = None
+        step_kwargs = dict(scaler=opt, apply_lr_batch_scale=False, optimizer_step=update)
     else:
         opt = inner
         controller = Controller(cfg, ["model"])  # all levers off: a static batch, same data order
