@@ -457,7 +457,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     and update_fn of one micro-batch as one program (the same loss, the same state after it), the
     gradient times `weight` (a float: `triaccel.elastic.step_weight`, 1.0 but for a short step
     under config short_step_lr; the loss returned stays the mean). Steps through grad_fn get the
-    weight on their summed gradients before update_fn. With
+    weight on their summed gradients before update_fn (and in `ElasticStepResult.grads`). With
     `in_flight`, a step that runs as one micro-batch and measures no gradient noise (the common
     step) runs through it, and its result has grads None; the other steps, and a step replayed
     after an OOM, run through grad_fn and update_fn.

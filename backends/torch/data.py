@@ -234,8 +234,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
     optimizer_step(decision): replaces `optimizer.step()` (e.g. a wrapper's step); grads are ready.
 
     A step with fewer samples than its logical batch (an epoch's last) has its summed gradients
-    multiplied by the controller's short-step weight first (`triaccel.elastic.step_weight`; 1 under
-    the default short_step_lr="batch").
+    multiplied by the controller's short-step weight first (`triaccel.elastic.step_weight`: s/B under
+    the default short_step_lr="linear", 1 under "batch").
 
     Gradient noise: when `controller.is_noise_step(step)`, the step runs as two micro-batches and
     the squared norms of each one's gradient and of their sum go to
