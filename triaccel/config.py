@@ -116,11 +116,11 @@ class TriAccelConfig:
         decision: the noise bound, memory, batch_hold_steps). Under CUDA graphs or compiled shapes
         each size visited costs a capture or a compilation (EfficientNet-B0's graphed demo: host
         gaps of 0.37-0.49 s at each new size's first step, H200, 2026-11-28, docs/results.md): a
-        jump skips the sizes in between. Not the default yet: on EfficientNet-B0 seed 2 (H200,
-        2026-11-28 ~15:37Z, graphed) it went 96 -> 512 in one decision (LR multiplier 1 -> 5.33,
-        the loss steady after it), but epoch 1 then ended with a 16-sample step at the 512-sample
-        LR, the next loss was 3.38 and the run ended at 61.8% against AMP bs 512's 73.5%
-        (docs/results.md): a short step's LR does not yet follow its samples.
+        jump skips the sizes in between. Not the default: with a short step weighted by its samples
+        (short_step_lr="linear") it holds accuracy where it once lost a run (EfficientNet-B0 seed 2,
+        61.83% -> 73.64%), but it was not faster (H200, 2026-11-28, graphed, seeds 0-2: 1.14-1.21x
+        AMP bs 512's wall against the rung's 1.18-1.22x in the same call, 74.19% against 75.02% mean;
+        ResNet-18 took the rung's steps; docs/results.md).
       noise_scale_c: growth bound factor c > 0 (samples per unit of B_noise). 2.0 by measurement (H200,
         CIFAR-10, torch, both sides `--compile graphs`, seeds 0-2, 2026-11-28, docs/results.md; c = 2 and
         c = 1 in one call on seed 2, in calls a few minutes apart on seeds 0-1): against
