@@ -15,7 +15,7 @@ def test_defaults():
 
 @pytest.mark.parametrize("field,value", [
     ("precision_law", "fp32"), ("batch_law", "vram"), ("noise_scale_c", 0.0), ("noise_scale_c", float("inf")),
-    ("noise_beta", 1.0), ("t_noise", 0), ("rounding_noise_ratio", 0.0), ("rounding_noise_ratio", 1.0),
+    ("noise_beta", 1.0), ("t_noise", 0), ("t_noise_warm", 0), ("rounding_noise_ratio", 0.0), ("rounding_noise_ratio", 1.0),
 ])
 def test_new_fields_validated(field, value):
     with pytest.raises(ValueError, match=field):

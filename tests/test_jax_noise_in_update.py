@@ -150,6 +150,18 @@ def test_bad_use_fails_clearly_and_a_full_ring_warns():
     assert (sd["last_noise_fed"], sd["noise_logged"], sd["noise_lost"]) == (3, 4, 1)
 
 
+
+def test_the_ring_holds_the_dense_warm_up_measurements_too():
+    x, y = _data()
+    cfg = _cfg(t_noise=2, t_noise_warm=1, noise_beta=0.5)   # 2 warm-up steps 1 apart: 3 + 2 slots
+    model, ta, opt = _build(True, cfg)
+    assert find_state(opt.opt_state).noise_steps[...].shape == (5,)
+    for _ in range(4):
+        _half(opt, model, x[:4], y[:4], 1, 4)
+        _half(opt, model, x[4:], y[4:], 2, 6)
+    ta.control(4, opt)
+    assert ta.noise_lost == 0 and ta.controller._noise.count == 4 and ta.last_noise_fed == 3
+
 def _run(in_update: bool, steps: int, layout: str = "arrays"):
     """A TriAccel-wrapped MLP trained through elastic_step with a step in flight, fused steps, and
     noise steps measured inside the update (in_update) or on the host from the halves' gradients."""

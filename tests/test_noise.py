@@ -217,3 +217,32 @@ def test_noise_law_waits_for_warm_up_and_a_filled_ema():
     assert ctl.decide(30).batch_size == 32        # one measurement: EMA horizon (2) not filled
     _measure(ctl, 30, b_noise=1e4, batch=32)
     assert ctl.decide(40).batch_size == 64
+
+
+def test_warm_schedule_measures_densely_until_the_ema_is_warm_then_every_t_noise():
+    from triaccel.noise import is_noise_schedule_step, max_noise_steps_per_window, warm_count
+
+    assert [warm_count(b) for b in (0.0, 0.5, 0.7, 0.8)] == [1, 2, 4, 5]
+    steps = [s for s in range(0, 260) if is_noise_schedule_step(s, 100, 50, 10, 0.8)]
+    assert steps == [100, 110, 120, 130, 140, 150, 200, 250]
+    assert [s for s in range(260) if is_noise_schedule_step(s, 100, 50, None, 0.8)] == [100, 150, 200, 250]
+    assert [s for s in range(40) if is_noise_schedule_step(s, 5, 50, 10, 0.5)] == [5, 15]   # warm after 2
+    # the ring bound covers every window of t_ctrl steps, with and without the dense phase
+    for start, t_noise, t_warm, beta, t_ctrl in ((100, 50, 10, 0.8, 50), (3, 7, 2, 0.8, 10), (0, 5, None, 0.5, 12),
+                                                 (1, 50, 1, 0.9, 50)):
+        marks = [is_noise_schedule_step(s, start, t_noise, t_warm, beta) for s in range(600)]
+        most = max(sum(marks[k:k + t_ctrl]) for k in range(600 - t_ctrl))
+        assert most <= max_noise_steps_per_window(t_ctrl, t_noise, t_warm, beta)
+
+
+def test_t_noise_warm_lets_the_noise_law_grow_sooner_and_is_validated():
+    ctl = Controller(_cfg(noise_beta=0.5, warmup_steps=20, t_ctrl=50, t_noise=50, t_noise_warm=5), ["a"])
+    assert [s for s in range(101) if ctl.is_noise_step(s)] == [20, 25, 50, 100]
+    for s in (20, 25):
+        _measure(ctl, s, b_noise=1e4, batch=32)
+    assert ctl.decide(50).batch_size == 64        # warm after steps 20 and 25: grows at the first boundary
+    plain = Controller(_cfg(noise_beta=0.5, warmup_steps=20, t_ctrl=50, t_noise=50), ["a"])
+    _measure(plain, 50, b_noise=1e4, batch=32)
+    assert plain.decide(50).batch_size == 32      # t_noise alone: one measurement by step 50
+    with pytest.raises(ValueError, match="t_noise_warm"):
+        TriAccelConfig(t_noise_warm=0)

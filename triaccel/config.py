@@ -133,6 +133,9 @@ class TriAccelConfig:
       noise_beta: EMA factor in [0, 1) over noise measurements.
       t_noise: steps between noise measurements (None: t_ctrl), from warmup_steps on; they stop
         once B cannot grow, unless the evidence precision law (16-bit base) still uses them.
+      t_noise_warm: steps between the first 1/(1-noise_beta) noise measurements (None: t_noise), so
+        that the EMA the batch law waits for is warm sooner; t_noise spacing after them
+        (`triaccel.noise.is_noise_schedule_step`).
       rho_low, rho_high: fractions of MemMax (0 < rho_low < rho_high <= 1) below/above which B grows
         by delta_up / shrinks by delta_down (samples, multiples of batch_multiple). B grows only if
         memory scaled by the new B/B (an over-estimate: weights do not grow) stays <= rho_high*MemMax.
@@ -221,6 +224,7 @@ class TriAccelConfig:
     noise_scale_c: float = 2.0
     noise_beta: float = 0.8
     t_noise: int | None = None
+    t_noise_warm: int | None = None
     rho_low: float = 0.6
     rho_high: float = 0.85
     delta_up: int = 32
@@ -317,6 +321,8 @@ class TriAccelConfig:
         real("noise_beta", 0.0, 1.0, hi_open=True)
         if self.t_noise is not None:
             integer("t_noise", 1)
+        if self.t_noise_warm is not None:
+            integer("t_noise_warm", 1)
         real("rho_low", 0.0, 1.0, lo_open=True, hi_open=True)
         real("rho_high", 0.0, 1.0, lo_open=True)
         _check(self.rho_low < self.rho_high, "rho_low", self.rho_low, f"a value < rho_high ({self.rho_high})")

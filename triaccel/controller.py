@@ -17,7 +17,7 @@ from .batching import BatchLaw, resolve_memory_limit
 from .config import TriAccelConfig
 from .curvature import CurvatureLaw
 from .layers import LayerSpec, as_specs
-from .noise import GradientNoise, split_measurement
+from .noise import GradientNoise, is_noise_schedule_step, split_measurement
 from .precision import EvidenceLaw, Precision, PrecisionLaw
 from .variants import group_precisions, precision_groups
 from .stats import variance_from_moments
@@ -221,13 +221,15 @@ class Controller:
 
     def is_noise_step(self, step: int) -> bool:
         """Whether `step` should be split into two micro-batches to measure the gradient noise
-        scale: batch_law="noise", elastic batch on, a single-micro-batch step, every t_noise
-        steps from warmup_steps on (the first steps' estimates are a transient of the
-        initialisation), and only while the batch can still grow or the evidence precision law
-        uses it. The batch law acts on the estimate once 1/(1-noise_beta) measurements are in."""
+        scale: batch_law="noise", elastic batch on, a single-micro-batch step, on the schedule
+        from warmup_steps on (the first steps' estimates are a transient of the initialisation):
+        the first 1/(1-noise_beta) every t_noise_warm steps, then every t_noise
+        (`triaccel.noise.is_noise_schedule_step`), and only while the batch can still grow or the
+        evidence precision law uses it. The batch law acts on the estimate once 1/(1-noise_beta)
+        measurements are in."""
         c = self.config
-        if (c.batch_law != "noise" or not c.elastic_batch or step < c.warmup_steps
-                or step % (c.t_noise or c.t_ctrl) != 0):
+        if (c.batch_law != "noise" or not c.elastic_batch or not is_noise_schedule_step(
+                step, c.warmup_steps, c.t_noise or c.t_ctrl, c.t_noise_warm, c.noise_beta)):
             return False
         d = self._decision
         if d.accumulation != 1 or d.batch_size < 2:

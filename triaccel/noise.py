@@ -16,11 +16,40 @@ step's gradient. Everything here is per layer (L,), so the controller can also c
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["GradientNoise", "observe_split_step", "observe_tensor_noise", "split_measurement"]
+__all__ = ["GradientNoise", "is_noise_schedule_step", "max_noise_steps_per_window", "observe_split_step",
+           "observe_tensor_noise", "split_measurement", "warm_count"]
+
+
+def warm_count(beta: float) -> int:
+    """Measurements an EMA of factor `beta` needs before its horizon 1/(1-beta) is filled."""
+    return math.ceil(1.0 / (1.0 - beta) - 1e-9)
+
+
+def is_noise_schedule_step(step: int, start: int, t_noise: int, t_warm: int | None, beta: float) -> bool:
+    """Whether the noise-measurement schedule holds `step`: the first warm_count(beta) measurements
+    every `t_warm` steps from `start` (the EMA warm that much sooner), then every `t_noise` steps
+    (step % t_noise == 0) from `start` on; t_warm None: t_noise throughout. Steps are optimizer
+    steps; the schedule depends on the step number only, so both backends split the same steps."""
+    if step < start:
+        return False
+    if t_warm is not None and step < start + warm_count(beta) * t_warm and (step - start) % t_warm == 0:
+        return True
+    return step % t_noise == 0
+
+
+def max_noise_steps_per_window(t_window: int, t_noise: int, t_warm: int | None, beta: float) -> int:
+    """An upper bound on the schedule's noise steps among `t_window` consecutive steps (the size of
+    a ring that holds every measurement between two control boundaries t_window apart): the
+    regular ones, plus the warm-up ones where t_warm is set."""
+    regular = -(-t_window // t_noise) + 1
+    if t_warm is None:
+        return regular
+    return regular + min(warm_count(beta), -(-t_window // t_warm) + 1)
 
 
 def split_measurement(sizes: Sequence[int], micro_sqnorms: Any, total_sqnorm: Any,
@@ -79,7 +108,7 @@ class GradientNoise:
     @property
     def warm(self) -> bool:
         """At least 1/(1-beta) measurements folded in: the EMA's horizon is filled."""
-        return self.count >= 1.0 / (1.0 - self.beta) - 1e-9
+        return self.count >= warm_count(self.beta)
 
     def _debias(self) -> float:
         return 1.0 - self.beta ** self.count if self.count else 1.0

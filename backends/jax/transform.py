@@ -42,7 +42,7 @@ import numpy as np
 import optax
 
 from triaccel import Controller, Decision, Precision, TriAccelConfig
-from triaccel.noise import observe_tensor_noise
+from triaccel.noise import max_noise_steps_per_window, observe_tensor_noise
 from triaccel.stats import feed_statistics
 
 from .curvature import FisherTopK, HessianTopK, nnx_loss
@@ -459,10 +459,10 @@ class TriAccel:
         return tx
 
     def _noise_init(self, params: Any, n: int) -> dict[str, Any]:
-        """The noise fields of a new state for `n` gradient tensors: a ring of
-        ceil(t_ctrl / t_noise) + 1 measurements, as many as can fall between two boundaries."""
+        """The noise fields of a new state for `n` gradient tensors: a ring of as many
+        measurements as can fall between two boundaries (`max_noise_steps_per_window`)."""
         c = self.config
-        slots = -(-c.t_ctrl // (c.t_noise or c.t_ctrl)) + 1
+        slots = max_noise_steps_per_window(c.t_ctrl, c.t_noise or c.t_ctrl, c.t_noise_warm, c.noise_beta)
         is_var = lambda x: hasattr(x, "get_value")   # noqa: E731
         if self.noise_layout == "flat":
             sizes = tuple(int(np.prod(jnp.shape(_value(p)))) for p in jax.tree_util.tree_leaves(params, is_leaf=is_var))
