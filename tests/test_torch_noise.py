@@ -51,6 +51,7 @@ def test_noise_step_measures_the_halves_exactly():
         with opt.autocast():
             return F.cross_entropy(model(batch[0]), batch[1])
 
+    measured = {}
     for step in range(7):
         before = copy.deepcopy(model)
         seen.clear()
@@ -58,14 +59,55 @@ def test_noise_step_measures_the_halves_exactly():
                            apply_lr_batch_scale=False, optimizer_step=lambda d: opt.step_accumulated())
         if step in (0, 5):
             assert res.micro_sizes == [8, 8]
-            s, sizes, micro, total = calls[-1]
-            assert s == step and sizes == [8, 8]
-            np.testing.assert_allclose(micro, [_per_layer_sq(before, [b]) for b in seen], rtol=1e-4)
-            np.testing.assert_allclose(total, _per_layer_sq(before, seen), rtol=1e-4)
+            measured[step] = (before, list(seen))
         else:
             assert res.micro_sizes == [16]
+        # the measurement is copied without a wait and fed at the next flush: step 0's at the end of
+        # step 4 (the boundary before step 5's decision), step 5's not yet
+        assert [c[0] for c in calls] == ([] if step < 4 else [0])
+    opt.report()   # reads what is pending: step 5's measurement
     assert [c[0] for c in calls] == [0, 5]
+    for s, sizes, micro, total in calls:
+        before, batches = measured[s]
+        assert sizes == [8, 8]
+        np.testing.assert_allclose(micro, [_per_layer_sq(before, [b]) for b in batches], rtol=1e-4)
+        np.testing.assert_allclose(total, _per_layer_sq(before, batches), rtol=1e-4)
     assert opt.controller._noise.count == 2
+
+
+def _noise_run(defer: bool, steps: int = 23, save_at: int | None = None):
+    """Decisions and controller state of a run whose noise steps are fed deferred or at once."""
+    model, opt, loader = _setup(base_precision="bf16", t_noise=2, t_noise_warm=1, noise_beta=0.5, batch_max=64,
+                                noise_scale_c=4.0)
+    if not defer:
+        opt.defer_noise = None   # elastic_step then reads at the step, as with a plain optimizer
+
+    def loss_fn(batch):
+        with opt.autocast():
+            return F.cross_entropy(model(batch[0]), batch[1])
+
+    decisions, saved = [], None
+    for step in range(steps):
+        res = elastic_step(loader, opt.controller, loss_fn, opt, opt.step_count, scaler=opt,
+                           apply_lr_batch_scale=False, optimizer_step=lambda d: opt.step_accumulated())
+        decisions.append((res.micro_sizes, opt.decision.batch_size, tuple(opt.decision.precisions)))
+        if step == save_at:
+            saved = opt.state_dict()
+    opt.report()
+    return decisions, opt.controller.state_dict(), saved
+
+
+def test_deferred_noise_reads_leave_every_decision_as_an_immediate_read_does():
+    now, state_now, _ = _noise_run(defer=False)
+    later, state_later, _ = _noise_run(defer=True)
+    assert later == now and len({d[1] for d in now}) > 1   # the batch moved on the measurements
+    assert state_later["noise"] == state_now["noise"] and state_later["noise"]["count"] >= 5
+
+
+def test_a_checkpoint_holds_the_deferred_measurements():
+    _, _, saved = _noise_run(defer=True, steps=8, save_at=6)   # step 6 measured, not yet fed
+    _, _, immediate = _noise_run(defer=False, steps=8, save_at=6)
+    assert saved["controller"]["noise"] == immediate["controller"]["noise"]
 
 
 def test_nonfinite_layer_goes_fp32_under_the_evidence_law_and_report_is_current():

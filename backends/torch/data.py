@@ -239,9 +239,11 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
 
     Gradient noise: when `controller.is_noise_step(step)`, the step runs as two micro-batches and
     the squared norms of each one's gradient and of their sum go to
-    `controller.observe_gradient_noise` (one host read of 2 x 3 x n_params floats on such steps,
-    every t_noise steps). Tensors map to layers through `optimizer.layer_index(params)` (the
-    triaccel wrapper); with a plain optimizer the controller must have a single layer.
+    `controller.observe_gradient_noise` (one host read of 3 x n_params floats on such steps; under
+    the triaccel wrapper started without a wait and fed at its next statistics flush, before the
+    next decision, `TriAccelOptimizer.defer_noise`; with a plain optimizer the step waits for it).
+    Tensors map to layers through `optimizer.layer_index(params)` (the triaccel wrapper); with a
+    plain optimizer the controller must have a single layer.
 
     distributed: a `triaccel.backends.torch.distributed.Distributed` (default: the wrapper's
     `optimizer.distributed`). The loader's order and the decided batch are global; this rank runs
@@ -307,7 +309,8 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
             torch._foreach_mul_([p.grad for p in params if p.grad is not None], w)
             sq[:] = [s * (w * w) for s in sq]
         if measure and (len(report.sizes) >= 2 or distributed is not None):
-            _observe_noise(controller, step, params, report, sq, sqnorms, scaler, tensor_layer, distributed)
+            _observe_noise(controller, step, params, report, sq, sqnorms, scaler, tensor_layer, distributed,
+                           getattr(optimizer, "defer_noise", None))
         if distributed is not None:
             distributed.sync_gradients(params, report.num_samples, report.step_samples or 0, step)
         saved = [g["lr"] for g in optimizer.param_groups]
@@ -409,26 +412,53 @@ def _tensor_layer(controller: Any, optimizer: Any, params: list[torch.Tensor]) -
                      f"controller's {len(controller.layers)} layers; wrap it with triaccel.backends.torch.wrap")
 
 
+def _host_copy(t: torch.Tensor) -> Callable[[], np.ndarray]:
+    """`t`'s device->host copy, started now without waiting for the GPU; the returned call waits for
+    the copy (a CUDA event) and gives the array. Off CUDA the copy is made at once."""
+    if t.device.type != "cuda":
+        host = t.detach().cpu().numpy().copy()
+        return lambda: host
+    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    buf.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> np.ndarray:
+        done.synchronize()
+        return buf.numpy()
+
+    return wait
+
+
 def _observe_noise(controller: Any, step: int, params: list[torch.Tensor], report: ElasticStepReport[torch.Tensor],
                    sq: list[torch.Tensor], sqnorms: Any, scaler: Any, tensor_layer: np.ndarray,
-                   distributed: Any = None) -> None:
+                   distributed: Any = None, defer: Callable[[Callable[[], None]], None] | None = None) -> None:
     """The noise measurement of a split step: one device->host read, then the shared core.
-    Data parallel: every rank calls it at the step; the ranks' measurements are combined."""
+    defer: the triaccel optimizer's `defer_noise`: the read starts now and is fed at its next flush
+    (no wait for the GPU at this step); without it the step waits for the read. Data parallel:
+    every rank calls it at the step (never deferred); the ranks' measurements are combined."""
     if distributed is not None and len(report.sizes) < 2:
         distributed.reduce_noise(report.sizes, None, len(params), step)   # the others wait for this rank's part
         return
     rows = torch.stack([*sq, sqnorms([p.grad for p in params])])
-    scale = 1.0
     if scaler is not None:
         one = torch.ones((), device=rows.device)
         rows = torch.cat([rows.reshape(-1), scaler.scale(one).float().reshape(1)])
-    host = rows.double().cpu().numpy()          # the one sync of a measured step
-    if scaler is not None:
-        host, scale = host[:-1].reshape(len(sq) + 1, len(params)), float(host[-1])
-    sizes = report.sizes
-    if distributed is not None:
-        got = distributed.reduce_noise(sizes, host, len(params), step)
-        if got is None:
-            return
-        sizes, host = got
-    observe_split_step(controller, step, sizes, report.weights, host, tensor_layer, scale)
+    read = _host_copy(rows.double())
+    sizes, weights, shape = list(report.sizes), list(report.weights), (len(sq) + 1, len(params))
+
+    def feed() -> None:
+        host, scale, measured = read(), 1.0, sizes   # waits for the copy: the one sync of a measured step
+        if scaler is not None:
+            host, scale = host[:-1].reshape(shape), float(host[-1])
+        if distributed is not None:
+            got = distributed.reduce_noise(sizes, host, len(params), step)
+            if got is None:
+                return
+            measured, host = got
+        observe_split_step(controller, step, measured, weights, host, tensor_layer, scale)
+
+    if distributed is None and defer is not None:
+        defer(feed)
+    else:
+        feed()

@@ -225,6 +225,8 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         # the gradients of a fixed parameter list: a launch reads only their addresses
         self._moments = FixedMoments(impl=config.kernels)
         self._rows: list[tuple[int, int]] = []  # (step, _ROW_* guard code) per filled row
+        # noise measurements copied to the host without a wait, fed at the next flush (`defer_noise`)
+        self._noise_reads: list[Callable[[], None]] = []
         self._zeros: dict[int, torch.Tensor] = {}
         self._inv_scale = torch.ones(1, dtype=torch.float32, device=self.device)
         # One non-finite flag per ring row (1.0 = non-finite step), set by the statistics launch
@@ -514,11 +516,26 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if d is not self._applied:
             self._apply(d)
 
+    def defer_noise(self, feed: Callable[[], None]) -> None:
+        """Hold a gradient-noise measurement's feed (`elastic_step`: its device->host copy already
+        started, `feed()` waits for it and calls the controller) until the next flush of the
+        statistics ring, which runs it before the ring's rows: the order an immediate read gives,
+        so the decisions are the same, without the measured step's wait for the GPU. Single
+        process only (data parallel combines the ranks' measurements at the step)."""
+        self._noise_reads.append(feed)
+
+    def _feed_noise(self) -> None:
+        reads, self._noise_reads = self._noise_reads, []
+        for feed in reads:
+            feed()
+
     def _flush(self, memory: MemoryReading | None = None, exchange: bool = False) -> None:
-        """Read the statistics ring (one device->host copy) and feed it to the controller.
+        """Feed the held noise measurements, then read the statistics ring (one device->host copy)
+        and feed it to the controller.
 
         exchange (data parallel, at boundaries on every rank): one all-gather combines the ranks'
         rings, loss scales, memory readings and OOM counts (`Distributed.exchange_boundary`)."""
+        self._feed_noise()
         n = len(self._rows)
         if n == 0 and not exchange:
             return
@@ -708,7 +725,9 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         self.optimizer.state = value
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        """Inner optimizer state + controller + loss scale + counters + pending statistics."""
+        """Inner optimizer state + controller + loss scale + counters + pending statistics (the
+        held noise measurements are fed to the controller first)."""
+        self._feed_noise()
         n = len(self._rows)
         return {
             "optimizer": self.optimizer.state_dict(),
@@ -737,6 +756,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         if len(rows) > self._buf.shape[0]:
             raise ValueError(f"state_dict: {len(rows)} pending statistics rows, buffer holds {self._buf.shape[0]}")
         self._rows = rows
+        self._noise_reads = []   # held measurements of the trajectory the loaded state replaces
         self._found_ring.zero_()
         if rows:
             self._buf[: len(rows)].copy_(sd["pending_stats"].to(self._buf.device))
