@@ -532,3 +532,17 @@ def test_set_values_parse_as_json_or_as_words():
         train._parse_set(["d=[96,"])
     with pytest.raises(SystemExit, match="expected KEY=VALUE"):
         train._parse_set(["kernels"])
+
+
+def test_set_refuses_fields_the_demo_sets_from_its_flags_and_unknown_names(capsys):
+    """--set batch_max=64 once ended in a TypeError (two values for one keyword); now a parse error names the
+    flag to use. batch_min (no flag of its own) goes through --set."""
+    with pytest.raises(SystemExit):
+        train.parse_args(["--set", "batch_max=64"])
+    assert "the demo sets batch_max from --batch-max" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.parse_args(["--set", "bogus=1"])
+    assert "not a TriAccelConfig field" in capsys.readouterr().err
+    opts = train.parse_args(["--set", "batch_min=16", "--set", "t_noise_warm=10", "--device", "cpu"])
+    cfg = opts.triaccel_config()
+    assert (cfg.batch_min, cfg.t_noise_warm) == (16, 10)

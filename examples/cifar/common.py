@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import math
@@ -32,6 +33,13 @@ def bucket_ladder(batch: int, lo: int, hi: int) -> tuple[int, ...]:
     down = [batch >> i for i in range(1, batch.bit_length()) if batch % (1 << i) == 0 and batch >> i >= lo]
     up = [batch << i for i in range(0, 32) if batch << i <= hi]
     return tuple(sorted({*down, *up, *([hi] if hi >= batch else [])}))
+
+
+# TriAccelConfig fields the demo sets from its own flags (--set refuses them)
+FLAG_FIELDS = {"batch_init": "--batch", "batch_max": "--batch-max", "memory_budget": "--budget",
+               "lr_rule": "--lr-rule", "curvature": "--curvature", "adaptive_precision": "--levers",
+               "elastic_batch": "--levers", "base_precision": "--method", "t_ctrl": "--t-ctrl",
+               "warmup_steps": "--warmup-steps", "offload": "--offload"}
 
 
 @dataclass
@@ -88,6 +96,17 @@ class RunOptions:
     extra: dict[str, Any] = field(default_factory=dict)
     xla_options: dict[str, Any] = field(default_factory=dict)   # JAX: XLA compiler options, every program
 
+    def check_extra(self) -> None:
+        """`extra` (--set) names TriAccelConfig fields the demo does not set from a flag of its own:
+        ValueError naming the field and the flag to use (or that it is no field at all)."""
+        fields = {f.name for f in dataclasses.fields(TriAccelConfig)}
+        for key in self.extra:
+            if key in FLAG_FIELDS:
+                raise ValueError(f"--set {key}=...: the demo sets {key} from {FLAG_FIELDS[key]}; use that flag")
+            if key not in fields:
+                raise ValueError(f"--set {key}=...: not a TriAccelConfig field (allowed: "
+                                 f"{', '.join(sorted(fields - set(FLAG_FIELDS)))})")
+
     def channels_last(self, device_type: str) -> bool:
         """torch: whether the model and its inputs use the channels_last memory format
         (`triaccel.backends.torch.models.uses_channels_last`; "auto": not for EfficientNet)."""
@@ -109,13 +128,15 @@ class RunOptions:
         # the weighted one measured no better for AMP (EfficientNet-B0 bs 512, seeds 0-2, H200 2026-11-28:
         # 73.05% mean weighted, 73.53% plain; docs/results.md). --set short_step_lr=... overrides.
         static = {} if self.method == "triaccel" else {"short_step_lr": "batch"}
-        extra = {"t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl,
+        self.check_extra()
+        extra = {"batch_min": 8, "t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl,
                  "offload": self.offload if self.method == "triaccel" else "off", **static, **self.extra}
         if "batch_buckets" not in extra:
-            extra["batch_buckets"] = tuple(b for b in bucket_ladder(self.batch, 8, max(self.batch_max, self.batch))
+            extra["batch_buckets"] = tuple(b for b in bucket_ladder(self.batch, extra["batch_min"],
+                                                                    max(self.batch_max, self.batch))
                                            if b % shards == 0)
         return TriAccelConfig(
-            batch_init=self.batch, batch_min=8, batch_max=max(self.batch_max, self.batch),
+            batch_init=self.batch, batch_max=max(self.batch_max, self.batch),
             memory_budget=self.budget, lr_rule=self.lr_rule if "batch" in on else "none",
             curvature=self.curvature if "curvature" in on else "off",
             adaptive_precision="precision" in on, elastic_batch="batch" in on,

@@ -370,6 +370,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set),
         xla_options=_parse_set(a.xla_option, "--xla-option", "an XLA compiler option"))
+    try:
+        opts.check_extra()
+    except ValueError as e:
+        p.error(str(e))
     opts.out = a.out or f"runs/{a.backend}-{a.model}-{a.dataset}-{a.method}-s{a.seed}"
     opts.devices = a.devices  # type: ignore[attr-defined]  # JAX data parallel (jax_loop); None: all
     for flag, value in (("--fuse-steps", a.fuse_steps), ("--plan-headroom", a.plan_headroom),
