@@ -6,7 +6,12 @@ the window; the GPU's busy time over all its streams; the most expensive event n
 tracks with their counts, and on GPU tracks the most frequent (kernels launched per step = count /
 traced steps). A GPU busy share well below 1 over steady-state steps means the device waits for the host.
 
-usage: python3 benchmarks/trace_summary.py RUN_OUT [--top 8] [--json PATH]
+With --gaps N: the device's idle intervals between its first and last event (the device waiting for
+the host), the N longest with the step they fall in (the demo marks each traced step's host span "step
+N") and the innermost host event running when each began (e.g. a device->host copy that waited), and
+the steps with the most idle time.
+
+usage: python3 benchmarks/trace_summary.py RUN_OUT [--top 8] [--gaps N] [--json PATH]
   RUN_OUT: the demo's --out folder (its trace/ is searched; its summary.json gives the traced step
   count, for per-step figures) or a trace file (.json or .json.gz)
 """
@@ -17,6 +22,7 @@ import glob
 import gzip
 import json
 import os
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -68,7 +74,62 @@ def is_gpu(process: str, event: dict[str, Any]) -> bool:
         "kernel", "gpu_memcpy", "gpu_memset")
 
 
-def summarize(events: list[dict[str, Any]], top: int) -> dict[str, Any]:
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as disjoint sorted intervals."""
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+STEP_MARK = re.compile(r"^step (\d+)$")
+
+
+def idle_gaps(events: list[dict[str, Any]], pname: dict[Any, str], top: int) -> dict[str, Any]:
+    """The device's idle intervals between its first and last event (us in, ms out): the `top` longest,
+    each with its start (ms from the first device event), the traced step whose host mark ("step N")
+    holds that start, and the innermost host event running then; and idle ms per step, most first."""
+    host, gpu, marks = [], [], []
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        proc, name = pname.get(e["pid"], str(e["pid"])), str(e.get("name", ""))
+        if str(e.get("cat", "")).lower() == "gpu_user_annotation":   # a step mark mirrored on a stream
+            continue
+        m = STEP_MARK.match(name)
+        if is_gpu(proc, e):
+            gpu.append(iv)
+        elif m:
+            marks.append((iv, int(m.group(1))))
+        elif not name.startswith("PyTorch Profiler"):
+            host.append((iv, name))
+    busy = merged(gpu)
+    gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:])]
+    origin = busy[0][0] if busy else 0.0
+
+    def step_at(t: float) -> int | None:
+        return next((n for (s, e), n in marks if s <= t < e), None)
+
+    def host_at(t: float) -> str | None:
+        inside = [(e - s, name) for (s, e), name in host if s <= t < e]
+        return min(inside)[1] if inside else None
+
+    per_step: dict[Any, float] = defaultdict(float)
+    for s, e in gaps:
+        per_step[step_at(s)] += e - s
+    longest = sorted(gaps, key=lambda g: g[0] - g[1])[:top]
+    return {"idle_ms": sum(e - s for s, e in gaps) / 1e3, "count": len(gaps),
+            "longest": [{"at_ms": round((s - origin) / 1e3, 3), "ms": round((e - s) / 1e3, 3), "step": step_at(s),
+                         "host": host_at(s)} for s, e in longest],
+            "per_step": [{"step": k, "idle_ms": round(v / 1e3, 3)}
+                         for k, v in sorted(per_step.items(), key=lambda kv: -kv[1])[:top]]}
+
+
+def summarize(events: list[dict[str, Any]], top: int, gaps: int = 0) -> dict[str, Any]:
     pname: dict[Any, str] = {}
     tname: dict[tuple[Any, Any], str] = {}
     for e in events:
@@ -84,6 +145,8 @@ def summarize(events: list[dict[str, Any]], top: int) -> dict[str, Any]:
     tracks: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     gpu: list[tuple[float, float]] = []
     for e in spans:
+        if str(e.get("cat", "")).lower() == "gpu_user_annotation":   # a step mark mirrored on a stream: no work
+            continue
         proc = pname.get(e["pid"], str(e["pid"]))
         tracks[(proc, tname.get((e["pid"], e.get("tid")), str(e.get("tid"))))].append(e)
         if is_gpu(proc, e):
@@ -104,8 +167,11 @@ def summarize(events: list[dict[str, Any]], top: int) -> dict[str, Any]:
                      "share": busy / window, "top": [(n, round(d / 1e3, 3), c) for n, (d, c) in names],
                      "most_frequent": [(n, c, round(d / 1e3, 3)) for n, (d, c) in frequent]})
     rows.sort(key=lambda r: -r["busy_ms"])
-    return {"window_ms": window / 1e3, "gpu_busy_ms": union_us(gpu) / 1e3,
-            "gpu_share": union_us(gpu) / window if gpu else None, "gpu_events": len(gpu), "tracks": rows}
+    out = {"window_ms": window / 1e3, "gpu_busy_ms": union_us(gpu) / 1e3,
+           "gpu_share": union_us(gpu) / window if gpu else None, "gpu_events": len(gpu), "tracks": rows}
+    if gaps:
+        out["gaps"] = idle_gaps(events, pname, gaps)
+    return out
 
 
 def main() -> None:
@@ -115,10 +181,14 @@ def main() -> None:
     ap.add_argument("--tracks", type=int, default=6, help="tracks shown with their top events (default 6)")
     ap.add_argument("--counts", action="store_true",
                     help="also list every shown track's most frequent events (GPU tracks always)")
+    ap.add_argument("--gaps", type=int, default=0, metavar="N",
+                    help="also list the N longest device-idle intervals and the N steps with the most idle time")
     ap.add_argument("--json", default=None, help="also write the summary here")
     args = ap.parse_args()
+    if args.gaps < 0:
+        ap.error(f"--gaps={args.gaps}: allowed an integer >= 0")
     path = find_trace(args.path)
-    s = summarize(load_events(path), args.top)
+    s = summarize(load_events(path), args.top, args.gaps)
     gpu = "none" if s["gpu_share"] is None else f"{s['gpu_busy_ms']:.1f} ms ({100 * s['gpu_share']:.0f}%)"
     print(f"{path}\nwindow {s['window_ms']:.1f} ms; GPU busy {gpu} over {s['gpu_events']} events")
     steps = traced_steps(args.path)
@@ -135,6 +205,12 @@ def main() -> None:
             print("    most frequent:")
             for n, count, ms in r["most_frequent"]:
                 print(f"      {count:>6}x {ms:9.3f} ms  {n[:100]}")
+    g = s.get("gaps")
+    if g:
+        print(f"device idle between its first and last event: {g['idle_ms']:.1f} ms in {g['count']} gaps; longest:")
+        for r in g["longest"]:
+            print(f"  {r['ms']:8.3f} ms at +{r['at_ms']:.1f} ms  step {r['step']}  host in: {str(r['host'])[:80]}")
+        print("  idle per step (ms): " + ", ".join(f"{r['step']}: {r['idle_ms']:.2f}" for r in g["per_step"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(s, f, indent=1)

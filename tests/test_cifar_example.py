@@ -165,6 +165,9 @@ def test_trace_steps_profile_a_window_that_the_summary_reads(tmp_path, backend):
     assert s["window_ms"] > 0 and s["gpu_share"] is None   # a CPU run: no device track
     assert trace_summary.traced_steps(str(out)) == 2
     assert s["tracks"][0]["busy_ms"] > 0 and 0 < s["tracks"][0]["share"] <= 1.0 + 1e-9
+    marks = {e["name"] for e in trace_summary.load_events(trace_summary.find_trace(str(out)))
+             if e.get("ph") == "X" and trace_summary.STEP_MARK.match(str(e.get("name", "")))}
+    assert marks == {"step 2", "step 3"}   # each traced step's host span, for --gaps
     steps = [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["type"] == "step"]
     assert all(b["host_s"] > a["host_s"] > 0 for a, b in zip(steps, steps[1:]))
 
@@ -546,3 +549,27 @@ def test_set_refuses_fields_the_demo_sets_from_its_flags_and_unknown_names(capsy
     opts = train.parse_args(["--set", "batch_min=16", "--set", "t_noise_warm=10", "--device", "cpu"])
     cfg = opts.triaccel_config()
     assert (cfg.batch_min, cfg.t_noise_warm) == (16, 10)
+
+
+def test_trace_summary_gaps_name_the_step_and_the_host_event_of_each_device_idle():
+    import trace_summary   # benchmarks/ is on the path (conftest.py)
+
+    ev = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+          {"ph": "X", "pid": 1, "tid": 7, "ts": 0, "dur": 100, "name": "k", "cat": "kernel"},
+          {"ph": "X", "pid": 1, "tid": 7, "ts": 110, "dur": 100, "name": "k", "cat": "kernel"},   # 10 us idle
+          {"ph": "X", "pid": 1, "tid": 7, "ts": 250, "dur": 50, "name": "k", "cat": "kernel"},    # 40 us idle
+          {"ph": "X", "pid": 1, "tid": 7, "ts": 0, "dur": 300, "name": "step 5", "cat": "gpu_user_annotation"},
+          {"ph": "X", "pid": 2, "tid": 1, "ts": 0, "dur": 150, "name": "step 5"},
+          {"ph": "X", "pid": 2, "tid": 1, "ts": 150, "dur": 150, "name": "step 6"},
+          {"ph": "X", "pid": 2, "tid": 1, "ts": 200, "dur": 60, "name": "aten::copy_"},
+          {"ph": "X", "pid": 2, "tid": 1, "ts": 205, "dur": 50, "name": "cudaMemcpyAsync"}]
+    s = trace_summary.summarize(ev, top=3, gaps=2)
+    g = s["gaps"]
+    assert g["count"] == 2 and g["idle_ms"] == pytest.approx(0.050)
+    assert g["longest"][0] == {"at_ms": 0.21, "ms": 0.04, "step": 6, "host": "cudaMemcpyAsync"}
+    assert g["longest"][1] == {"at_ms": 0.1, "ms": 0.01, "step": 5, "host": None}   # marks are not host work
+    assert g["per_step"] == [{"step": 6, "idle_ms": 0.04}, {"step": 5, "idle_ms": 0.01}]
+    gpu_track = next(t for t in s["tracks"] if t["thread"] == "7")
+    assert gpu_track["busy_ms"] == pytest.approx(0.25) and gpu_track["events"] == 3   # the mark is no work
+    assert "gaps" not in trace_summary.summarize(ev, top=3)

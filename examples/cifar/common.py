@@ -174,13 +174,17 @@ class StepTrace:
     """The backend's profiler over optimizer steps [start, stop) (`--trace-steps START:STOP`): call
     `at(step)` before each step and `close()` after the loop. `begin()` starts the profiler;
     `end()` waits for the device and writes the trace (under the run's out/trace). A run shorter
-    than `stop` steps is ended by `close()`."""
+    than `stop` steps is ended by `close()`. annotate(step): an optional context manager that marks
+    each traced step's host span in the trace, named "step N" (`benchmarks/trace_summary.py --gaps`
+    attributes the device's idle time to steps by it); entered at `at(step)`, left at the next."""
 
-    def __init__(self, steps: tuple[int, int] | None, begin: Callable[[], None], end: Callable[[], None]) -> None:
+    def __init__(self, steps: tuple[int, int] | None, begin: Callable[[], None], end: Callable[[], None],
+                 annotate: Callable[[int], Any] | None = None) -> None:
         if steps is not None and not 0 <= steps[0] < steps[1]:
             raise ValueError(f"steps={steps!r}: allowed (start, stop) with 0 <= start < stop (optimizer steps)")
-        self.steps, self._begin, self._end = steps, begin, end
+        self.steps, self._begin, self._end, self._annotate = steps, begin, end, annotate
         self.active = False
+        self._mark: Any = None
 
     def at(self, step: int) -> None:
         if self.steps is None:
@@ -190,10 +194,20 @@ class StepTrace:
             self.active = True
         elif step == self.steps[1] and self.active:
             self.close()
+        if self.active and self._annotate is not None:
+            self._leave()
+            self._mark = self._annotate(step)
+            self._mark.__enter__()
+
+    def _leave(self) -> None:
+        if self._mark is not None:
+            mark, self._mark = self._mark, None
+            mark.__exit__(None, None, None)
 
     def close(self) -> None:
         if self.active:
             self.active = False
+            self._leave()
             self._end()
 
 

@@ -297,7 +297,8 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
         jax.profiler.stop_trace()
 
     tracer = StepTrace(opts.trace_steps, lambda: jax.profiler.start_trace(
-        os.path.join(opts.out, "trace"), create_perfetto_trace=True), end_trace)
+        os.path.join(opts.out, "trace"), create_perfetto_trace=True), end_trace,
+        annotate=lambda s: jax.profiler.TraceAnnotation(f"step {s}"))
     for epoch in range(opts.epochs):
         t0 = time.perf_counter()
         losses = []

@@ -278,7 +278,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         os.makedirs(os.path.join(opts.out, "trace"), exist_ok=True)
         profiler[0].export_chrome_trace(os.path.join(opts.out, "trace", "torch_trace.json"))
 
-    tracer = StepTrace(opts.trace_steps, begin_trace, end_trace)
+    tracer = StepTrace(opts.trace_steps, begin_trace, end_trace,
+                       annotate=lambda s: torch.profiler.record_function(f"step {s}"))
     if runtime is not None:
         t_wait = time.perf_counter()
         runtime.finish()

@@ -12,8 +12,8 @@ D=/tmp/data/cifar10-jpeg
 timeout 120 python3 -m examples.cifar.train --backend torch --model efficientnet_b0 --data $D --seed 0 --no-progress \
   --compile graphs --out /tmp/runs/tri --method triaccel --budget 4GiB --epochs 5 --trace-steps 740:780 \
   > $O/tr/tri.log 2>&1; echo "tri rc $?"
-python3 benchmarks/trace_summary.py /tmp/runs/tri --counts --json $O/tr/tri-summary.json > $O/tr/tri-trace.txt 2>&1
-head -4 $O/tr/tri-trace.txt
+python3 benchmarks/trace_summary.py /tmp/runs/tri --counts --gaps 10 --json $O/tr/tri-summary.json > $O/tr/tri-trace.txt 2>&1
+head -4 $O/tr/tri-trace.txt; grep -A12 "device idle" $O/tr/tri-trace.txt
 cd $R
 OUT=$O/eff MODEL=efficientnet_b0 SEEDS="0 1" LIMIT=60 timeout 190 bash benchmarks/device/torch_variants.sh \
   "amp512gL=--method amp --batch 512 --compile graphs --set short_step_lr=linear" \
