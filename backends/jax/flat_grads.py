@@ -10,7 +10,7 @@ without the halves, 2026-11-28, docs/results.md). Over one vector the select and
 elementwise op, and the statistics a row reduction over fixed-size chunks (no chunk straddles two
 arrays) plus a sorted segment sum of the rows: a few kernels whatever the array count. On this
 machine's CPU that cut the fusions (1,872 -> 1,173) but neither the compilation nor the call time
-(`TriAccel`'s noise_layout); the GPU A/B is benchmarks/results/s42/next/next27_jax_noise_layout.sh.
+(`TriAccel`'s noise_layout); the GPU A/B is benchmarks/results/s43/next/next27_jax_noise_layout.sh.
 """
 
 from __future__ import annotations
