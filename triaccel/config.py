@@ -136,7 +136,7 @@ class TriAccelConfig:
       t_noise_warm: steps between the first 1/(1-noise_beta) noise measurements (None, the default:
         t_noise), so that the EMA the batch law waits for is warm sooner; t_noise spacing after them
         (`triaccel.noise.is_noise_schedule_step`). Not the default: at 10 (H200, graphed, seeds 0-2,
-        2026-11-28, docs/results.md) EfficientNet-B0 trained 0.3-1.1 s (2-4%) shorter at 75.30% mean
+        2026-11-28, docs/results.md) EfficientNet-B0 trained 0.3-1.1 s (1-5%) shorter at 75.30% mean
         against 75.02%, but ResNet-18 reached 87.02% against the default's 87.44-87.48%.
       rho_low, rho_high: fractions of MemMax (0 < rho_low < rho_high <= 1) below/above which B grows
         by delta_up / shrinks by delta_down (samples, multiples of batch_multiple). B grows only if
