@@ -44,7 +44,7 @@ def main() -> None:
     class WindowProfile:
         """Stands in for the demo's StepTrace: cProfile over each window."""
 
-        def __init__(self, steps, begin, end) -> None:  # noqa: ANN001 - the demo's signature
+        def __init__(self, steps, begin, end, annotate=None) -> None:  # noqa: ANN001 - the demo's signature
             self.prof: cProfile.Profile | None = None
             self.win: tuple[int, int] | None = None
             self.t0 = 0.0
