@@ -292,13 +292,17 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
             grads = torch.autograd.grad(scaled, params, allow_unused=True)
             if measure:
                 sq.append(sqnorms(list(grads)))
+            into, added = [], []
             for p, g in zip(params, grads):
                 if g is None:
                     continue
                 if p.grad is None:   # a copy: g may be in a CUDA graph's pool (see _own_gradients)
                     p.grad = g.detach().clone()
                 else:
-                    p.grad.add_(g)
+                    into.append(p.grad)
+                    added.append(g)
+            if into:   # one launch per dtype group, not one per parameter (a step is host-bound at small batches)
+                torch._foreach_add_(into, added)
         done[0] += 1
         return loss.detach()
 
