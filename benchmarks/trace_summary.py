@@ -57,15 +57,7 @@ def load_events(path: str) -> list[dict[str, Any]]:
 
 def union_us(intervals: list[tuple[float, float]]) -> float:
     """Total length of the union of [start, end) intervals (same unit as given)."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return total + (cur_e - cur_s if cur_e is not None else 0.0)
+    return sum(e - s for s, e in merged(intervals))
 
 
 def is_gpu(process: str, event: dict[str, Any]) -> bool:
@@ -88,25 +80,12 @@ def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
 STEP_MARK = re.compile(r"^step (\d+)$")
 
 
-def idle_gaps(events: list[dict[str, Any]], pname: dict[Any, str], top: int) -> dict[str, Any]:
+def idle_gaps(gpu: list[tuple[float, float]], host: list[tuple[tuple[float, float], str]],
+              marks: list[tuple[tuple[float, float], int]], top: int) -> dict[str, Any]:
     """The device's idle intervals between its first and last event (us in, ms out): the `top` longest,
     each with its start (ms from the first device event), the traced step whose host mark ("step N")
-    holds that start, and the innermost host event running then; and idle ms per step, most first."""
-    host, gpu, marks = [], [], []
-    for e in events:
-        if e.get("ph") != "X" or "dur" not in e:
-            continue
-        iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-        proc, name = pname.get(e["pid"], str(e["pid"])), str(e.get("name", ""))
-        if str(e.get("cat", "")).lower() == "gpu_user_annotation":   # a step mark mirrored on a stream
-            continue
-        m = STEP_MARK.match(name)
-        if is_gpu(proc, e):
-            gpu.append(iv)
-        elif m:
-            marks.append((iv, int(m.group(1))))
-        elif not name.startswith("PyTorch Profiler"):
-            host.append((iv, name))
+    holds that start, and the innermost host event running then; and idle ms per step, most first.
+    gpu: device intervals; host: (interval, name) of host events; marks: (interval, step) of step marks."""
     busy = merged(gpu)
     gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:])]
     origin = busy[0][0] if busy else 0.0
@@ -144,13 +123,22 @@ def summarize(events: list[dict[str, Any]], top: int, gaps: int = 0) -> dict[str
     t1 = max(float(e["ts"]) + float(e["dur"]) for e in spans)
     tracks: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     gpu: list[tuple[float, float]] = []
+    host: list[tuple[tuple[float, float], str]] = []
+    marks: list[tuple[tuple[float, float], int]] = []
     for e in spans:
         if str(e.get("cat", "")).lower() == "gpu_user_annotation":   # a step mark mirrored on a stream: no work
             continue
-        proc = pname.get(e["pid"], str(e["pid"]))
+        proc, name = pname.get(e["pid"], str(e["pid"])), str(e.get("name", ""))
+        iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        mark = None if is_gpu(proc, e) else STEP_MARK.match(name)
+        if mark:   # the demo's mark of a step's host span: where, not work (left out of the tracks' busy time)
+            marks.append((iv, int(mark.group(1))))
+            continue
         tracks[(proc, tname.get((e["pid"], e.get("tid")), str(e.get("tid"))))].append(e)
         if is_gpu(proc, e):
-            gpu.append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+            gpu.append(iv)
+        elif not name.startswith("PyTorch Profiler"):
+            host.append((iv, name))
     window = t1 - t0
     rows = []
     for (proc, thread), evs in tracks.items():
@@ -170,7 +158,7 @@ def summarize(events: list[dict[str, Any]], top: int, gaps: int = 0) -> dict[str
     out = {"window_ms": window / 1e3, "gpu_busy_ms": union_us(gpu) / 1e3,
            "gpu_share": union_us(gpu) / window if gpu else None, "gpu_events": len(gpu), "tracks": rows}
     if gaps:
-        out["gaps"] = idle_gaps(events, pname, gaps)
+        out["gaps"] = idle_gaps(gpu, host, marks, gaps)
     return out
 
 

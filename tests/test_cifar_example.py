@@ -572,4 +572,6 @@ def test_trace_summary_gaps_name_the_step_and_the_host_event_of_each_device_idle
     assert g["per_step"] == [{"step": 6, "idle_ms": 0.04}, {"step": 5, "idle_ms": 0.01}]
     gpu_track = next(t for t in s["tracks"] if t["thread"] == "7")
     assert gpu_track["busy_ms"] == pytest.approx(0.25) and gpu_track["events"] == 3   # the mark is no work
+    host_track = next(t for t in s["tracks"] if t["process"] == "/host:CPU")
+    assert host_track["busy_ms"] == pytest.approx(0.06) and host_track["events"] == 2   # nor are the step marks
     assert "gaps" not in trace_summary.summarize(ev, top=3)

@@ -452,7 +452,7 @@ def _observe_noise(controller: Any, step: int, params: list[torch.Tensor], repor
     sizes, weights, shape = list(report.sizes), list(report.weights), (len(sq) + 1, len(params))
 
     def feed() -> None:
-        host, scale, measured = read(), 1.0, sizes   # waits for the copy: the one sync of a measured step
+        host, scale, measured = read(), 1.0, sizes   # waits for the copy (held to the next flush: long done)
         if scaler is not None:
             host, scale = host[:-1].reshape(shape), float(host[-1])
         if distributed is not None:
