@@ -9,10 +9,12 @@ DEMO_ARGS ?=
 
 setup: $(STAMP)
 
+# --no-cache-dir: no second copy of the wheels (torch, jaxlib) in pip's cache; CI's disk once ran
+# out in the middle of this install
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --no-cache-dir --upgrade pip
+	$(PY) -m pip install -q --no-cache-dir -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 # Triton kernels run on the CPU through the interpreter.
