@@ -96,8 +96,9 @@ def test_kernels_choice_is_checked():
 
     assert TriAccelConfig().kernels == "auto" and TriAccelConfig(kernels="reference").kernels == "reference"
     assert TriAccelConfig(kernels="xla").kernels == "xla"   # JAX only: the torch wrapper refuses it
-    # "torch" (torch's own segmented sums) was removed: 29x slower on an H200 than the kernel
+    assert TriAccelConfig(kernels="stock").kernels == "stock"   # torch only: the JAX wrapper refuses it
+    # "torch" (torch's own per-tensor reductions) was removed: 29x slower on an H200 than the kernel
     for bad in ("cuda", "torch"):
         with pytest.raises(ValueError, match=f"kernels='{bad}' is invalid: allowed one of 'auto', 'triton', "
-                                             "'reference', 'xla'"):
+                                             "'reference', 'xla', 'stock'"):
             TriAccelConfig(kernels=bad)
