@@ -293,3 +293,42 @@ def test_order_span_recognises_views_of_the_epoch_order_only():
     old = s.order
     s.next_epoch()
     assert s.order is not old and s.order_span(a) is None   # last epoch's views do not match
+
+
+class _IndexLoader(ElasticIndexLoader):
+    def fetch(self, indices):
+        return indices
+
+
+@pytest.mark.parametrize("split,expected", [(2, [16, 16]), (1, [32])])
+def test_controlled_step_takes_two_batches_for_a_doubled_noise_step(split, expected):
+    """noise_split="double": a noise step takes 2B indices, as two micro-batches of B (split 2, the
+    torch step), or as one of 2B that the backend halves inside its own program (split 1); its
+    samples weigh as one step of 2B (`step_weight(take=2)`); plain steps take B."""
+    from triaccel import Controller, TriAccelConfig
+    from triaccel.elastic import controlled_step, noise_split, noise_take, step_weight
+
+    cfg = TriAccelConfig(batch_init=16, batch_min=8, batch_max=64, t_ctrl=5, warmup_steps=0,
+                         noise_split="double", short_step_lr="linear", memory_budget=None)
+    ctl = Controller(cfg, ["a", "b"])
+    loader = _IndexLoader(40, batch_size=16)
+    assert noise_split(ctl, 0) == 2 and noise_take(ctl, 2) == 2 and noise_take(ctl, 1) == 1
+    runs = []
+
+    def finish(decision, report):
+        return report, step_weight(ctl, report.num_samples, decision, 2)
+
+    report, w = controlled_step(loader, ctl, 0, run_micro=lambda c, w: runs.append(len(c)) or 0.0, finish=finish,
+                                is_oom=lambda e: False, free_memory=lambda: None, split=split, take=2)
+    assert runs == expected and report.num_samples == 32 and w == 1.0
+    # the epoch's last 8 samples under take=2: a short step of a 32-sample logical batch
+    report, w = controlled_step(loader, ctl, 1, run_micro=lambda c, w: 0.0, finish=finish,
+                                is_oom=lambda e: False, free_memory=lambda: None, split=split, take=2)
+    assert report.num_samples == 8 and w == 8 / 32 and loader.end_of_epoch
+    with pytest.raises(ValueError, match="take=0: allowed 1"):
+        controlled_step(loader, ctl, 2, run_micro=lambda c, w: 0.0, finish=finish,
+                        is_oom=lambda e: False, free_memory=lambda: None, take=0)
+    assert loader.sampler.in_flight == 0   # the refused step took nothing
+    assert TriAccelConfig().noise_split == "halves"
+    with pytest.raises(ValueError, match="noise_split='thirds' is invalid: allowed one of 'halves', 'double'"):
+        TriAccelConfig(noise_split="thirds")

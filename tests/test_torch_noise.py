@@ -75,6 +75,46 @@ def test_noise_step_measures_the_halves_exactly():
     assert opt.controller._noise.count == 2
 
 
+def test_doubled_noise_step_takes_two_batches_and_weighs_their_mean():
+    """noise_split="double": a noise step takes 2B samples as two micro-batches of B (no half-size
+    shape), measures them as the halves would be, and updates with their mean gradient at B's LR;
+    every sample is still trained once per epoch."""
+    model, opt, loader = _setup(noise_split="double", short_step_lr="linear")
+    lr0 = opt.param_groups[0]["lr"]
+    calls = []
+    orig = opt.controller.observe_gradient_noise
+    opt.controller.observe_gradient_noise = lambda st, sizes, m, t: (calls.append((st, list(sizes), np.array(m),
+                                                                                   np.array(t))), orig(st, sizes, m, t))
+    seen = []
+
+    def loss_fn(batch):
+        seen.append((batch[0].clone(), batch[1].clone()))
+        with opt.autocast():
+            return F.cross_entropy(model(batch[0]), batch[1])
+
+    before = copy.deepcopy(model)
+    res = elastic_step(loader, opt.controller, loss_fn, opt, opt.step_count, scaler=opt,
+                       apply_lr_batch_scale=False, optimizer_step=lambda d: opt.step_accumulated())
+    assert res.micro_sizes == [16, 16] and res.samples == 32 and res.decision.batch_size == 16
+    # plain SGD's first step (momentum buffer = gradient): w - lr * mean gradient of the 32 samples
+    grads = torch.autograd.grad(sum(F.cross_entropy(before(xb), yb, reduction="sum") for xb, yb in seen) / 32,
+                                list(before.parameters()))
+    for p, q, g in zip(model.parameters(), before.parameters(), grads):
+        torch.testing.assert_close(p, q - lr0 * g, rtol=1e-4, atol=1e-6)
+    opt.report()   # feeds the deferred measurement
+    (st, sizes, micro, total), = calls
+    assert st == 0 and sizes == [16, 16]
+    np.testing.assert_allclose(micro, [_per_layer_sq(before, [b]) for b in seen], rtol=1e-4)
+    np.testing.assert_allclose(total, _per_layer_sq(before, seen), rtol=1e-4)
+    # the rest of the epoch (another doubled noise step at step 5): every sample exactly once
+    steps = 1
+    while not res.end_of_epoch:
+        res = elastic_step(loader, opt.controller, loss_fn, opt, opt.step_count, scaler=opt,
+                           apply_lr_batch_scale=False, optimizer_step=lambda d: opt.step_accumulated())
+        steps += 1
+    assert loader.stats["samples"] == 400 and steps < 400 // 16 + 1
+
+
 def _noise_run(defer: bool, steps: int = 23, save_at: int | None = None):
     """Decisions and controller state of a run whose noise steps are fed deferred or at once."""
     model, opt, loader = _setup(base_precision="bf16", t_noise=2, t_noise_warm=1, noise_beta=0.5, batch_max=64,

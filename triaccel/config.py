@@ -26,6 +26,7 @@ BATCH_LAWS = ("noise", "memory")
 BATCH_GROWTHS = ("rung", "jump")
 LR_RULES = ("linear", "sqrt", "none", "accumulate")
 SHORT_STEP_LRS = ("batch", "linear", "sqrt")
+NOISE_SPLITS = ("halves", "double")
 PRECISIONS = ("fp16", "bf16", "fp32")
 OFFLOAD_MODES = ("auto", "off")
 KERNEL_IMPLS = ("auto", "triton", "reference", "xla", "stock")
@@ -138,6 +139,12 @@ class TriAccelConfig:
         (`triaccel.noise.is_noise_schedule_step`). Not the default: at 10 (H200, graphed, seeds 0-2,
         2026-11-28, docs/results.md) EfficientNet-B0 trained 0.3-1.1 s (1-5%) shorter at 75.30% mean
         against 75.02%, but ResNet-18 reached 87.02% against the default's 87.44-87.48%.
+      noise_split: how a noise step gets its two gradients: "halves" (default: the step's B samples as
+        two micro-batches of B/2) or "double" (the step takes 2B samples, as two micro-batches of B: no
+        micro-batch shape beside the batch buckets, so no extra CUDA-graph capture or compilation for
+        half batches; the step's update is then the mean gradient of its 2B samples at the LR of B, one
+        step for two batches' samples). torch only so far (the JAX wrapper refuses it); not yet
+        measured on a GPU (a torch demo run captures two shapes fewer, graphed, per the ladder).
       rho_low, rho_high: fractions of MemMax (0 < rho_low < rho_high <= 1) below/above which B grows
         by delta_up / shrinks by delta_down (samples, multiples of batch_multiple). B grows only if
         memory scaled by the new B/B (an over-estimate: weights do not grow) stays <= rho_high*MemMax.
@@ -230,6 +237,7 @@ class TriAccelConfig:
     noise_beta: float = 0.8
     t_noise: int | None = None
     t_noise_warm: int | None = None
+    noise_split: str = "halves"
     rho_low: float = 0.6
     rho_high: float = 0.85
     delta_up: int = 32
@@ -326,6 +334,7 @@ class TriAccelConfig:
         real("noise_beta", 0.0, 1.0, hi_open=True)
         if self.t_noise is not None:
             integer("t_noise", 1)
+        choice("noise_split", NOISE_SPLITS)
         if self.t_noise_warm is not None:
             integer("t_noise_warm", 1)
         real("rho_low", 0.0, 1.0, lo_open=True, hi_open=True)

@@ -39,6 +39,7 @@ __all__ = [
     "controlled_step",
     "memory_pair",
     "noise_split",
+    "noise_take",
     "step_weight",
 ]
 
@@ -509,16 +510,25 @@ def noise_split(controller: Any, step: int) -> int:
     return 2 if is_noise_step(step) else 1
 
 
-def step_weight(controller: Any, samples: int, decision: Any) -> float:
+def noise_take(controller: Any, split: int) -> int:
+    """Logical batches a step of `split` micro-batches (`noise_split`) takes from the loader: 2 for a
+    noise step under the controller's noise_split="double" (two micro-batches of the decided size,
+    no half-size shape), else 1."""
+    cfg = getattr(controller, "config", None)
+    return 2 if split > 1 and getattr(cfg, "noise_split", "halves") == "double" else 1
+
+
+def step_weight(controller: Any, samples: int, decision: Any, take: int = 1) -> float:
     """The gradient weight of a step of `samples` real samples (the whole step's, all ranks) taken
     under `decision`: `triaccel.batching.short_step_weight` by the controller's `short_step_lr`
-    against `decision.logical_batch`; 1.0 for a controller without a config. Both backends'
-    `elastic_step` apply it before the update (torch: to the summed gradients; JAX: passed to
-    `step_fn`, or to the summed gradients before `update_fn`)."""
+    against the step's logical batch, `take` x `decision.logical_batch` (`noise_take`: a doubled
+    noise step's 2B samples weigh 1, its mean gradient at B's LR); 1.0 for a controller without a
+    config. Both backends' `elastic_step` apply it before the update (torch: to the summed
+    gradients; JAX: passed to `step_fn`, or to the summed gradients before `update_fn`)."""
     rule = getattr(getattr(controller, "config", None), "short_step_lr", "batch")
     if rule == "batch":
         return 1.0
-    return short_step_weight(rule, int(samples), int(decision.logical_batch))
+    return short_step_weight(rule, int(samples), int(take) * int(decision.logical_batch))
 
 
 def controlled_step(
@@ -532,6 +542,7 @@ def controlled_step(
     free_memory: Callable[[], None],
     read_memory: Callable[[], tuple[int, int] | None] | None = None,
     split: int = 1,
+    take: int = 1,
     local: Any = None,
 ) -> R:
     """One optimizer step under the controller, shared by the torch and JAX `elastic_step`.
@@ -542,7 +553,10 @@ def controlled_step(
     lr_batch_scale matches the samples actually used) -> indices completed -> memory observed.
     If anything raises, the step's indices are put back (replayed first next time) and the error
     propagates, so no sample is lost. split: run the step as at least that many micro-batches
-    (the gradient noise measurement's two halves, `Controller.is_noise_step`).
+    (the gradient noise measurement's two halves, `Controller.is_noise_step`). take: the step takes
+    that many logical batches (`noise_take`: 2 for a noise step under noise_split="double"), run as
+    micro-batches of take x the decided size / split (a backend that halves the step inside its own
+    program passes split=1 and gets it as one micro-batch).
     local: a `triaccel.distributed.RankShard` under data parallelism: the step's (global) indices
     are the same on every rank, this rank runs its part at its micro-batch, and an OOM shrinks
     this rank only (the controllers of all ranks shrink together at the next boundary).
@@ -553,10 +567,15 @@ def controlled_step(
         loader._bounds_checked = True  # type: ignore[attr-defined]
     decision = controller.decide(step)
     loader.apply(decision)
-    idx = loader.next_indices()
+    if take < 1 or (take > 1 and getattr(decision, "accumulation", 1) != 1):
+        raise ValueError(f"take={take}: allowed 1, or > 1 for a step of one micro-batch per logical batch "
+                         f"(the decision accumulates {getattr(decision, 'accumulation', 1)})")
+    idx = loader.next_indices(None if take == 1 else take * loader.logical_batch)
     mine = idx if local is None else local.part(idx)
     micro = decision.batch_size if local is None else local.micro(decision.batch_size)
     parts = split if split > 1 and len(mine) >= split else 1
+    if take > 1:   # take batches as `parts` micro-batches: of the decided size when split == take
+        micro = micro * take // parts
     if parts > 1:
         micro = min(micro, -(-len(mine) // parts))
     cur = [micro]

@@ -55,6 +55,7 @@ from triaccel.elastic import (
     controlled_step,
     memory_pair,
     noise_split,
+    noise_take,
     run_elastic_step,
     step_weight,
 )
@@ -483,6 +484,9 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         raise ValueError(f"buckets={loader.buckets}: the controller's batch_buckets {tuple(cfg_buckets)} "
                          "must all be loader buckets, or micro-batches get padded to a larger size")
     split = noise_split(controller, step)
+    if noise_take(controller, split) > 1:
+        raise ValueError("noise_split='double': the JAX elastic_step measures the gradient noise on the step's "
+                         "two halves only; use the controller config's noise_split='halves'")
     measure = split > 1
     # the halves run inside the step's programs (noise_step_fn): the step is taken whole, halved there
     in_update = measure and noise_step_fn is not None

@@ -33,7 +33,7 @@ import torch
 from triaccel.batching import resolve_memory_limit
 from triaccel.config import parse_bytes
 from triaccel.elastic import (ElasticIndexLoader, ElasticStepOutcome, ElasticStepReport, controlled_step,
-                              memory_pair, noise_split, step_weight)
+                              memory_pair, noise_split, noise_take, step_weight)
 from triaccel.noise import observe_split_step
 
 __all__ = ["ElasticLoader", "ElasticStepResult", "elastic_step", "enforce_memory_budget",
@@ -237,8 +237,9 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
     multiplied by the controller's short-step weight first (`triaccel.elastic.step_weight`: s/B under
     the default short_step_lr="linear", 1 under "batch").
 
-    Gradient noise: when `controller.is_noise_step(step)`, the step runs as two micro-batches and
-    the squared norms of each one's gradient and of their sum go to
+    Gradient noise: when `controller.is_noise_step(step)`, the step runs as two micro-batches (its
+    two halves, or under the config's noise_split="double" two batches of the decided size, 2B
+    samples) and the squared norms of each one's gradient and of their sum go to
     `controller.observe_gradient_noise` (one host read of 3 x n_params floats on such steps; under
     the triaccel wrapper started without a wait and fed at its next statistics flush, before the
     next decision, `TriAccelOptimizer.defer_noise`; with a plain optimizer the step waits for it).
@@ -256,6 +257,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     done = [0]
     split = noise_split(controller, step)
+    take = noise_take(controller, split)   # 2: a doubled noise step (noise_split="double")
     measure = split > 1
     tensor_layer = _tensor_layer(controller, optimizer, params) if measure else None
     sq: list[torch.Tensor] = []   # per successful micro-batch: (n_params,) squared norms
@@ -308,7 +310,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
 
     def finish(decision: Any, report: ElasticStepReport[torch.Tensor]) -> ElasticStepResult:
         w = step_weight(controller, report.num_samples if report.step_samples is None else report.step_samples,
-                        decision)
+                        decision, take)
         if w != 1.0:   # a short step (config short_step_lr): its gradient as applied, measured so too
             torch._foreach_mul_([p.grad for p in params if p.grad is not None], w)
             sq[:] = [s * (w * w) for s in sq]
@@ -349,7 +351,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, loss_fn: Callable[[Any]
             result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
                                      is_oom=is_oom, free_memory=free_memory,
                                      read_memory=read_memory if distributed is None else None,
-                                     split=split, local=local)
+                                     split=split, take=take, local=local)
     except BaseException:
         optimizer.zero_grad(set_to_none=True)
         raise
