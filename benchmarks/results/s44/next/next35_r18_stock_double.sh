@@ -6,7 +6,7 @@
 #    host time one after the other, partly hidden on the warm-up thread; triaccel's set-up was ~1-1.5 s longer
 #    than AMP's on the mean on 2026-11-28, s43);
 #  - --set noise_split=double: a noise step takes 2B samples as two micro-batches of B (no half-size shapes: the
-#    captures of 48 and 256 go; ~0.14 s each on ResNet-18, 2026-11-28 s41 capture_cost).
+#    captures of 48 and 256 go; six sizes' captures summed to 0.825 s on ResNet-18, 2026-11-28 s41 capture_cost).
 # Graphed ResNet-18 stood at 0.95-1.18x AMP bs 192's wall with training 0.94-1.02x (s41-s43). First the kernel
 # benchmark: StockMoments' GPU and host time beside FixedMoments' and _foreach_norm's. Compare wall_s, setup_s,
 # setup_phases (arrays, triton_wait), train_s within a seed, accuracy against the default's (87.44-87.48% on
