@@ -160,12 +160,9 @@ def test_jax_auto_kernels_take_xla_statistics(monkeypatch, kernels, impl):
     assert asked and set(asked) == {impl}
 
 
-def test_stock_kernels_and_doubled_noise_steps_are_torch_only():
+def test_stock_kernels_are_torch_only():
     with pytest.raises(ValueError, match="kernels='stock': torch only"):
         TriAccel(TriAccelConfig(kernels="stock"))
-    with pytest.raises(ValueError, match="noise_split='double': the JAX backend measures the gradient noise on the "
-                                         "step's two halves only"):
-        TriAccel(TriAccelConfig(noise_split="double"))
 
 
 def test_layer_discovery_nnx_and_pytree():

@@ -96,6 +96,18 @@ def test_noise_step_squared_norms_equal_direct_gradients(scale_kind):
     assert ctl._noise.count == 1
 
 
+def test_doubled_noise_step_takes_two_batches_and_their_mean_gradient():
+    params, lm, ctl, calls, loader, grad_fn = _setup(noise_split="double", short_step_lr="linear")
+    idx = loader.sampler.permutation(0)[:32]
+    res = elastic_step(loader, ctl, grad_fn, 0, tensor_layer=lm, grad_scale=SCALE)
+    assert res.micro_sizes == [16, 16] and res.samples == 32 and calls[0][1] == [16, 16]
+    for half, got in zip((idx[:16], idx[16:]), calls[0][2]):
+        np.testing.assert_allclose(got, _layer_sqnorms(_direct_grad(params, half), lm), rtol=1e-5)
+    # weight 1: the 32 samples' mean gradient, as the step's gradient (at the LR of 16)
+    for a, b in zip(jax.tree_util.tree_leaves(res.grads), jax.tree_util.tree_leaves(_direct_grad(params, idx))):
+        np.testing.assert_allclose(np.asarray(a) / SCALE, b, rtol=1e-5, atol=1e-7)
+
+
 def test_noise_step_needs_a_layer_map_for_several_layers():
     _, lm, ctl, calls, loader, grad_fn = _setup()
     with pytest.raises(ValueError, match="tensor_layer"):

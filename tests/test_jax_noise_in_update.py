@@ -162,10 +162,10 @@ def test_the_ring_holds_the_dense_warm_up_measurements_too():
     ta.control(4, opt)
     assert ta.noise_lost == 0 and ta.controller._noise.count == 4 and ta.last_noise_fed == 3
 
-def _run(in_update: bool, steps: int, layout: str = "arrays"):
+def _run(in_update: bool, steps: int, layout: str = "arrays", **cfg_kw):
     """A TriAccel-wrapped MLP trained through elastic_step with a step in flight, fused steps, and
     noise steps measured inside the update (in_update) or on the host from the halves' gradients."""
-    cfg = _cfg(t_ctrl=2, t_noise=2, batch_init=16)
+    cfg = _cfg(t_ctrl=2, t_noise=2, batch_init=16, **cfg_kw)
     model = _MLP(nnx.Rngs(0))
     ta = TriAccel(cfg, model, noise_in_update=in_update, noise_layout=layout)
     opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.05, momentum=0.9)), wrt=nnx.Param)
@@ -216,6 +216,22 @@ def test_a_run_measures_and_trains_as_with_the_host_side_measurement(layout):
     assert r_in["batch_size"] == r_host["batch_size"] and r_in["noise_lost"] == 0
     for a, b in zip(p_in, p_host):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_doubled_noise_steps_measure_and_train_alike_in_update_and_on_the_host():
+    """noise_split="double": a noise step runs two batches of the decided size (16 + 16 here, not
+    8 + 8), inside the update's programs or on the host, with the same measurement and training."""
+    steps = 9
+    (s_in, r_in, p_in), (s_host, r_host, p_host) = (_run(True, steps, noise_split="double"),
+                                                    _run(False, steps, noise_split="double"))
+    assert s_in == s_host
+    noise = [s for s in s_in if len(s) == 2]
+    assert len(noise) == 5 and noise[0] == [16, 16] and all(max(s) <= 16 for s in s_in)
+    assert r_in["b_noise"] == pytest.approx(r_host["b_noise"], rel=1e-4) and r_in["b_noise"] is not None
+    for a, b in zip(p_in, p_host):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    s_halves = _run(False, steps)[0]
+    assert [s for s in s_halves if len(s) == 2][0] == [8, 8]
 
 
 def test_noise_step_fn_needs_a_step_in_flight():

@@ -143,8 +143,9 @@ class TriAccelConfig:
         two micro-batches of B/2) or "double" (the step takes 2B samples, as two micro-batches of B: no
         micro-batch shape beside the batch buckets, so no extra CUDA-graph capture or compilation for
         half batches; the step's update is then the mean gradient of its 2B samples at the LR of B, one
-        step for two batches' samples). torch only so far (the JAX wrapper refuses it); not yet
-        measured on a GPU (a torch demo run captures two shapes fewer, graphed, per the ladder).
+        step for two batches' samples). Both backends (JAX: with noise_step_fn too, its two programs at
+        the decided size). Not yet measured on a GPU (a graphed torch demo run captures two shapes
+        fewer on the 96/192/384/512 ladder).
       rho_low, rho_high: fractions of MemMax (0 < rho_low < rho_high <= 1) below/above which B grows
         by delta_up / shrinks by delta_down (samples, multiples of batch_multiple). B grows only if
         memory scaled by the new B/B (an over-estimate: weights do not grow) stays <= rho_high*MemMax.

@@ -437,7 +437,9 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
     probe: optional memory probe (`triaccel.backends.jax.memory.MemoryProbe`, anything with
       `read()`, or a callable returning (used, limit)); read after the step for the controller.
 
-    Gradient noise: when `controller.is_noise_step(step)`, the step runs as two micro-batches; the
+    Gradient noise: when `controller.is_noise_step(step)`, the step runs as two micro-batches (its
+    halves, or under the config's noise_split="double" two batches of the decided size, 2B samples,
+    weighed as one step of 2B at B's LR; with noise_step_fn the same split inside its programs); the
     squared norms of each one's gradient contribution (as accumulated: x its weight) and of the
     accumulated gradient are computed per gradient leaf on the device and read with one host
     transfer (2 x 3 x n_leaves + 1 floats, every t_noise steps), then go to
@@ -484,9 +486,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         raise ValueError(f"buckets={loader.buckets}: the controller's batch_buckets {tuple(cfg_buckets)} "
                          "must all be loader buckets, or micro-batches get padded to a larger size")
     split = noise_split(controller, step)
-    if noise_take(controller, split) > 1:
-        raise ValueError("noise_split='double': the JAX elastic_step measures the gradient noise on the step's "
-                         "two halves only; use the controller config's noise_split='halves'")
+    take = noise_take(controller, split)   # 2: a doubled noise step (noise_split="double"), halves of B
     measure = split > 1
     # the halves run inside the step's programs (noise_step_fn): the step is taken whole, halved there
     in_update = measure and noise_step_fn is not None
@@ -537,7 +537,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         halved = in_update and whole and len(chunk) >= 2
         decision = getattr(controller, "decision", None)
         # the whole step in this chunk: its gradient weight goes into the step's program
-        w = step_weight(controller, len(chunk), decision) if halved or one else 1.0
+        w = step_weight(controller, len(chunk), decision, take) if halved or one else 1.0
         if halved:   # the first half now (the step in flight before is settled behind it), the second below
             cut = -(-len(chunk) // 2)
             out, grads = noise_step_fn(*fetch(chunk[:cut]), decision, 1, w), None
@@ -573,7 +573,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         return absorb(out, grads, weight)
 
     def finish(decision: Any, report: ElasticStepReport[jax.Array]) -> ElasticStepResult:
-        w = 1.0 if fused[0] else step_weight(controller, report.num_samples, decision)
+        w = 1.0 if fused[0] else step_weight(controller, report.num_samples, decision, take)
         if w != 1.0:   # a short step (config short_step_lr): its gradient as applied, measured so too
             acc["grads"] = _scale_tree(acc["grads"], w)
             sq[:] = [s * (w * w) for s in sq]
@@ -619,7 +619,7 @@ def elastic_step(loader: ElasticLoader, controller: Any, grad_fn: Callable[[Any,
         with held:
             result = controlled_step(loader, controller, step, run_micro=run_micro, finish=finish,
                                      is_oom=is_oom, free_memory=free_and_unpad, read_memory=read_memory,
-                                     split=1 if in_update else split)
+                                     split=1 if in_update else split, take=take)
     except OOMAtMinimumBatch as e:
         if in_flight is not None or update_fn is None:
             raise

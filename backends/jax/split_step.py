@@ -350,7 +350,9 @@ class SplitStep:
         cfg, d = ctl.config, ctl.decision
         buckets = cfg.batch_buckets
         likely, near = ctl.likely_next(step, reach=max(len(buckets or ()), 1))
-        halves = cfg.elastic_batch and cfg.batch_law == "noise" and not self.pad_to_batch
+        # noise_split="double": a noise step's halves are batches of the decided size, no shape of their own
+        halves = (cfg.elastic_batch and cfg.batch_law == "noise" and not self.pad_to_batch
+                  and cfg.noise_split == "halves")
         cur = d.batch_size
 
         def with_half(n: int) -> list[int]:

@@ -267,9 +267,6 @@ class TriAccel:
                              "express. Use offload='off', or run a PlannedSequential model and pass its measured "
                              "tables to Controller.observe_offload_costs, applying Decision.offload_plan with "
                              "PlannedSequential.apply")
-        if config.noise_split != "halves":
-            raise ValueError(f"config.noise_split={config.noise_split!r}: the JAX backend measures the gradient noise "
-                             "on the step's two halves only; use noise_split='halves'")
         if config.kernels == "stock":
             raise ValueError("config.kernels='stock': torch only (torch's multi-tensor kernels); JAX takes 'auto' "
                              "(= 'xla', XLA's own reductions: no Triton either), 'xla', 'triton' or 'reference'")
