@@ -2,14 +2,14 @@
 
 The same contract as :func:`triaccel.kernels.grad_moments` on a torch list (an ``(n, 3)`` float32
 row of [sum, sumsq, nonfinite], optional unscaling in place, optional ``found_inf``), computed with
-a handful of stock launches whatever the number of tensors:
+about 15 stock launches whatever the number of tensors (and one temporary copy, allocated per tensor):
 
 - ``inv_scale``: ``torch._amp_foreach_non_finite_check_and_unscale_`` (``GradScaler``'s own kernel)
   unscales in place and sets ``found_inf``;
 - ``sumsq`` from ``torch._foreach_norm(ord=2)``; ``sum`` from two L1 norms, of the tensors and of
   their positive parts (``sum = 2 * sum(max(x, 0)) - sum(|x|)``; one temporary copy of the tensors
-  for the positive parts, freed at once): exact to about 1e-5 of ``sum(|x|)`` (``sumsq`` to about 1e-5 relative), where the Triton
-  kernel adds the values themselves;
+  for the positive parts, freed at once): exact to about 1e-5 of ``sum(|x|)`` (``sumsq`` to about
+  1e-5 relative), where the Triton kernel adds the values themselves;
 - all in FP32 accumulators (FP64 tensors in FP64, rounded to FP32 as the kernel's module says).
 
 What differs from the kernel, both on tensors the caller discards anyway (a step with a non-finite
