@@ -126,7 +126,7 @@ class StockMoments:
         # lerp(a, pos, 2) = 2 * pos - a: the sum
         res = torch.stack([torch.lerp(a, pos, 2.0), q.square(), badf], dim=1, out=out)
         res[:, :2].masked_fill_(bad.unsqueeze(1), 0.0)
-        if found_inf is not None and inv_scale is None:   # (the unscaling launch set it already)
+        if found_inf is not None:   # (also after the unscaling launch: an L1 overflow reads non-finite too)
             torch.maximum(found_inf, badf.amax().reshape(found_inf.shape), out=found_inf)
         return res if out is not None else Moments(res[:, 0], res[:, 1], res[:, 2].to(torch.int32))
 
