@@ -89,8 +89,8 @@ def main() -> None:
 
     # the module, not the function of the same name that triaccel.kernels exports
     GM = importlib.import_module("triaccel.kernels.grad_moments")
-    from triaccel.kernels import (FixedCast, FixedMoments, StockMoments, cast_flat, cast_to, grad_moments, grad_moments_flat,
-                                  moments_reference_torch)
+    from triaccel.kernels import (FixedCast, FixedMoments, StockMoments, cast_flat, cast_to, grad_moments,
+                                  grad_moments_flat, moments_reference_torch)
 
     dev = torch.device("cpu" if args.smoke else "cuda")
     devname = "cpu-smoke" if args.smoke else torch.cuda.get_device_name(0)

@@ -4,7 +4,8 @@ Dispatch: torch on CUDA -> Triton; torch on CPU -> Triton interpreter when ``TRI
 else the torch reference; JAX on GPU -> the same kernels through ``jax_triton`` (imported lazily);
 JAX on CPU -> the ``jnp`` reference; JAX with ``impl="xla"`` -> one XLA reduction per array (no
 concatenation, no kernel). ``StockMoments`` computes the moments with torch's own multi-tensor
-kernels instead, for a run that should not start Triton at all. Neither torch nor jax is imported by this package itself.
+kernels instead, for a run that should not start Triton at all. Neither torch nor jax is imported
+by this package itself.
 """
 
 from .cast import FixedCast, cast_flat, cast_reference_jnp, cast_reference_torch, cast_to

@@ -27,9 +27,11 @@ the kernel (several passes over the gradients instead of one); ``benchmarks/kern
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Sequence
 
-from .grad_moments import Moments
+# the module, not the function of the same name that the package exports
+GM = importlib.import_module(".grad_moments", __package__)
 
 
 class StockMoments:
@@ -68,16 +70,12 @@ class StockMoments:
         self._scale, self._flag = {}, None
 
     def _inv_scale(self, inv_scale: Any) -> Any:
+        """`inv_scale` checked as the kernel checks it, as the (1,) device tensor the unscaling takes."""
         import torch
 
-        if isinstance(inv_scale, torch.Tensor):
-            if inv_scale.numel() != 1 or inv_scale.dtype != torch.float32 or inv_scale.device != self._device:
-                raise ValueError(f"inv_scale: need a 1-element float32 tensor on {self._device}, got "
-                                 f"{(tuple(inv_scale.shape), inv_scale.dtype, inv_scale.device)}")
-            return inv_scale.reshape(1)
-        v = float(inv_scale)
-        if not (v > 0 and v != float("inf")):
-            raise ValueError(f"inv_scale={inv_scale!r}: must be finite and > 0")
+        mode, v = GM._torch_scale(inv_scale, self._device)
+        if mode == 1:
+            return v.reshape(1)
         t = self._scale.get(v)
         if t is None:
             t = self._scale[v] = torch.full((1,), v, dtype=torch.float32, device=self._device)
@@ -89,18 +87,13 @@ class StockMoments:
         :func:`triaccel.kernels.grad_moments` (see the module docstring for what differs)."""
         import torch
 
+        if GM._T is None:
+            GM._bind_torch()
         if len(tensors) != self._n:
             self._bind(tensors)
         dev, n = self._device, self._n
-        if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (n, 3)
-                                or out.dtype != torch.float32 or not out.is_contiguous() or out.device != dev):
-            desc = (tuple(out.shape), out.dtype, out.device) if isinstance(out, torch.Tensor) else type(out)
-            raise ValueError(f"out: need a contiguous float32 tensor of shape ({n}, 3) on {dev}, got {desc}")
-        if found_inf is not None and (not isinstance(found_inf, torch.Tensor) or found_inf.numel() != 1
-                                      or found_inf.dtype != torch.float32 or found_inf.device != dev):
-            desc = (tuple(found_inf.shape), found_inf.dtype, found_inf.device) \
-                if isinstance(found_inf, torch.Tensor) else type(found_inf)
-            raise ValueError(f"found_inf: need a 1-element float32 tensor on {dev}, got {desc}")
+        res = GM._out(out, n, dev)   # the kernel's checks of out and found_inf, and its messages
+        found_inf = GM._found(found_inf, dev)
         ts = list(tensors)
         if inv_scale is not None:
             flag = found_inf
@@ -122,13 +115,12 @@ class StockMoments:
         # few launches per call: a step is host-bound at small batches
         a, q, pos = torch.stack([*l1, *l2, *p1]).float().view(3, n).unbind(0)
         bad = torch.isfinite(a).logical_not_()
-        badf = bad.float()
         # lerp(a, pos, 2) = 2 * pos - a: the sum
-        res = torch.stack([torch.lerp(a, pos, 2.0), q.square(), badf], dim=1, out=out)
+        torch.stack([torch.lerp(a, pos, 2.0), q.square(), bad.float()], dim=1, out=res)
         res[:, :2].masked_fill_(bad.unsqueeze(1), 0.0)
-        if found_inf is not None:   # (also after the unscaling launch: an L1 overflow reads non-finite too)
-            torch.maximum(found_inf, badf.amax().reshape(found_inf.shape), out=found_inf)
-        return res if out is not None else Moments(res[:, 0], res[:, 1], res[:, 2].to(torch.int32))
+        # (also after the unscaling launch: an L1 overflow reads non-finite too)
+        GM._flag_found(found_inf, res[:, 2])
+        return res if out is not None else GM._torch_moments(res)
 
 
 def grad_moments_stock(tensors: Sequence[Any], *, inv_scale: Any = None, out: Any = None,
