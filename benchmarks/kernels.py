@@ -6,8 +6,7 @@ then prints one table per gradient set (the CIFAR ResNet-18 parameter set, and 2
 tensors), each case beside the stock ops that do comparable work:
 
 - moments: ``torch._foreach_norm`` (sum of squares only), ``torch._amp_foreach_non_finite_check_and_unscale_``
-  (unscale + non-finite flag), a per-tensor ``var()`` loop, ``StockMoments`` (the moments from those
-  multi-tensor kernels, `kernels="stock"`); JAX: per-leaf ``jnp.sum(x*x)``, and
+  (unscale + non-finite flag), a per-tensor ``var()`` loop; JAX: per-leaf ``jnp.sum(x*x)``, and
   ``jnp.sum(x*x)`` over the whole buffer (one reduction, no segments) as a bandwidth reference;
 - cast: a per-tensor ``.to()`` loop (torch), ``astype`` per segment (JAX).
 
@@ -89,7 +88,7 @@ def main() -> None:
 
     # the module, not the function of the same name that triaccel.kernels exports
     GM = importlib.import_module("triaccel.kernels.grad_moments")
-    from triaccel.kernels import (FixedCast, FixedMoments, StockMoments, cast_flat, cast_to, grad_moments,
+    from triaccel.kernels import (FixedCast, FixedMoments, cast_flat, cast_to, grad_moments,
                                   grad_moments_flat, moments_reference_torch)
 
     dev = torch.device("cpu" if args.smoke else "cuda")
@@ -233,10 +232,6 @@ def main() -> None:
         check(f"{set_name} FixedMoments == grad_moments (address sets cycled)",
               all(torch.equal(a.sumsq, w.sumsq) or bool(torch.allclose(a.sumsq, w.sumsq, rtol=1e-6))
                   for gl in got for a, w in zip(gl, want)))
-        ms = StockMoments()(grads)
-        check(f"{set_name} StockMoments == grad_moments (sumsq; sum within 1e-5 of sum |x|)",
-              bool(torch.allclose(ms.sumsq, m.sumsq, rtol=1e-5)) and bool(((ms.sum - m.sum).abs() <= 1e-5 * torch.stack(
-                  torch._foreach_norm(grads, 1)) + 1e-30).all()) and int(ms.nonfinite.sum()) == 0)
         mf = grad_moments_flat(flat, off)
         check(f"{set_name} torch flat == list (sums)", bool(torch.allclose(mf.sumsq, m.sumsq, rtol=1e-5)))
         bad = [g.clone() for g in grads]
@@ -317,11 +312,6 @@ def main() -> None:
         fi = torch.zeros(1, device=dev)
         add("FixedMoments out=, found_inf=", "moments", float("nan"),
             host_us(lambda: fm(grads, out=bufs[0], found_inf=fi), nh), rbytes)
-        # torch's multi-tensor kernels (kernels="stock": no Triton start-up; several passes per call)
-        sms = [StockMoments() for _ in lists]
-        add("StockMoments out=, found_inf=", "moments",
-            graph_us([lambda gs=gs, o=o, f=f: f(gs, out=o, found_inf=fi) for gs, o, f in zip(lists, bufs, sms)]),
-            host_us(lambda: sms[0](grads, out=bufs[0], found_inf=fi), nh), rbytes, "torch _foreach_norm")
         if set_name == "resnet18":  # where the host time goes
             D = importlib.import_module("triaccel.kernels._dispatch")
             add("  host: layout key only", "host", float("nan"), host_us(lambda: D.torch_layout_key(grads), nh), 0)

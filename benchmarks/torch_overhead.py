@@ -10,8 +10,7 @@ interleaved (A, B, A, B, ...):
   steps (t_curv larger than the run; curvature is timed separately below).
 
 Variants (`--variants`): amp, tri, tri-uniform (adaptive precision off: bf16 everywhere, no hooks),
-tri-keep (tri with zero_grad(set_to_none=False)), tri-stock (tri with kernels="stock": the statistics from
-torch's multi-tensor kernels, no Triton); inner SGD foreach and/or fused (`--optimizers`, the
+tri-keep (tri with zero_grad(set_to_none=False)); inner SGD foreach and/or fused (`--optimizers`, the
 same for baseline and wrapper). Step time = wall time of `--steps` consecutive steps synchronised only
 at both ends (how training runs: the host may run ahead of the device, and control boundaries are
 included), median over interleaved rounds (the order reversed every other round); also the median
@@ -91,11 +90,10 @@ def _sgd(model: torch.nn.Module, kind: str) -> torch.optim.Optimizer:
                            fused=True if kind == "fused" else None)
 
 
-VARIANTS = ("amp", "tri", "tri-uniform", "tri-keep", "tri-stock")
+VARIANTS = ("amp", "tri", "tri-uniform", "tri-keep")
 VARIANT_HELP = ("amp: torch.autocast(bf16) + GradScaler-free step (the baseline); tri: wrap() with precision "
                 "and batch levers on; tri-uniform: wrap() with adaptive_precision=False (bf16 everywhere, no "
-                "hooks, no loss scaling); tri-keep: tri with zero_grad(set_to_none=False); tri-stock: tri with "
-                "kernels='stock' (triaccel.kernels.StockMoments)")
+                "hooks, no loss scaling); tri-keep: tri with zero_grad(set_to_none=False)")
 
 
 def _profile(fn: Callable[[], None], steps: int, dev: torch.device, path: Path) -> None:
@@ -159,8 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         opt.zero_grad(set_to_none=True)
                         clock[0] += time.perf_counter() - t
                 else:
-                    vcfg = (cfg.replace(adaptive_precision=False) if v == "tri-uniform"
-                            else cfg.replace(kernels="stock") if v == "tri-stock" else cfg)
+                    vcfg = cfg.replace(adaptive_precision=False) if v == "tri-uniform" else cfg
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # CPU smoke runs: the memory probe warns once
                         opt = wrap(_sgd(model, kind), model, vcfg, curvature_data=(xc, yc))

@@ -3,9 +3,7 @@
 Dispatch: torch on CUDA -> Triton; torch on CPU -> Triton interpreter when ``TRITON_INTERPRET=1``,
 else the torch reference; JAX on GPU -> the same kernels through ``jax_triton`` (imported lazily);
 JAX on CPU -> the ``jnp`` reference; JAX with ``impl="xla"`` -> one XLA reduction per array (no
-concatenation, no kernel). ``StockMoments`` computes the moments with torch's own multi-tensor
-kernels instead, for a run that should not start Triton at all. Neither torch nor jax is imported
-by this package itself.
+concatenation, no kernel). Neither torch nor jax is imported by this package itself.
 """
 
 from .cast import FixedCast, cast_flat, cast_reference_jnp, cast_reference_torch, cast_to
@@ -18,7 +16,6 @@ from .grad_moments import (
     moments_reference_jnp_tree,
     moments_reference_torch,
 )
-from .moments_stock import StockMoments, grad_moments_stock
 
 __all__ = [
     "Moments",
@@ -28,8 +25,6 @@ __all__ = [
     "moments_reference_torch",
     "moments_reference_jnp",
     "moments_reference_jnp_tree",
-    "StockMoments",
-    "grad_moments_stock",
     "cast_to",
     "FixedCast",
     "cast_flat",

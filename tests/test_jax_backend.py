@@ -160,11 +160,6 @@ def test_jax_auto_kernels_take_xla_statistics(monkeypatch, kernels, impl):
     assert asked and set(asked) == {impl}
 
 
-def test_stock_kernels_are_torch_only():
-    with pytest.raises(ValueError, match="kernels='stock': torch only"):
-        TriAccel(TriAccelConfig(kernels="stock"))
-
-
 def test_layer_discovery_nnx_and_pytree():
     lm = layer_map(SmallCNN(nnx.Rngs(0)))
     assert [(s.name, s.kind) for s in lm.specs] == [("bn1", "norm"), ("conv1", "other"), ("conv2", "other"),

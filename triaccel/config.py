@@ -29,7 +29,7 @@ SHORT_STEP_LRS = ("batch", "linear", "sqrt")
 NOISE_SPLITS = ("halves", "double")
 PRECISIONS = ("fp16", "bf16", "fp32")
 OFFLOAD_MODES = ("auto", "off")
-KERNEL_IMPLS = ("auto", "triton", "reference", "xla", "stock")
+KERNEL_IMPLS = ("auto", "triton", "reference", "xla")
 
 
 def _finite(v: Any) -> bool:
@@ -202,10 +202,8 @@ class TriAccelConfig:
         Triton kernel where it can run, CUDA or the interpreter, else torch's reductions; JAX: "xla"),
         "triton" (insist; under JAX the same kernel through jax-triton on a GPU), "reference" (the
         framework's own reductions: torch one tensor at a time; JAX segment sums over the concatenated
-        gradients, measured 4.4x slower per bs-384 epoch on an H100: for debugging), torch only
-        "stock" (`triaccel.kernels.StockMoments`: torch's multi-tensor kernels, a few launches per step
-        whatever the number of tensors and no Triton start-up in the run; not yet measured on a GPU
-        against the kernel), or, JAX only, "xla": XLA's own
+        gradients, measured 4.4x slower per bs-384 epoch on an H100: for debugging), or, JAX only,
+        "xla": XLA's own
         reductions inside the jitted update, one per large gradient array and one per power-of-two
         length for arrays of at most 2^16 elements (no concatenation of the whole set, no written-back
         unscaled copy, no jax-triton; `triaccel.kernels.moments_reference_jnp_tree`). JAX's default

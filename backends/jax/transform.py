@@ -267,9 +267,6 @@ class TriAccel:
                              "express. Use offload='off', or run a PlannedSequential model and pass its measured "
                              "tables to Controller.observe_offload_costs, applying Decision.offload_plan with "
                              "PlannedSequential.apply")
-        if config.kernels == "stock":
-            raise ValueError("config.kernels='stock': torch only (torch's multi-tensor kernels); JAX takes 'auto' "
-                             "(= 'xla', XLA's own reductions: no Triton either), 'xla', 'triton' or 'reference'")
         if hessian_iters < 1:
             raise ValueError(f"hessian_iters={hessian_iters}: must be >= 1")
         if loss_scaling.init <= 0 or loss_scaling.growth_interval < 1 or not 0 < loss_scaling.backoff < 1 \

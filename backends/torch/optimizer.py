@@ -217,15 +217,13 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         n = len(params)
         self._buf = torch.zeros((config.t_ctrl, -(-n // 4) * 4, 3), dtype=torch.float32, device=self.device)[:, :n]
         from triaccel.kernels.grad_moments import JAX_ONLY_IMPLS, FixedMoments  # Triton on CUDA, torch reference on CPU
-        from triaccel.kernels.moments_stock import StockMoments
 
         if config.kernels in JAX_ONLY_IMPLS:
             raise ValueError(f"config.kernels={config.kernels!r}: JAX only (XLA's own reductions in the jitted "
-                             "update); torch takes 'auto', 'triton', 'reference' or 'stock'")
+                             "update); torch takes 'auto', 'triton' or 'reference'")
 
-        # the gradients of a fixed parameter list: a launch reads only their addresses (Triton), or
-        # torch's multi-tensor kernels ("stock": no Triton start-up in the process)
-        self._moments = StockMoments() if config.kernels == "stock" else FixedMoments(impl=config.kernels)
+        # the gradients of a fixed parameter list: a launch reads only their addresses (Triton)
+        self._moments = FixedMoments(impl=config.kernels)
         self._rows: list[tuple[int, int]] = []  # (step, _ROW_* guard code) per filled row
         # noise measurements copied to the host without a wait, fed at the next flush (`defer_noise`)
         self._noise_reads: list[Callable[[], None]] = []

@@ -150,7 +150,7 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # break the capture)
     runtime = None
     if (opts.triton_warmup != "off" and opts.method == "triaccel" and device.type == "cuda"
-            and opts.triaccel_config().kernels in ("auto", "triton")):   # "reference", "stock": no Triton to start
+            and opts.triaccel_config().kernels in ("auto", "triton")):   # "reference": no Triton to start
         runtime = _Ahead(prepare_triton_runtime)
     model = build_model(opts, data.num_classes, device)
     # where the set-up's seconds go (from t_start; the summary's setup_phases): 3.5-5.6 s passed between
