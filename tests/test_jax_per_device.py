@@ -122,26 +122,29 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
 
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"CIFAR-10 image folder not found at {DATA}")
-@pytest.mark.parametrize("stats, extra", [("per-device", ["--inject-oom-every", "4"]),   # an OOM in a fused step
+# per-device: 128 images, four steps of 32, the last one's OOM replayed in two micro-batches of 16 (each
+# step size after it would be one more ~25 s compilation of the fused step on 2 CPU cores)
+@pytest.mark.parametrize("stats, extra", [("per-device", ["--inject-oom-every", "4", "--train-subset", "128"]),   # an OOM in a fused step
                                           # the pad floor, as the demo's default sets it on GPUs
-                                          ("global", ["--pad-floor", "largest", "--batch-max", "64"])])
+                                          ("global", ["--pad-floor", "largest", "--batch-max", "64",
+                                                      "--train-subset", "192"])])
 def test_demo_trains_on_two_devices(tmp_path, stats, extra):
     out = tmp_path / "run"
     args = ["--backend", "jax", "--devices", "2", "--batch-stats", stats, "--method", "triaccel", "--data", str(DATA),
-            "--epochs", "1", "--train-subset", "192", "--test-subset", "64", "--batch", "32", "--width", "0.125",
+            "--epochs", "1", "--test-subset", "64", "--batch", "32", "--width", "0.125",
             "--t-ctrl", "2", "--warmup-steps", "2", "--no-progress", "--device", "cpu", "--compile-cache", "off", *extra]
-    two_devices.run(["-m", "examples.cifar.train", *args, "--out", str(out)], timeout=600)
+    images = int(extra[extra.index("--train-subset") + 1])
+    two_devices.run_demo([*args, "--out", str(out)], timeout=600)
     summary = json.loads((out / "summary.json").read_text())
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert summary["devices"] == 2 and summary["options"]["batch_stats"] == stats
     assert summary["fused_step"] is True   # auto: one program per plain step over a mesh
     assert summary["pad_floor"] == (64 if stats == "global" else None)
     assert (summary["injected_ooms"] >= 1) == (stats == "per-device")
-    assert sum(r["samples"] for r in steps if r["type"] == "step") == 192   # every image once
+    assert sum(r["samples"] for r in steps if r["type"] == "step") == images   # every image once
     assert 0.0 <= summary["final_acc"] <= 1.0
     if stats == "per-device":   # the two programs per step train the same steps, the same losses
-        two_devices.run(["-m", "examples.cifar.train", *args, "--fused-step", "off", "--out", str(tmp_path / "off")],
-                        timeout=600)
+        two_devices.run_demo([*args, "--fused-step", "off", "--out", str(tmp_path / "off")], timeout=600)
         off = [json.loads(x) for x in (tmp_path / "off" / "log.jsonl").read_text().splitlines()]
         assert json.loads((tmp_path / "off" / "summary.json").read_text())["fused_step"] is False
         assert [r["loss"] for r in off if r["type"] == "step"] == \
