@@ -164,10 +164,12 @@ def test_dp_probe_smoke(tmp_path):
 
 def test_dp_probe_loops_smoke(tmp_path):
     """jax_dp_probe.py --loops: every loop from one program to the demo's per-step pattern runs on one
-    and two devices (the fed loops gather from a replicated dataset into the batch sharding)."""
+    and two devices (the fed loops gather from a replicated dataset into the batch sharding). The
+    compilation cache: fed, in-flight and waiting build the same two programs, fused-fed and fused-np
+    the same one, compiled once per device count (each ResNet-18 compilation some seconds on 2 cores)."""
     two_devices.run(["benchmarks/device/jax_dp_probe.py", "--smoke", "--per-device", "4", "--steps", "2",
                      "--width", "0.125", "--stats", "global", "--loops", "split", "fed", "in-flight", "waiting",
-                     "fused-fed", "fused-np"],
+                     "fused-fed", "fused-np", "--compile-cache", str(tmp_path / "jax-cache")],
                     env={"OUT": str(tmp_path)})
     rows = json.loads((tmp_path / "jax_dp_probe.json").read_text())
     assert [(r["loop"], r["devices"]) for r in rows] == [

@@ -92,9 +92,10 @@ class Parts:
 
 
 def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused",
-          parts: Parts | None = None) -> Callable[[], Any]:
+          parts: Parts | None = None, compile_cache: str | bool = False) -> Callable[[], Any]:
     """A closure running one training step of `loop` (LOOPS) on the first n devices; it returns
-    what the step left to wait for. parts: times the host's parts of each step."""
+    what the step left to wait for. parts: times the host's parts of each step. compile_cache: the
+    SplitSteps' persistent compilation cache (a folder; False: off)."""
     part = parts if parts is not None else Parts()
     mesh = data_mesh(n) if n > 1 else None
     model = create_model("resnet18", num_classes=10, width=width, seed=0)
@@ -122,7 +123,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
             opt.update(model, grads)
             return loss
 
-        step = SplitStep(body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh, pack=False)
+        step = SplitStep(body, model, opt, compile_ahead=False, compile_cache=compile_cache, mesh=mesh, pack=False)
         xb, yb = fixed
         return lambda: part("step", step, xb, yb)
 
@@ -176,7 +177,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
                 return loss
             return fused_flat
         keep = loop in ("fused-keep", "fused-wait")
-        fstep = SplitStep(fed_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh, pack=False,
+        fstep = SplitStep(fed_body, model, opt, compile_ahead=False, compile_cache=compile_cache, mesh=mesh, pack=False,
                           **({"donate_argnums": ()} if keep else {}))
         count = [0]
         waiting: list[Any] = []
@@ -206,7 +207,7 @@ def build(n: int, per_device: int, stats: str, width: float, loop: str = "fused"
     def update_body(params: Any, opt: Any, grads: Any, lr: jax.Array) -> None:
         opt.update(params, jax.tree_util.tree_map(lambda g: g * lr, grads))
 
-    split = SplitStep(grad_body, model, opt, compile_ahead=False, compile_cache=False, mesh=mesh, pack=False)
+    split = SplitStep(grad_body, model, opt, compile_ahead=False, compile_cache=compile_cache, mesh=mesh, pack=False)
     update = split.bind(update_body, nnx.state(model, nnx.Param), opt)
     if loop == "split":
         xb, yb = fixed
@@ -282,13 +283,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--width", type=float, default=1.0)
     ap.add_argument("--smoke", action="store_true", help="CPU: no CUPTI")
+    ap.add_argument("--compile-cache", default=None, metavar="DIR",
+                    help="JAX's persistent compilation cache in DIR (created), so that the loops building the "
+                         "same programs (fed, in-flight and waiting; fused-fed and fused-np) compile them once "
+                         "per device count (default: off, every configuration compiles its own)")
     args = ap.parse_args()
     rows = []
     for loop in args.loops:
         for n in args.devices:
             for stats in (args.stats if n > 1 else ["global"]):
                 parts = Parts()
-                step = build(n, args.per_device, stats, args.width, loop, parts)
+                step = build(n, args.per_device, stats, args.width, loop, parts, args.compile_cache or False)
                 for _ in range(5):
                     out = step()
                 jax.block_until_ready(out)
