@@ -89,7 +89,7 @@ class RunOptions:
     graph_halves: str = "on"          # torch, --compile graphs, triaccel: on | off: noise measurements' half batches captured too
     noise_layout: str = "arrays"      # JAX, triaccel: arrays | flat: how the update holds a noise step's halves
     graph_warmup: str = "eager"       # torch, --compile graphs: eager | 3 | 1: passes before each capture (eager: the shape's first step)
-    triton_warmup: str = "on"         # torch, triaccel, CUDA: on | first-step | off: Triton's start-up and the kernel's compilation on a thread
+    triton_warmup: str = "on"         # torch, triaccel, CUDA: on | first-step | off: Triton's start-up and the kernel's compilation on a thread (the demo's --triton-warmup auto resolves to first-step with --compile off / graphs)
     compile_shapes: str = "dynamic"   # torch, compiled: dynamic (one graph per policy) | buckets (one per bucket)
     inject_oom_every: int = 0         # test-only (benchmarks/soak.py): see OOMInjector; 0 = off
     trace_steps: tuple[int, int] | None = None  # (start, stop): profile optimizer steps [start, stop) (StepTrace)

@@ -257,7 +257,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "stream; 3 is torch's recipe). Summed over six sizes the captures cost 2.17 / 2.38 / 3.18 s "
                         "(eager / 1 / 3) on EfficientNet-B0, 0.82 / 0.94 / 1.11 s on ResNet-18 (H200, 2026-11-28, "
                         "benchmarks/device/capture_cost.py)")
-    p.add_argument("--triton-warmup", choices=["on", "first-step", "off"], default="on",
+    p.add_argument("--triton-warmup", choices=["auto", "on", "first-step", "off"], default="auto",
                    help="torch, triaccel, CUDA: run Triton's once-per-process start-up (its cache key and driver; "
                         "~1.1 s of the first statistics launch under cProfile, H200, 2026-11-28) and the statistics "
                         "kernel's compilation (TriAccelOptimizer.prepare_kernels) on a thread beside the set-up, "
@@ -267,8 +267,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "benchmarks/results/s38/callE; only the start-up on the thread and the kernel compiled on the "
                         "main thread was slower in 4 of 4 runs: benchmarks/results/s39/callA). first-step: joined "
                         "before the first step's update instead, so that the thread also overlaps that step's eager "
-                        "forward and backward (--compile off or graphs only: their first step captures nothing; "
-                        "not yet measured on the GPU)")
+                        "forward and backward (--compile off or graphs only: their first step captures nothing). "
+                        "auto (default): first-step where the first step is eager (--compile off or graphs), on "
+                        "otherwise. first-step against on, graphed, bytecode cached, one H200 per call: ResNet-18 "
+                        "wall -0.7 / -0.9 / -1.5 / -0.6 s on seeds 0-3, EfficientNet-B0 +0.5 / +0.2 / 0.0 s on "
+                        "seeds 0-2 (2026-12-02, benchmarks/results/s46/call1-2), -2.5 / -1.7 / +1.4 s on three pairs "
+                        "before (s45/call4): lower on 6 of 10 pairs, -0.58 s on the mean")
     p.add_argument("--compile-shapes", choices=["auto", "dynamic", "buckets"], default="auto",
                    help="torch with --compile: one graph for every batch size (dynamic), or one graph per batch "
                         "bucket visited, specialised to it, other sizes (an epoch's short last batch) eager "
@@ -304,7 +308,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         p.error(f"--noise-layout={a.noise_layout}: only with --backend jax --method triaccel")
     if a.graph_halves != "on" and a.compile != "graphs":
         p.error(f"--graph-halves={a.graph_halves}: only with --compile graphs")
-    if a.triton_warmup == "first-step" and a.compile not in ("off", "graphs"):
+    if a.triton_warmup == "auto":
+        a.triton_warmup = "first-step" if a.compile in ("off", "graphs") else "on"
+    elif a.triton_warmup == "first-step" and a.compile not in ("off", "graphs"):
         p.error(f"--triton-warmup=first-step: only with --compile off or graphs (their first step is eager; "
                 f"--compile {a.compile} may compile or capture in it)")
     if a.graph_warmup != "eager" and a.compile != "graphs":
