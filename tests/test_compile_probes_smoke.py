@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
                                                ("xla_options_probe", 2, ["--sets", "default", "threads1"])])
 def test_probe_smoke(tmp_path, probe, rows, extra):
     env = {**os.environ, "OUT": str(tmp_path), "JAX_PLATFORMS": "cpu"}
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device" / f"{probe}.py"), "--smoke", *extra],
+    # width 1/8: the same programs' mechanics; a full-width bf16 step takes ~1 s on 2 CPU cores
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device" / f"{probe}.py"), "--smoke", "--width", "0.125",
+                        *extra],
                        capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads((tmp_path / f"{probe}.json").read_text())

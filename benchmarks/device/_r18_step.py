@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 
-def amp_resnet18() -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
+def amp_resnet18(width: float = 1.0) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
     """(state, train, evaluate): the split (model, optimizer) state; train(state, x, y) -> (loss, new
     state), the mean cross-entropy's step; evaluate(state, x, y) -> the count of correct argmaxes.
-    x: (N, 32, 32, 3) float32, y: (N,) int32."""
+    x: (N, 32, 32, 3) float32, y: (N,) int32. width: the channel width multiplier (the demo's --width)."""
     import jax.numpy as jnp
     import optax
     from flax import nnx
@@ -18,7 +18,7 @@ def amp_resnet18() -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
     from triaccel.backends.jax import layer_map_from_model, precision_policy
     from triaccel.backends.jax.models import create_model
 
-    model = create_model("resnet18", num_classes=10, seed=0)
+    model = create_model("resnet18", num_classes=10, width=width, seed=0)
     lm = layer_map_from_model(model)
     precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
     opt = nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9, nesterov=True), wrt=nnx.Param)

@@ -29,12 +29,12 @@ from _results import child_row, print_table, write_to_out  # noqa: E402
 MODES = ("alone", "pair")
 
 
-def child(mode: str, batch: int, eval_batch: int) -> dict[str, Any]:
+def child(mode: str, batch: int, eval_batch: int, width: float = 1.0) -> dict[str, Any]:
     import jax
     import numpy as np
     from _r18_step import amp_resnet18
 
-    state, train, evaluate = amp_resnet18()
+    state, train, evaluate = amp_resnet18(width)
 
     def shapes(n: int) -> tuple[Any, Any]:
         return (jax.ShapeDtypeStruct((n, 32, 32, 3), np.float32), jax.ShapeDtypeStruct((n,), np.int32))
@@ -67,18 +67,21 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=96, help="the training step's batch (the demo's first)")
     ap.add_argument("--eval-batch", type=int, default=1000, help="the evaluation chunk (the demo's)")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per process")
+    ap.add_argument("--width", type=float, default=1.0,
+                    help="ResNet-18's channel width multiplier (default 1; smaller: the mechanics in less time)")
     ap.add_argument("--smoke", action="store_true", help="CPU, small batches, one rep")
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(a.child, a.batch, a.eval_batch)), flush=True)
+        print(json.dumps(child(a.child, a.batch, a.eval_batch, a.width)), flush=True)
         return
     if a.smoke:
         a.reps, a.batch, a.eval_batch = 1, 8, 16
     rows = []
     for rep in range(a.reps):
         for mode in MODES:
-            cmd = [sys.executable, __file__, "--child", mode, "--batch", str(a.batch), "--eval-batch", str(a.eval_batch)]
+            cmd = [sys.executable, __file__, "--child", mode, "--batch", str(a.batch), "--eval-batch", str(a.eval_batch),
+                   "--width", str(a.width)]
             row = child_row(cmd, a.timeout, f"rep {rep} {mode}")
             if "error" not in row:
                 row["delay_warnings"] = row.pop("stderr").count("Delay kernel timed out")
@@ -87,7 +90,7 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     ok = [r for r in rows if "error" not in r]
     if ok:
-        print_table(f"ResNet-18 bf16 training step at bs {a.batch} and evaluation at {a.eval_batch}, {ok[0]['device']}: "
+        print_table(f"ResNet-18{'' if a.width == 1 else f' (width {a.width})'} bf16 training step at bs {a.batch} and evaluation at {a.eval_batch}, {ok[0]['device']}: "
                     "compile seconds, fresh process per row",
                     ok, [("rep", "rep", ">3"), ("mode", "mode", ">6"), ("step s", "step_s", ">7.1f"),
                          ("eval s", "eval_s", ">7.1f"), ("wall s", "wall_s", ">7.1f"),

@@ -43,12 +43,12 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
 }
 
 
-def child(name: str, fg: int, bg: int, steps: int) -> dict[str, Any]:
+def child(name: str, fg: int, bg: int, steps: int, width: float = 1.0) -> dict[str, Any]:
     import jax
     import numpy as np
     from _r18_step import amp_resnet18
 
-    state, pure, _ = amp_resnet18()
+    state, pure, _ = amp_resnet18(width)
     step = jax.jit(pure, donate_argnums=0)
     rng = np.random.default_rng(0)
 
@@ -109,12 +109,14 @@ def main() -> None:
     ap.add_argument("--fg", type=int, default=96)
     ap.add_argument("--bg", type=int, default=384)
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--width", type=float, default=1.0,
+                    help="ResNet-18's channel width multiplier (default 1; smaller: the mechanics in less time)")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per option set's process")
     ap.add_argument("--smoke", action="store_true", help="CPU, small batches (the default set unless --sets)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(a.child, a.fg, a.bg, a.steps)), flush=True)
+        print(json.dumps(child(a.child, a.fg, a.bg, a.steps, a.width)), flush=True)
         return
     if a.smoke:
         a.fg, a.bg, a.steps = 8, 16, 3
@@ -122,7 +124,8 @@ def main() -> None:
         a.sets = ["default"] if a.smoke else list(OPTION_SETS)
     rows = []
     for name in a.sets:
-        cmd = [sys.executable, __file__, "--child", name, "--fg", str(a.fg), "--bg", str(a.bg), "--steps", str(a.steps)]
+        cmd = [sys.executable, __file__, "--child", name, "--fg", str(a.fg), "--bg", str(a.bg), "--steps", str(a.steps),
+               "--width", str(a.width)]
         row = child_row(cmd, a.timeout, name)
         row.pop("stderr", None)
         rows.append({"options": name, **row})
@@ -130,7 +133,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     ok = [r for r in rows if "error" not in r]
     if ok:
-        print_table(f"ResNet-18 bf16 step, {ok[0]['device']}: foreground bs {a.fg}, background compilation at bs {a.bg}",
+        print_table(f"ResNet-18{'' if a.width == 1 else f' (width {a.width})'} bf16 step, {ok[0]['device']}: foreground bs {a.fg}, background compilation at bs {a.bg}",
                     ok, [("options", "options", ">15"), ("fg compile s", "fg_compile_s", ">12.1f"),
                          ("fg ms alone", "fg_ms_alone", ">11.2f"), ("fg ms beside", "fg_ms_beside", ">12.2f"),
                          ("bg lower s", "bg_lower_s", ">10.1f"), ("bg compile s", "bg_compile_s", ">12.1f"),
