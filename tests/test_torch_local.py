@@ -610,20 +610,35 @@ def test_curvature_measurement_halves_its_rows_on_oom(monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(self, batch)
 
+    # The measurement's free_memory() after each simulated OOM, counted instead of run: nothing was
+    # allocated to free, and its gc.collect() costs ~1 s a call in the full suite's heap (48 calls here)
+    frees = [0]
+    real_measure = BlockCurvature.measure
+
+    def measure(self, block, eigvals_of, rows, *, is_oom, free_memory):
+        assert free_memory is tl.free_memory   # the backend's own
+
+        def counted():
+            frees[0] += 1
+        return real_measure(self, block, eigvals_of, rows, is_oom=is_oom, free_memory=counted)
+
+    monkeypatch.setattr(BlockCurvature, "measure", measure)
     monkeypatch.setattr(tl.CurvatureEstimator, "__call__", small_only)
     curv = BlockCurvature(every=2, samples=16)
     _, _, recs = _train(inputs="cache", epochs=2, curvature=curv)
     assert all(len(r.lr_scales) == 1 for r in recs)
     assert curv.samples_used == {b: [4] for b in range(len(recs))}
+    assert frees[0] == 2 * len(recs)   # after the OOMs at 16 and 8 rows
 
     def never(self, batch):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
     monkeypatch.setattr(tl.CurvatureEstimator, "__call__", never)   # not even one row fits: scale kept
-    curv = BlockCurvature(every=1, samples=16)
+    curv, frees[0] = BlockCurvature(every=1, samples=16), 0
     with pytest.warns(RuntimeWarning, match="block 0: curvature measurement out of memory at one row"):
         _, _, recs = _train(inputs="cache", epochs=2, curvature=curv)
     assert all(r.lr_scales == [1.0, 1.0] for r in recs) and curv.samples_used == {}
+    assert frees[0] == 5 * 2 * len(recs)   # after the OOMs at 16, 8, 4 and 2 rows, and the one at 1
 
 
 
