@@ -82,11 +82,6 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
         with pytest.raises(SystemExit):   # only with --compile graphs
             train.parse_args(["--data", str(DATA), *only_graphed])
     # --triton-warmup (torch, triaccel, CUDA only: on a CPU no thread starts): on unless turned off
-    # --graph-prewarm (ShapeWarmup on a thread): off unless asked, only with --compile graphs
-    assert train.parse_args(["--data", str(DATA)]).graph_prewarm == "off"
-    assert train.parse_args(["--data", str(DATA), "--compile", "graphs", "--graph-prewarm", "on"]).graph_prewarm == "on"
-    with pytest.raises(SystemExit):
-        train.parse_args(["--data", str(DATA), "--graph-prewarm", "on"])
     # auto: first-step where the first step is eager (--compile off / graphs), on otherwise
     assert train.parse_args(["--data", str(DATA)]).triton_warmup == "first-step"
     assert train.parse_args(["--data", str(DATA), "--compile", "graphs"]).triton_warmup == "first-step"

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triaccel.backends.torch.cuda_graph import ShapeGraphs, ShapeWarmup
+from triaccel.backends.torch.cuda_graph import ShapeGraphs
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
@@ -116,34 +116,3 @@ def test_the_capture_probe_refuses_bad_arguments(capsys) -> None:
         with pytest.raises(SystemExit):
             capture_cost.main(bad)
         assert "--warmups integers >= 1 or 'eager'" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("kw, match", [({"sizes": []}, "sizes"), ({"sizes": [0]}, "sizes"), ({"sizes": "8"}, "sizes"),
-                                       ({"sizes": [True]}, "sizes"), ({"sample_shape": ()}, "sample_shape"),
-                                       ({"sample_shape": (3, 0, 8)}, "sample_shape")])
-def test_shape_warmup_refuses_bad_arguments(kw, match) -> None:
-    args = {"sizes": [4], "sample_shape": (3, 8, 8), **kw}
-    with pytest.raises(ValueError, match=match):
-        ShapeWarmup(_net(), args["sizes"], args["sample_shape"])
-    with pytest.raises(ValueError, match="module"):
-        ShapeWarmup(nn.ReLU(), [4], (3, 8, 8))
-
-
-@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
-def test_shape_warmup_runs_every_size_on_a_copy_and_leaves_the_model_alone(dtype) -> None:
-    """A copy made at construction runs forward and backward at each size, in order (on a thread, as the demo
-    runs it); the model's parameters, gradients, BatchNorm statistics and mode stay as they were."""
-    net = _net(1).eval()
-    warm = ShapeWarmup(net, [6, 3, 5], (3, 8, 8), autocast_dtype=dtype, memory_format=torch.channels_last)
-    before = copy.deepcopy(net.state_dict())
-    import threading
-    th = threading.Thread(target=warm.run)
-    th.start()
-    th.join()
-    assert warm.done == [6, 3, 5]
-    assert not net.training
-    assert all(p.grad is None for p in net.parameters())
-    for k, v in net.state_dict().items():
-        assert torch.equal(v, before[k]), k
-    with pytest.raises(RuntimeError, match="already ran"):
-        warm.run()

@@ -23,7 +23,6 @@ fixed at capture: module modes (train/eval), autocast and the batch shape are th
 
 from __future__ import annotations
 
-import copy
 import gc
 from collections import OrderedDict
 from typing import Any, Callable, Collection, Hashable, Sequence
@@ -31,7 +30,7 @@ from typing import Any, Callable, Collection, Hashable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["GraphedStep", "ShapeGraphs", "ShapeWarmup"]
+__all__ = ["GraphedStep", "ShapeGraphs"]
 
 
 class GraphedStep:
@@ -233,58 +232,3 @@ class ShapeGraphs(nn.Module):
     def graphs(self) -> int:
         """Captures held now."""
         return len(self._graphs)
-
-
-class ShapeWarmup:
-    """One eager forward and backward of a copy of `module` at each batch size, for a thread beside a run's
-    set-up: a size's first eager step pays for the process's one-time work at that shape (its kernels
-    loaded, cuDNN's own set-up), 0.24-0.29 s on EfficientNet-B0 against 6-19 ms of GPU work; run first on
-    another thread, that step cost 0.11-0.17 s (the rest is the calling thread's: torch keeps cuDNN's
-    execution plans per thread), and six sizes' first steps 0.88 s against 2.30 s (H200, 2026-12-02,
-    `benchmarks/device/capture_cost.py --prewarm-thread`, benchmarks/results/s46/call5).
-
-    The copy is made here, on the constructing thread (make it before hooks are registered on `module`,
-    or they are copied too); `run()` uses only the copy, so `module`'s parameters, gradients and
-    buffers are untouched. The inputs are random: kernels and plans depend on shapes, strides and dtypes,
-    not on values. sizes: batch sizes (ints >= 1), run in the order given. sample_shape: one sample's
-    shape, e.g. (3, 32, 32). autocast_dtype: the forward's autocast dtype (None: no autocast).
-    memory_format: the inputs' (torch.channels_last for a channels-last model). Memory: the copy's
-    parameters and gradients and one step's activations at the largest size, back in the allocator's
-    cache afterwards (on the default stream, where the run's steps reuse them); a run that measures its
-    peak should reset the peak statistics after `run()` returns.
-    """
-
-    def __init__(self, module: nn.Module, sizes: Sequence[int], sample_shape: Sequence[int], *,
-                 autocast_dtype: torch.dtype | None = torch.bfloat16,
-                 memory_format: torch.memory_format = torch.contiguous_format) -> None:
-        if isinstance(sizes, (str, bytes)) or not sizes or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes):
-            raise ValueError(f"sizes={sizes!r}: allowed a non-empty sequence of ints >= 1")
-        if not sample_shape or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
-                                       for d in sample_shape):
-            raise ValueError(f"sample_shape={sample_shape!r}: allowed a non-empty sequence of ints >= 1")
-        params = list(module.parameters())
-        if not params:
-            raise ValueError("module: has no parameters (nothing to warm: no device, no backward)")
-        self.device = params[0].device
-        self.sizes, self.sample_shape = tuple(sizes), tuple(sample_shape)
-        self.autocast_dtype, self.memory_format = autocast_dtype, memory_format
-        self.done: list[int] = []   # sizes run so far
-        self._copy: nn.Module | None = copy.deepcopy(module).train()
-
-    def run(self) -> None:
-        """Every size's forward and backward on the copy (once; the copy is released after)."""
-        net = self._copy
-        if net is None:
-            raise RuntimeError("ShapeWarmup.run: already ran (the copy is released after one run)")
-        dev = self.device
-        for b in self.sizes:
-            x = torch.randn((b, *self.sample_shape), device=dev).contiguous(memory_format=self.memory_format)
-            with torch.autocast(dev.type, dtype=self.autocast_dtype or torch.float32,
-                                enabled=self.autocast_dtype is not None):
-                out = net(x)
-            out.float().sum().backward()
-            self.done.append(b)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        self._copy = None

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from triaccel import Controller
 from triaccel.backends.torch import augment, wrap
 from triaccel.backends.torch.compile import compile_model
-from triaccel.backends.torch.cuda_graph import ShapeGraphs, ShapeWarmup
+from triaccel.backends.torch.cuda_graph import ShapeGraphs
 from triaccel.backends.torch.data import ElasticLoader, elastic_step
 from triaccel.backends.torch.distributed import unwrap_parallel
 from triaccel.backends.torch.flops import layer_flops
@@ -106,8 +106,8 @@ def inner_optimizer(opts: RunOptions, model: torch.nn.Module) -> torch.optim.Opt
 class _Ahead(threading.Thread):
     """`fn()` started at once on a daemon thread; `finish()` waits for it and raises what it raised."""
 
-    def __init__(self, fn: Callable[[], Any], name: str = "triton-warmup") -> None:
-        super().__init__(name=name, daemon=True)
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(name="triton-warmup", daemon=True)
         self.fn, self.error = fn, None
         self.start()
 
@@ -164,23 +164,8 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         torch.backends.cudnn.benchmark = opts.cudnn_benchmark
     if distributed is not None:
         model = distributed.prepare(model)   # DistributedDataParallel; rank 0's weights everywhere
-    cfg = opts.triaccel_config(1 if distributed is None else distributed.world_size)
-    buckets = opts.compile_shapes == "buckets"
-    graphed = static_batches(cfg.batch_buckets, distributed, cfg.batch_init) if buckets else None
-    # a noise measurement's half batches graphed too (--graph-halves on): a capture costs 0.2-0.6 s (H200,
-    # 2026-11-28) where an eager EfficientNet-B0 step costs ~33 ms of host time (H100, 2026-11-23)
-    # (noise_split="double": a noise step's micro-batches are the buckets themselves)
-    halves = ({-(-b // 2) for b in graphed} if opts.compile == "graphs" and opts.method == "triaccel"
-              and opts.graph_halves == "on" and cfg.noise_split == "halves" else set())
-    warm = None
-    if opts.graph_prewarm == "on" and opts.compile == "graphs" and device.type == "cuda" and distributed is None:
-        # every graphed size's first-use cost paid on a thread beside the set-up (from the model, before any
-        # hook is registered on it); joined before the loop, whose memory peak is reset after it
-        warm = _Ahead(ShapeWarmup(model, sorted(set(graphed) | halves), (3, opts.image_size, opts.image_size),
-                                  autocast_dtype=None if opts.method == "fp32" else torch.bfloat16,
-                                  memory_format=torch.channels_last if nhwc else torch.contiguous_format).run,
-                      name="shape-warmup")
     inner = inner_optimizer(opts, model)
+    cfg = opts.triaccel_config(1 if distributed is None else distributed.world_size)
     mean, std, xtr, ytr, xte, yte = device_arrays(data, device)
     phases["arrays"] = time.perf_counter() - t_start
     # each rank its own augmentation stream (rank 0's is the single-process one)
@@ -239,9 +224,16 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     # Training steps run the compiled forward; evaluation, FLOP counting and curvature the module.
     # Data parallel: the module DDP wraps (the elastic step reduces gradients itself).
     train_model = model if distributed is None else distributed.training_module()
+    buckets = opts.compile_shapes == "buckets"
+    graphed = static_batches(cfg.batch_buckets, distributed, cfg.batch_init) if buckets else None
     if opts.compile == "off":
         fwd = parts_forward(train_model, opts.bn_parts)
     elif opts.compile == "graphs":
+        # a noise measurement's half batches graphed too (--graph-halves on): a capture costs 0.2-0.6 s (H200,
+        # 2026-11-28) where an eager EfficientNet-B0 step costs ~33 ms of host time (H100, 2026-11-23)
+        # (noise_split="double": a noise step's micro-batches are the buckets themselves)
+        halves = ({-(-b // 2) for b in graphed} if opts.method == "triaccel" and opts.graph_halves == "on"
+                  and cfg.noise_split == "halves" else set())
         eager_first = opts.graph_warmup == "eager"
         fwd = ShapeGraphs(train_model, set(graphed) | halves, max_graphs=3,
                           key=(lambda: opt.plan.key) if opts.method == "triaccel" else None,
@@ -266,11 +258,6 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
         with cast():
             return F.cross_entropy(fwd(xb), yb)
 
-    if warm is not None:
-        t_wait = time.perf_counter()
-        warm.finish()
-        phases["warmup_wait"] = time.perf_counter() - t_wait   # the thread's work not hidden by the set-up
-        # (before the peak's reset below: the copy's step is no training step's memory)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     epoch_times: list[float] = []

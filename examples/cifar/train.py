@@ -257,12 +257,6 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "stream; 3 is torch's recipe). Summed over six sizes the captures cost 2.17 / 2.38 / 3.18 s "
                         "(eager / 1 / 3) on EfficientNet-B0, 0.82 / 0.94 / 1.11 s on ResNet-18 (H200, 2026-11-28, "
                         "benchmarks/device/capture_cost.py)")
-    p.add_argument("--graph-prewarm", choices=["on", "off"], default="off",
-                   help="torch, --compile graphs, one process, CUDA, every method: run every graphed batch size "
-                        "once (forward and backward of a copy of the model, random inputs) on a thread beside the "
-                        "set-up, joined before the first step (ShapeWarmup): a size's first eager step pays the "
-                        "process's one-time work at that shape, 0.24-0.29 s each on EfficientNet-B0, 0.11-0.17 s "
-                        "after such a run (H200, 2026-12-02, benchmarks/results/s46/call5)")
     p.add_argument("--triton-warmup", choices=["auto", "on", "first-step", "off"], default="auto",
                    help="torch, triaccel, CUDA: run Triton's once-per-process start-up (its cache key and driver; "
                         "~1.1 s of the first statistics launch under cProfile, H200, 2026-11-28) and the statistics "
@@ -319,8 +313,6 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
     elif a.triton_warmup == "first-step" and a.compile not in ("off", "graphs"):
         p.error(f"--triton-warmup=first-step: only with --compile off or graphs (their first step is eager; "
                 f"--compile {a.compile} may compile or capture in it)")
-    if a.graph_prewarm != "off" and a.compile != "graphs":
-        p.error(f"--graph-prewarm={a.graph_prewarm}: only with --compile graphs")
     if a.graph_warmup != "eager" and a.compile != "graphs":
         p.error(f"--graph-warmup={a.graph_warmup}: only with --compile graphs")
     if a.compile in ("cudagraphs", "graphs") and a.compile_shapes == "dynamic":
@@ -380,7 +372,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, bn_mask=a.bn_mask, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze, graph_halves=a.graph_halves, noise_layout=a.noise_layout, graph_warmup=a.graph_warmup, graph_prewarm=a.graph_prewarm, triton_warmup=a.triton_warmup,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, bn_mask=a.bn_mask, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze, graph_halves=a.graph_halves, noise_layout=a.noise_layout, graph_warmup=a.graph_warmup, triton_warmup=a.triton_warmup,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set),
         xla_options=_parse_set(a.xla_option, "--xla-option", "an XLA compiler option"))
