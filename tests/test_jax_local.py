@@ -210,16 +210,24 @@ def test_torch_and_jax_train_alike(plan, cached):
         np.testing.assert_allclose(sj[k], st[k], rtol=2e-3, atol=2e-4, err_msg=k)
 
 
+def _noisy_aug(xb, key):
+    return xb * 0.9 + 0.05 * jax.random.normal(key, xb.shape)
+
+
+@pytest.fixture(scope="module")
+def fused_16(plan):
+    """The reference of test_fused_steps_equal_elastic_steps (16 steps per call, the default), trained
+    once for both of its cases. Later blocks: the prefix in the scan."""
+    return _train_jax(plan, inputs="recompute", transform=_noisy_aug)
+
+
 @pytest.mark.parametrize("steps_per_call", [1, 3])
-def test_fused_steps_equal_elastic_steps(plan, cached, steps_per_call):
+def test_fused_steps_equal_elastic_steps(plan, cached, fused_16, steps_per_call):
     """Full batches run 16 per compiled scan (the default, the fixture), 3 per call (an epoch's last
     call with spare slots) or each through the elastic path (1): same augmentation keys, same lr per
     step, same weights and losses. Block 0's transform draws on its key, so a wrong key shows."""
-    def aug(xb, key):
-        return xb * 0.9 + 0.05 * jax.random.normal(key, xb.shape)
-
-    model_a, a, ra = _train_jax(plan, inputs="recompute", transform=aug)   # later blocks: the prefix in the scan
-    model_b, b, rb = _train_jax(plan, inputs="recompute", transform=aug, steps_per_call=steps_per_call)
+    model_a, a, ra = fused_16
+    model_b, b, rb = _train_jax(plan, inputs="recompute", transform=_noisy_aug, steps_per_call=steps_per_call)
     assert all(r.graph_steps == r.steps - EPOCHS * (N % r.batch > 0) for r in ra)
     assert all(r.graph_steps == (0 if steps_per_call == 1 else r.steps - EPOCHS * (N % r.batch > 0)) for r in rb)
     sa, sb = _state(model_a, a), _state(model_b, b)
