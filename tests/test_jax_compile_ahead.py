@@ -217,6 +217,25 @@ def test_take_cancels_a_queued_job():
         ahead.close()
 
 
+def test_close_cancels_the_queue_and_lets_the_running_job_finish():
+    """close() (SplitStep.close at a run's end): a queued job never runs, the running one finishes, take()
+    of a cancelled job answers None (the caller compiles it itself), and the thread exits without
+    waiting for the queue."""
+    from triaccel.backends.jax.compile_ahead import AheadCompiler
+
+    ahead = AheadCompiler(nice=0)
+    gate, started, ran = threading.Event(), threading.Event(), []
+    ahead.submit("busy", lambda: started.set() or gate.wait(10) and "busy done")
+    ahead.submit("queued", lambda: ran.append("queued") or "queued done")
+    assert started.wait(5)
+    ahead.close()
+    gate.set()
+    assert ahead.take("busy") == "busy done"
+    assert ahead.take("queued") is None and ran == []
+    ahead._pool.shutdown(wait=True)   # the pool's thread is gone, the queued job still not run
+    assert ran == []
+
+
 # -- core: bounded policies and the likely next decision ----------------------------------------
 
 def _specs(kinds):

@@ -22,24 +22,10 @@ def run(args: list[str], timeout: float = 300, env: dict[str, str] | None = None
     return proc
 
 
-# `python -m examples.cifar.train ARGS` but for its exit: once the run has returned (its log, summary
-# and plots written), the process ends without waiting for the background compilations still queued
-# or running (SplitStep's compile-ahead of variants the run did not reach: on 2 CPU cores up to a
-# minute of XLA compilation that nothing reads).
-_DEMO = """
-import os, sys
-from examples.cifar import train
-train.main(sys.argv[1:])
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
-"""
-
-
 def run_demo(args: list[str], timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """The CIFAR demo (`python -m examples.cifar.train args...`) as `run` runs it, asserting exit status
-    0, but the process exits as soon as the run returns (see _DEMO)."""
-    return run(["-c", _DEMO, *args], timeout, env)
+    """The CIFAR demo (`python -m examples.cifar.train args...`) as `run` runs it, asserting exit status 0
+    (the demo cancels its queued background compilations when the run ends: `SplitStep.close`)."""
+    return run(["-m", "examples.cifar.train", *args], timeout, env)
 
 
 def worker_result(script: str, timeout: float = 300) -> dict:

@@ -357,6 +357,7 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
         compiles["evals"].append(clog.window())   # evaluation and the epoch's records
         print(f"  train {describe(compiles['epochs'][-1])}\n  eval {eval_times[-1]:.1f}s, "
               f"{describe(compiles['evals'][-1])}", flush=True)
+    split.close()   # the compilations still queued (variants the run did not reach) are not waited for at exit
     tracer.close()
     stats = dev.memory_stats() or {}
     report = ta.report(split) if ta is not None else None
