@@ -81,8 +81,8 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
     for only_graphed in (["--graph-halves", "off"], ["--graph-warmup", "1"]):
         with pytest.raises(SystemExit):   # only with --compile graphs
             train.parse_args(["--data", str(DATA), *only_graphed])
-    # --triton-warmup (torch, triaccel, CUDA only: on a CPU no thread starts): on unless turned off
-    # auto: first-step where the first step is eager (--compile off / graphs), on otherwise
+    # --triton-warmup (torch, triaccel, CUDA only: on a CPU no thread starts): auto unless set, which is
+    # first-step where the first step is eager (--compile off / graphs), on otherwise
     assert train.parse_args(["--data", str(DATA)]).triton_warmup == "first-step"
     assert train.parse_args(["--data", str(DATA), "--compile", "graphs"]).triton_warmup == "first-step"
     assert train.parse_args(["--data", str(DATA), "--compile", "default"]).triton_warmup == "on"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Two host devices, and XLA's CPU backend without LLVM's optimisation passes: these runs compare runs with
-# runs under the same flags, and their compilations take about half as long (the demo's main step 19.3 ->
-# 10.5 s on a 2-core machine, 2026-12-02). Not for the in-process tests: unoptimised CPU reductions round
-# differently (a JAX-against-torch statistics check failed at rtol 1e-4 under it).
+# runs under the same flags, and their compilations take less time (2-core machine, 2026-12-02: the per-device
+# demo test 118 -> 87 s, the dp probe loops 93 -> 72 s). Not for the in-process tests: unoptimised CPU
+# reductions round differently (a JAX-against-torch statistics check failed at rtol 1e-4 under it).
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
        "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"}
 

@@ -47,9 +47,8 @@ def _phase_timers(torch: Any) -> dict[str, float]:
                 spent[key] += time.perf_counter() - t
         setattr(owner, name, wrapper)
 
-    import torch.cuda.graphs as graphs
-    timed(graphs.torch.cuda, "empty_cache", "empty_cache_s")
-    timed(graphs.torch.cuda, "synchronize", "synchronize_s")
+    timed(torch.cuda, "empty_cache", "empty_cache_s")   # torch.cuda.graph calls both through torch.cuda
+    timed(torch.cuda, "synchronize", "synchronize_s")
     timed(torch.cuda.CUDAGraph, "capture_begin", "capture_begin_s")
     timed(torch.cuda.CUDAGraph, "capture_end", "capture_end_s")
     return spent

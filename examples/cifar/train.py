@@ -269,7 +269,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "before the first step's update instead, so that the thread also overlaps that step's eager "
                         "forward and backward (--compile off or graphs only: their first step captures nothing). "
                         "auto (default): first-step where the first step is eager (--compile off or graphs), on "
-                        "otherwise. first-step against on, graphed, bytecode cached, one H200 per call: ResNet-18 "
+                        "otherwise (measured graphed only). first-step against on, graphed, bytecode cached, one H200 per call: ResNet-18 "
                         "wall -0.7 / -0.9 / -1.5 / -0.6 s on seeds 0-3, EfficientNet-B0 +0.5 / +0.2 / 0.0 s on "
                         "seeds 0-2 (2026-12-02, benchmarks/results/s46/call1-2), -2.5 / -1.7 / +1.4 s on three pairs "
                         "before (s45/call4): lower on 6 of 10 pairs, -0.58 s on the mean")
