@@ -60,7 +60,7 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
     test_torch_shape_graphs.py): on a CPU every step runs the module eagerly, every image once, no
     capture; --compile-shapes dynamic is refused."""
     summary, out = _run(tmp_path, "--backend", "torch", "--method", "triaccel", "--compile", "graphs",
-                        "--budget", "4GiB", "--set", "min_dwell=0")
+                        "--budget", "4GiB", "--set", "min_dwell=0", "--set", "noise_split=halves")
     steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"type": "step"' in x]
     assert sum(r["samples"] for r in steps) == 192 and summary["compiled_graphs"] == 0
     assert summary["options"]["compile_shapes"] == "buckets"
@@ -70,11 +70,11 @@ def test_torch_demo_with_shape_graphs_off_cuda_runs_eagerly(tmp_path):
     assert list(ph.values()) == sorted(ph.values()) and ph["flops"] <= summary["setup_seconds"]
     with pytest.raises(SystemExit):
         train.parse_args(["--data", str(DATA), "--compile", "graphs", "--compile-shapes", "dynamic"])
-    # --graph-halves off: the ladder from the first batch up alone, the noise halves run eagerly
-    # (with torch's capture recipe, 3 discarded passes, instead of the default eager first step)
+    # the default noise split (torch: "double", a noise step's micro-batches at the decided size): the
+    # ladder from the first batch up alone, no half sizes (with torch's capture recipe here, 3 discarded
+    # passes, instead of the default eager first step); as with --graph-halves off under "halves"
     off, _ = _run(tmp_path / "off", "--backend", "torch", "--method", "triaccel", "--compile", "graphs",
-                  "--budget", "4GiB", "--set", "min_dwell=0", "--graph-halves", "off",
-                  "--graph-warmup", "3")
+                  "--budget", "4GiB", "--set", "min_dwell=0", "--graph-warmup", "3")
     ladder = off["graphed_sizes"]
     assert ladder[0] == 32 and summary["graphed_sizes"] == sorted(set(ladder) | {-(-b // 2) for b in ladder})
     assert (off["options"]["graph_warmup"], summary["options"]["graph_warmup"]) == ("3", "eager")
@@ -353,12 +353,34 @@ def test_plots_show_the_noise_scale_beside_the_batch_and_the_flop_share(tmp_path
 
 
 def test_bucket_ladder_doubles_and_tops_out_at_the_batch_max():
-    from examples.cifar.common import bucket_ladder
+    from examples.cifar.common import bucket_ladder, without_rung_below_top
 
     assert bucket_ladder(96, 8, 512) == (12, 24, 48, 96, 192, 384, 512)
     assert bucket_ladder(96, 8, 384) == (12, 24, 48, 96, 192, 384)      # the top is a doubling already
     assert bucket_ladder(96, 8, 96) == (12, 24, 48, 96)
-    assert train.parse_args(["--batch", "96", "--batch-max", "1000"]).triaccel_config().batch_buckets[-3:] == (384, 768, 1000)
+    assert without_rung_below_top(bucket_ladder(96, 8, 512), 96) == (12, 24, 48, 96, 192, 512)
+    assert without_rung_below_top(bucket_ladder(96, 8, 384), 96) == (12, 24, 48, 96, 192, 384)
+    assert without_rung_below_top(bucket_ladder(32, 8, 512), 32) == (8, 16, 32, 64, 128, 256, 512)
+    assert without_rung_below_top((76, 152, 304, 512), 304) == (76, 152, 304, 512)   # the first batch stays
+    assert train.parse_args(["--batch", "304"]).triaccel_config().batch_buckets[-2:] == (304, 512)
+    jax = ["--backend", "jax", "--batch", "96", "--batch-max", "1000"]
+    assert train.parse_args(jax).triaccel_config().batch_buckets[-3:] == (384, 768, 1000)
+    assert train.parse_args(jax[2:]).triaccel_config().batch_buckets[-3:] == (192, 384, 1000)
+
+
+def test_torch_triaccel_visits_fewer_sizes_by_default():
+    """torch, triaccel: no rung between batch_max/2 and batch_max, and the noise step's two micro-batches
+    at the decided size (each size visited costs a first eager step, graphed a capture too); JAX and the
+    static methods keep the doubling ladder and the halves; --set overrides both."""
+    def cfg(*a):
+        return train.parse_args(["--batch", "96", *a]).triaccel_config()
+
+    torch_tri = cfg("--method", "triaccel")
+    assert (torch_tri.batch_buckets, torch_tri.noise_split) == ((12, 24, 48, 96, 192, 512), "double")
+    for other in (cfg("--backend", "jax", "--method", "triaccel"), cfg("--method", "amp")):
+        assert (other.batch_buckets, other.noise_split) == ((12, 24, 48, 96, 192, 384, 512), "halves")
+    set_ = cfg("--method", "triaccel", "--set", "noise_split=halves", "--set", "batch_buckets=[96,384]")
+    assert (set_.batch_buckets, set_.noise_split) == ((96, 384), "halves")
 
 
 def test_the_ladder_keeps_the_rungs_that_split_across_ranks():
@@ -367,8 +389,8 @@ def test_the_ladder_keeps_the_rungs_that_split_across_ranks():
     from triaccel.distributed import check_world_divides
 
     opts = train.parse_args(["--method", "triaccel", "--batch", "96"])
-    for shards, want in [(1, (12, 24, 48, 96, 192, 384, 512)), (3, (12, 24, 48, 96, 192, 384)),
-                         (8, (24, 48, 96, 192, 384, 512))]:
+    for shards, want in [(1, (12, 24, 48, 96, 192, 512)), (3, (12, 24, 48, 96, 192, 384)),
+                         (8, (24, 48, 96, 192, 512))]:   # (torch triaccel: no rung between half the top and the top)
         cfg = opts.triaccel_config(shards)
         assert cfg.batch_buckets == want
         check_world_divides(cfg, shards)

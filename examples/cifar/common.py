@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -29,10 +29,18 @@ def bucket_ladder(batch: int, lo: int, hi: int) -> tuple[int, ...]:
     decision and can reach `hi` (--batch-max) when it is not a doubling of `batch` (96 -> 512).
 
     Doubling keeps the rungs few: under JAX every rung is one compilation of the step (seconds for
-    ResNet-18 on an H200), and both backends use the same ladder so their runs compare."""
+    ResNet-18 on an H200)."""
     down = [batch >> i for i in range(1, batch.bit_length()) if batch % (1 << i) == 0 and batch >> i >= lo]
     up = [batch << i for i in range(0, 32) if batch << i <= hi]
     return tuple(sorted({*down, *up, *([hi] if hi >= batch else [])}))
+
+
+def without_rung_below_top(ladder: Sequence[int], start: int) -> tuple[int, ...]:
+    """`ladder` (sorted) without the sizes above `start` (the first batch, kept) and strictly between
+    half its top and its top (96/192/384/512 -> 96/192/512): a climb from `start` then visits one size
+    fewer (`RunOptions.triaccel_config` says when the demo does)."""
+    top = ladder[-1]
+    return tuple(b for b in ladder if b <= start or b == top or 2 * b <= top)
 
 
 # TriAccelConfig fields the demo sets from its own flags (--set refuses them)
@@ -128,13 +136,25 @@ class RunOptions:
         # the weighted one measured no better for AMP (EfficientNet-B0 bs 512, seeds 0-2, H200 2026-11-28:
         # 73.05% mean weighted, 73.53% plain; docs/results.md). --set short_step_lr=... overrides.
         static = {} if self.method == "triaccel" else {"short_step_lr": "batch"}
+        # torch: every micro-batch size a run visits costs its first eager step (~0.25-0.3 s on
+        # EfficientNet-B0, cuDNN's and the kernels' set-up for the shape) and, graphed, a capture; the
+        # ladder without a rung between hi/2 and hi, and the noise step at two micro-batches of the
+        # decided size ("double", no half sizes), visit 96/192/512 instead of 48/96/192/256/384/512:
+        # EfficientNet-B0 1.06-1.14x AMP bs 512's wall against 1.13-1.23x, ResNet-18 0.98x AMP bs 192's
+        # on the mean of six seeds against 1.02x (H200, graphed, 2026-12-02, docs/results.md). JAX keeps
+        # the rung and the halves: under its pad floor every step runs at the top's program, a smaller
+        # rung costs as much as the top and the climb through 192 to 512 is slower (ResNet-18 seed 0:
+        # 1.21x AMP bs 192's wall against 1.11x, same call).
+        fewer_sizes = self.method == "triaccel" and self.backend == "torch"
+        sizes = {"noise_split": "double"} if fewer_sizes else {}
         self.check_extra()
         extra = {"batch_min": 8, "t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl,
-                 "offload": self.offload if self.method == "triaccel" else "off", **static, **self.extra}
+                 "offload": self.offload if self.method == "triaccel" else "off", **static, **sizes,
+                 **self.extra}
         if "batch_buckets" not in extra:
-            extra["batch_buckets"] = tuple(b for b in bucket_ladder(self.batch, extra["batch_min"],
-                                                                    max(self.batch_max, self.batch))
-                                           if b % shards == 0)
+            ladder = tuple(b for b in bucket_ladder(self.batch, extra["batch_min"], max(self.batch_max, self.batch))
+                           if b % shards == 0)
+            extra["batch_buckets"] = without_rung_below_top(ladder, self.batch) if fewer_sizes else ladder
         return TriAccelConfig(
             batch_init=self.batch, batch_max=max(self.batch_max, self.batch),
             memory_budget=self.budget, lr_rule=self.lr_rule if "batch" in on else "none",

@@ -140,7 +140,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "budget from measured costs (TriAccelConfig.offload; the summary lists the plans taken)")
     p.add_argument("--batch-max", type=int, default=512,
                    help="upper bound of the elastic batch (samples), the ladder's top rung (default 512: ladder "
-                        "96/192/384/512). With 768 allowed ResNet-18 seeds 1-2 ended 0.3-0.6 points lower at about the "
+                        "96/192/384/512; torch triaccel without a rung between it and half of it, 96/192/512, "
+                        "and its noise steps at two micro-batches of the decided size, RunOptions.triaccel_config). With 768 allowed ResNet-18 seeds 1-2 ended 0.3-0.6 points lower at about the "
                         "same wall (docs/results.md, 2026-11-23)")
     p.add_argument("--lr-rule", choices=["linear", "sqrt", "none", "accumulate"], default="linear",
                    help="LR multiplier when the batch changes (default linear, SGD's rule: one-seed ResNet-18 "
