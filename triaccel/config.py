@@ -144,8 +144,11 @@ class TriAccelConfig:
         micro-batch shape beside the batch buckets, so no extra CUDA-graph capture or compilation for
         half batches; the step's update is then the mean gradient of its 2B samples at the LR of B, one
         step for two batches' samples). Both backends (JAX: with noise_step_fn too, its two programs at
-        the decided size). Not yet measured on a GPU (a graphed torch demo run captures two shapes
-        fewer on the 96/192/384/512 ladder).
+        the decided size). The torch demo's default for triaccel, with a ladder without the rung
+        between half the top and the top (96/192/512: three micro-batch sizes instead of six; each
+        costs a first eager step and, graphed, a capture): EfficientNet-B0 1.06-1.14x AMP bs 512's wall
+        against 1.13-1.23x, ResNet-18 0.98x AMP bs 192's over six seeds against 1.02x (H200, graphed,
+        2026-12-02, docs/results.md); alone (the 384 rung kept) neutral on both (2026-12-01).
       rho_low, rho_high: fractions of MemMax (0 < rho_low < rho_high <= 1) below/above which B grows
         by delta_up / shrinks by delta_down (samples, multiples of batch_multiple). B grows only if
         memory scaled by the new B/B (an over-estimate: weights do not grow) stays <= rho_high*MemMax.
