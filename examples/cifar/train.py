@@ -250,7 +250,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                    help="torch, --compile graphs, triaccel: capture the gradient-noise measurements' half batches "
                         "too (on) or run them eagerly (off): a capture costs 0.2-0.6 s once (H200, 2026-11-28), an "
                         "eager half step its host time at every measurement (ResNet-18 ~5 ms, EfficientNet-B0 "
-                        "~30 ms), every t_noise steps")
+                        "~30 ms), every t_noise steps. Only with --set noise_split=halves: the torch default, double, measures "
+                        "on two micro-batches of the decided size, no half batches")
     p.add_argument("--graph-warmup", choices=["3", "1", "eager"], default="eager",
                    help="torch, --compile graphs: eager (default): a shape's first step runs eagerly as a real step "
                         "and the next one captures with no discarded pass (ShapeGraphs' default); or 3 / 1 "
