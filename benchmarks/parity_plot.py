@@ -4,10 +4,13 @@
     python3 benchmarks/parity_plot.py --summary PARITY_JSON [PARITY_JSON ...] [--out-json PATH]
 
 RUN_A and RUN_B are --out directories of `python -m examples.cifar.train` (log.jsonl + summary.json),
-for instance a torch and a JAX run of the same options:
+for instance a torch and a JAX run of the same options (the demo's batch settings differ by backend:
+torch's triaccel climbs 96/192/512 with noise_split=double, JAX's 96/192/384/512 with the halves, so
+name them for both):
 
-    python -m examples.cifar.train --backend torch --method triaccel --out runs/torch
-    python -m examples.cifar.train --backend jax --method triaccel --out runs/jax
+    S="--set batch_buckets=[12,24,48,96,192,384,512] --set noise_split=halves"
+    python -m examples.cifar.train --backend torch --method triaccel $S --out runs/torch
+    python -m examples.cifar.train --backend jax --method triaccel $S --out runs/jax
     python3 benchmarks/parity_plot.py runs/torch runs/jax
 
 Prints a markdown table (model, final accuracy A/B, A - B in points, precision agreement, batch at
