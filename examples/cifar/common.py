@@ -136,8 +136,8 @@ class RunOptions:
         # the weighted one measured no better for AMP (EfficientNet-B0 bs 512, seeds 0-2, H200 2026-11-28:
         # 73.05% mean weighted, 73.53% plain; docs/results.md). --set short_step_lr=... overrides.
         static = {} if self.method == "triaccel" else {"short_step_lr": "batch"}
-        # torch: every micro-batch size a run visits costs its first eager step (~0.25-0.3 s on
-        # EfficientNet-B0, cuDNN's and the kernels' set-up for the shape) and, graphed, a capture; the
+        # torch: every micro-batch size a run visits costs its first eager step (cuDNN's and the kernels'
+        # set-up for the shape) and, graphed, a capture (EfficientNet-B0: 0.4-0.5 s per size); the
         # ladder without a rung between hi/2 and hi, and the noise step at two micro-batches of the
         # decided size ("double", no half sizes), visit 96/192/512 instead of 48/96/192/256/384/512:
         # EfficientNet-B0 1.06-1.14x AMP bs 512's wall against 1.13-1.23x, ResNet-18 0.98x AMP bs 192's
