@@ -55,6 +55,36 @@ def plan(torch_table):
     raise AssertionError("no budget of the ladder splits the tiny model into 3 blocks")
 
 
+@pytest.fixture(scope="module")
+def _xla_cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("xla-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _compile_once(request, _xla_cache_dir):
+    """Many tests here train the same tiny model through the same plan: each trainer jits its steps
+    anew (fresh closures), so identical XLA programs were compiled again and again. JAX's persistent
+    compilation cache in one folder per module loads them instead (the same executables, so the
+    same numerics). Off for the demo tests, which set the cache themselves (and test that)."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    keys = ("jax_enable_compilation_cache", "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    old = {k: getattr(jax.config, k) for k in keys}
+    if request.node.originalname == "test_demo_local_loop_jax":
+        yield
+        return
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    cc.set_cache_dir(_xla_cache_dir)
+    cc.reset_cache()
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            jax.config.update(k, v)
+        cc.reset_cache()
+
+
 # -- the core pieces ----------------------------------------------------------------------------------
 
 def test_block_runs_and_helpers(plan):
