@@ -74,6 +74,28 @@ def cifar() -> dict[str, np.ndarray]:
     return {"x": xf, "y": y[idx].astype(np.int64)}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _compile_once(tmp_path_factory):
+    """Both tests build the same model and wrapper: the XLA programs their configs share (the
+    curvature estimator, the training step where the config does not enter it) are compiled once
+    and loaded from JAX's persistent compilation cache in a module folder (the same executables,
+    so the same numerics)."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    keys = ("jax_enable_compilation_cache", "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    old = {k: getattr(jax.config, k) for k in keys}
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    cc.set_cache_dir(str(tmp_path_factory.mktemp("xla-cache")))
+    cc.reset_cache()
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            jax.config.update(k, v)
+        cc.reset_cache()
+
+
 @pytest.fixture(autouse=True)
 def _threads():
     # Both frameworks share the 2 CI cores; a fixed torch thread count also fixes its reduction order.
