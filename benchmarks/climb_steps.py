@@ -15,8 +15,8 @@ counts are the law's own floor (real estimates scatter, docs/results.md). Memory
         --variant "" --variant "--set t_noise=10" --variant "--warmup-steps 50 --set t_noise=10"
 
 Each --variant is a string of extra demo options (`python -m examples.cifar.train`) on top of
-`--method triaccel --batch B --batch-max M --epochs E`; "" is the demo's defaults. Prints a table and
-writes JSON (default benchmarks/results/climb_steps.json).
+`--method triaccel --batch B --batch-max M --epochs E`; "" is the demo's defaults (torch's; "--backend jax"
+for JAX's ladder and noise split). Prints a table and writes JSON (default benchmarks/results/climb_steps.json).
 
 Where the step's cost does depend on the batch (a CUDA-graphed step is bound by the GPU's kernels: ~7 /
 10 / 19 ms at bs 96 / 192 / 512 for EfficientNet-B0, `benchmarks/step_bound.py`, H100, 2026-11-23),
