@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# XLA's CPU backend without LLVM's optimisation passes (as tests/two_devices.py): these smoke runs check
+# that every row is written, not how fast the CPU code is, and their compilations take less time
+XLA_FAST = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()}
 
 
 @pytest.mark.parametrize("probe, rows, extra", [("jax_compile_pair_probe", 2, []),
                                                ("xla_options_probe", 2, ["--sets", "default", "threads1"])])
 def test_probe_smoke(tmp_path, probe, rows, extra):
-    env = {**os.environ, "OUT": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "OUT": str(tmp_path), "JAX_PLATFORMS": "cpu", **XLA_FAST}
     # width 1/8: the same programs' mechanics; a full-width bf16 step takes ~1 s on 2 CPU cores
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device" / f"{probe}.py"), "--smoke", "--width", "0.125",
                         *extra],
@@ -45,7 +48,7 @@ def test_drift_probe_profiles_two_windows_of_a_demo_run(tmp_path):
     """benchmarks/device/jax_drift_probe.py on a tiny CPU demo run: one cProfile per window, the
     collector's time per generation, and the functions compared between the first and last window."""
     data = ROOT.parent / "shared" / "data" / "cifar10-jpeg"   # beside the repository, as CI has it
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), **XLA_FAST}
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device" / "jax_drift_probe.py"), "--windows", "2:4,6:8",
                         "--top", "5", "--json", str(tmp_path / "drift.json"), "--", "--backend", "jax", "--method",
                         "triaccel", "--levers", "precision", "--device", "cpu", "--epochs", "1", "--train-subset", "320",
