@@ -31,8 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("auto", "triton", "reference")   # "xla" is what "auto" runs under JAX
 
 
-def one(model_name: str, width: float, variant: str, noise: bool, calls: int, layout: str = "arrays") -> dict[str, Any]:
-    """variant: "plain" or a `TriAccelConfig.kernels` value."""
+def one(model_name: str, width: float, variant: str, noise: bool, calls: int, layout: str = "arrays",
+        options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """variant: "plain" or a `TriAccelConfig.kernels` value. options: XLA compiler options for the
+    update's compilation (`Lowered.compile(compiler_options=...)`)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -60,7 +62,7 @@ def one(model_name: str, width: float, variant: str, noise: bool, calls: int, la
     t0 = time.perf_counter()
     lowered = fn.lower(params, state, params, *extra)
     t1 = time.perf_counter()
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=options or None)
     t2 = time.perf_counter()
     hlo = compiled.as_text()
     jax.block_until_ready(compiled(params, state, params, *extra))
@@ -71,6 +73,7 @@ def one(model_name: str, width: float, variant: str, noise: bool, calls: int, la
         times.append(time.perf_counter() - t)
     return {"variant": variant if variant == "plain" or not noise else f"{variant}/{layout}", "noise": noise, "leaves": len(jax.tree_util.tree_leaves(params)),
             "lower_s": t1 - t0, "compile_s": t2 - t1, "fusions": hlo.count(" fusion("),
+            "triton_fusions": hlo.count('"kind":"__triton'), "options": options or {},
             "custom_calls": hlo.count(" custom-call("), "call_ms": statistics.median(times) * 1e3,
             "device": jax.devices()[0].device_kind}
 
@@ -85,6 +88,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
                     help="with --noise: each wrapped variant with the halves per array and/or as one vector")
     ap.add_argument("--variants", nargs="+", choices=("plain", *KERNELS), default=["plain", "auto", "reference"],
                     help="default: plain auto reference (triton needs jax-triton on a GPU)")
+    ap.add_argument("--xla-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an XLA compiler option for every variant's update, e.g. "
+                         "xla_gpu_experimental_enable_fusion_autotuner=false (repeatable; a JSON value or a word)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--_one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -92,26 +98,36 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         ap.error(f"--width={a.width}: allowed > 0")
     if a.calls < 1:
         ap.error(f"--calls={a.calls}: allowed >= 1")
+    options = {}
+    for item in a.xla_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--xla-option {item!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value   # a word, e.g. a path
     if a._one is not None:
         variant, _, layout = a._one.partition(",")
-        print(json.dumps(one(a.model, a.width, variant, a.noise, a.calls, layout or "arrays")))
+        print(json.dumps(one(a.model, a.width, variant, a.noise, a.calls, layout or "arrays", options)))
         return None
     # the child imports examples.cifar; the caller's path stays (the device's wheels, e.g. jax_triton)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     runs = [(v, lay) for v in a.variants for lay in (a.noise_layouts if a.noise and v != "plain" else ["arrays"])]
     rows = [fresh_process_row([sys.executable, __file__, "--model", a.model, "--width", str(a.width), "--calls",
-                               str(a.calls), "--_one", f"{v},{lay}", *(["--noise"] if a.noise else [])], v, env)
+                               str(a.calls), "--_one", f"{v},{lay}", *(["--noise"] if a.noise else []),
+                               *(f"--xla-option={o}" for o in a.xla_option)], v, env)
             for v, lay in runs]
     dev = rows[0]["device"]
     meta = run_meta(dev)
     write_json({"meta": meta, "rows": rows}, a.out / f"jax_update_compile-{device_tag(dev)}.json")
     base = next((r for r in rows if r["variant"] == "plain"), None)
     print(f"\n{a.model} width {a.width}, {rows[0]['leaves']} parameter arrays, noise halves {a.noise}; "
-          f"{dev}  {meta['date']}")
-    print(f"{'variant':>12} {'compile s':>9} {'/plain':>7} {'fusions':>7} {'custom':>6} {'call ms':>8}")
+          f"{dev}  {meta['date']}; XLA options {options or 'default'}")
+    print(f"{'variant':>12} {'compile s':>9} {'/plain':>7} {'fusions':>7} {'triton':>6} {'custom':>6} {'call ms':>8}")
     for r in rows:
         rel = f"{r['compile_s'] / base['compile_s']:.2f}" if base else ""
-        print(f"{r['variant']:>12} {r['compile_s']:9.2f} {rel:>7} {r['fusions']:7d} {r['custom_calls']:6d} "
+        print(f"{r['variant']:>12} {r['compile_s']:9.2f} {rel:>7} {r['fusions']:7d} {r['triton_fusions']:6d} {r['custom_calls']:6d} "
               f"{r['call_ms']:8.2f}")
     return rows
 
