@@ -8,8 +8,7 @@ each is at least one kernel launch) and the median call time.
 
 Variants: plain (no wrapper), and the wrapper with kernels auto (under JAX: XLA's per-array reductions,
 "xla"), triton (jax-triton, GPU only) and reference, without the
-batch lever (no noise halves in the update) or, with --noise, with them (a noise step's first half),
-held per parameter array and/or as one vector (--noise-layouts arrays flat).
+batch lever (no noise halves in the update) or, with --noise, with them (a noise step's first half).
 Prints a table and writes benchmarks/results/jax_update_compile-<device>.json.
 """
 
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("auto", "triton", "reference")   # "xla" is what "auto" runs under JAX
 
 
-def one(model_name: str, width: float, variant: str, noise: bool, calls: int, layout: str = "arrays",
+def one(model_name: str, width: float, variant: str, noise: bool, calls: int,
         options: dict[str, Any] | None = None) -> dict[str, Any]:
     """variant: "plain" or a `TriAccelConfig.kernels` value. options: XLA compiler options for the
     update's compilation (`Lowered.compile(compiler_options=...)`)."""
@@ -51,8 +50,7 @@ def one(model_name: str, width: float, variant: str, noise: bool, calls: int, la
     if variant == "plain":
         tx = _sgd(0.1, RunOptions())
     else:
-        ta = TriAccel(TriAccelConfig(elastic_batch=noise, kernels=variant), model, noise_in_update=noise,
-                      noise_layout=layout)
+        ta = TriAccel(TriAccelConfig(elastic_batch=noise, kernels=variant), model, noise_in_update=noise)
         tx = ta.wrap(_sgd(0.1, RunOptions()))
         if noise:
             kw = {"noise_part": jnp.int32(1), "noise_samples": jnp.float32(8.0)}
@@ -71,7 +69,7 @@ def one(model_name: str, width: float, variant: str, noise: bool, calls: int, la
         t = time.perf_counter()
         jax.block_until_ready(compiled(params, state, params, *extra))
         times.append(time.perf_counter() - t)
-    return {"variant": variant if variant == "plain" or not noise else f"{variant}/{layout}", "noise": noise, "leaves": len(jax.tree_util.tree_leaves(params)),
+    return {"variant": variant, "noise": noise, "leaves": len(jax.tree_util.tree_leaves(params)),
             "lower_s": t1 - t0, "compile_s": t2 - t1, "fusions": hlo.count(" fusion("),
             "triton_fusions": hlo.count('"kind":"__triton'), "options": options or {},
             "custom_calls": hlo.count(" custom-call("), "call_ms": statistics.median(times) * 1e3,
@@ -84,8 +82,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     ap.add_argument("--width", type=float, default=0.5)
     ap.add_argument("--noise", action="store_true", help="the wrapper with the batch lever: noise halves in the update")
     ap.add_argument("--calls", type=int, default=20, help="timed calls per variant (median)")
-    ap.add_argument("--noise-layouts", nargs="+", choices=("arrays", "flat"), default=["arrays"],
-                    help="with --noise: each wrapped variant with the halves per array and/or as one vector")
     ap.add_argument("--variants", nargs="+", choices=("plain", *KERNELS), default=["plain", "auto", "reference"],
                     help="default: plain auto reference (triton needs jax-triton on a GPU)")
     ap.add_argument("--xla-option", action="append", default=[], metavar="KEY=VALUE",
@@ -108,16 +104,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         except json.JSONDecodeError:
             options[key] = value   # a word, e.g. a path
     if a._one is not None:
-        variant, _, layout = a._one.partition(",")
-        print(json.dumps(one(a.model, a.width, variant, a.noise, a.calls, layout or "arrays", options)))
+        print(json.dumps(one(a.model, a.width, a._one, a.noise, a.calls, options)))
         return None
     # the child imports examples.cifar; the caller's path stays (the device's wheels, e.g. jax_triton)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    runs = [(v, lay) for v in a.variants for lay in (a.noise_layouts if a.noise and v != "plain" else ["arrays"])]
     rows = [fresh_process_row([sys.executable, __file__, "--model", a.model, "--width", str(a.width), "--calls",
-                               str(a.calls), "--_one", f"{v},{lay}", *(["--noise"] if a.noise else []),
+                               str(a.calls), "--_one", v, *(["--noise"] if a.noise else []),
                                *(f"--xla-option={o}" for o in a.xla_option)], v, env)
-            for v, lay in runs]
+            for v in a.variants]
     dev = rows[0]["device"]
     meta = run_meta(dev)
     write_json({"meta": meta, "rows": rows}, a.out / f"jax_update_compile-{device_tag(dev)}.json")

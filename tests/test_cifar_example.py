@@ -227,11 +227,6 @@ def test_bad_options_fail_before_loading_data(tmp_path):
     assert train.parse_args(["--backend", "jax", "--compile-cache", str(tmp_path)]).compile_cache == str(tmp_path)
     assert train.parse_args(["--backend", "jax", "--fused-step", "off", "--in-flight", "off"]).fused_step == "off"
     assert train.parse_args(["--backend", "jax"]).fused_step == "auto"
-    assert train.parse_args(["--backend", "jax", "--method", "triaccel", "--noise-layout", "flat"]).noise_layout == "flat"
-    for bad in (["--backend", "torch", "--method", "triaccel", "--noise-layout", "flat"],
-                ["--backend", "jax", "--method", "amp", "--noise-layout", "flat"]):
-        with pytest.raises(SystemExit):   # the JAX wrapper's option
-            train.parse_args(bad)
     for bad in (["--backend", "torch", "--pad-floor", "384"], ["--backend", "jax", "--pad-floor", "0"],
                 ["--backend", "jax", "--pad-floor", "big"], ["--backend", "jax", "--compile-ahead", "later"],
                 ["--backend", "torch", "--batch-stats", "global"], ["--backend", "jax", "--batch-stats", "local"],

@@ -38,9 +38,9 @@ def _cfg(**kw) -> TriAccelConfig:
                                     batch_buckets=(8, 16, 32, 64), adaptive_precision=False), **kw})
 
 
-def _build(flag: bool, cfg: TriAccelConfig | None = None, layout: str = "arrays"):
+def _build(flag: bool, cfg: TriAccelConfig | None = None):
     model = _MLP(nnx.Rngs(0))
-    ta = TriAccel(cfg or _cfg(), model, noise_in_update=flag, noise_layout=layout)
+    ta = TriAccel(cfg or _cfg(), model, noise_in_update=flag)
     return model, ta, nnx.Optimizer(model, ta.wrap(optax.sgd(0.1, momentum=0.9)), wrt=nnx.Param)
 
 
@@ -65,13 +65,9 @@ def _half(opt, model, x, y, part, n):
     opt.update(model, nnx.grad(_loss)(model, x, y), noise_part=jnp.int32(part), noise_samples=jnp.float32(n))
 
 
-LAYOUTS = pytest.mark.parametrize("layout", ["arrays", "flat"])
-
-
-@LAYOUTS
-def test_two_halves_update_as_the_whole_batch_and_log_their_norms(layout):
+def test_two_halves_update_as_the_whole_batch_and_log_their_norms():
     x, y = _data()
-    model, ta, opt = _build(True, layout=layout)
+    model, ta, opt = _build(True)
     g1, g2 = nnx.grad(_loss)(model, x[:4], y[:4]), nnx.grad(_loss)(model, x[4:], y[4:])
     before = _leaves(nnx.state(model, nnx.Param))
     inner_before = _leaves(find_state(opt.opt_state).inner)
@@ -114,10 +110,9 @@ def test_two_halves_update_as_the_whole_batch_and_log_their_norms(layout):
     np.testing.assert_allclose(total, per_layer(_sq(g)), rtol=1e-5)
 
 
-@LAYOUTS
-def test_a_nonfinite_half_logs_nothing_and_the_step_is_skipped(layout):
+def test_a_nonfinite_half_logs_nothing_and_the_step_is_skipped():
     x, y = _data()
-    model, ta, opt = _build(True, layout=layout)
+    model, ta, opt = _build(True)
     before = _leaves(nnx.state(model, nnx.Param))
     bad = jax.tree_util.tree_map(lambda a: a.at[(0,) * a.ndim].set(jnp.nan), nnx.grad(_loss)(model, x[:4], y[:4]))
     opt.update(model, bad, noise_part=jnp.int32(1), noise_samples=jnp.float32(4))
@@ -137,8 +132,6 @@ def test_bad_use_fails_clearly_and_a_full_ring_warns():
         _half(opt, model, x[:4], y[:4], 1, 4)
     with pytest.raises(ValueError, match="noise_in_update"):
         TriAccel(_cfg(), _MLP(nnx.Rngs(0)), noise_in_update=1)
-    with pytest.raises(ValueError, match="noise_layout='tree': allowed 'arrays' or 'flat'"):
-        TriAccel(_cfg(), _MLP(nnx.Rngs(0)), noise_in_update=True, noise_layout="tree")
     model, ta, opt = _build(True, _cfg(t_noise=2))   # two noise steps per boundary: 3 slots
     for _ in range(4):
         _half(opt, model, x[:4], y[:4], 1, 4)
@@ -162,12 +155,12 @@ def test_the_ring_holds_the_dense_warm_up_measurements_too():
     ta.control(4, opt)
     assert ta.noise_lost == 0 and ta.controller._noise.count == 4 and ta.last_noise_fed == 3
 
-def _run(in_update: bool, steps: int, layout: str = "arrays", **cfg_kw):
+def _run(in_update: bool, steps: int, **cfg_kw):
     """A TriAccel-wrapped MLP trained through elastic_step with a step in flight, fused steps, and
     noise steps measured inside the update (in_update) or on the host from the halves' gradients."""
     cfg = _cfg(t_ctrl=2, t_noise=2, batch_init=16, **cfg_kw)
     model = _MLP(nnx.Rngs(0))
-    ta = TriAccel(cfg, model, noise_in_update=in_update, noise_layout=layout)
+    ta = TriAccel(cfg, model, noise_in_update=in_update)
     opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.05, momentum=0.9)), wrt=nnx.Param)
     x, y = _data(96)
     loader = ElasticLoader((np.asarray(x), np.asarray(y)), batch_size=cfg.batch_init, seed=3, pad_to_batch=True,
@@ -207,10 +200,9 @@ def _run(in_update: bool, steps: int, layout: str = "arrays", **cfg_kw):
     return sizes, report, _leaves(nnx.state(model, nnx.Param))
 
 
-@LAYOUTS
-def test_a_run_measures_and_trains_as_with_the_host_side_measurement(layout):
+def test_a_run_measures_and_trains_as_with_the_host_side_measurement():
     steps = 9   # noise steps 0, 2, 4, 6, 8: the last one read by report()
-    (s_in, r_in, p_in), (s_host, r_host, p_host) = _run(True, steps, layout), _run(False, steps)
+    (s_in, r_in, p_in), (s_host, r_host, p_host) = _run(True, steps), _run(False, steps)
     assert s_in == s_host and sum(len(s) == 2 for s in s_in) == 5
     assert r_in["b_noise"] == pytest.approx(r_host["b_noise"], rel=1e-4) and r_in["b_noise"] is not None
     assert r_in["batch_size"] == r_host["batch_size"] and r_in["noise_lost"] == 0

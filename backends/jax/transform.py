@@ -46,7 +46,6 @@ from triaccel.noise import max_noise_steps_per_window, observe_tensor_noise
 from triaccel.stats import feed_statistics
 
 from .curvature import FisherTopK, HessianTopK, nnx_loss
-from .flat_grads import FlatLayout
 from .layers import LayerMap, layer_map
 from .memory import MemoryProbe, fit_batch, pool_capped
 from .policy import CountingJit, policy_names, precision_policy
@@ -84,8 +83,7 @@ class TriAccelState(NamedTuple):
     accumulator (``()`` unless lr_rule="accumulate"); micro: int32 () micro-batches in acc;
     accum: int32 () micro-batches per optimizer step.
     Gradient-noise halves (``noise_in_update``; else ``()``): noise_acc: the first half's
-    gradient x its samples, float32, params-shaped (``noise_layout="arrays"``) or (P,) the arrays
-    zero-padded into one vector (``"flat"``: `flat_grads.FlatLayout` of the parameters' sizes); noise_held: float32 (T + 1,) its squared norm per
+    gradient x its samples, float32, params-shaped; noise_held: float32 (T + 1,) its squared norm per
     tensor and its samples; noise_rows: float32 (S, 3 T + 2) a ring of measurements, each the
     squared norms per tensor of the two halves' and the step's mean (unscaled) gradients, then
     the halves' samples; noise_steps: int32 (S,) the step of each row (-1: empty); noise_count:
@@ -184,13 +182,13 @@ class _Half(NamedTuple):
                 "noise_count": state.noise_count + ok.astype(jnp.int32)}
 
 
-def _noise_halves(state: TriAccelState, m: Any, g: Any, part: Any, samples: Any, grad_moments: Callable[..., Any],
-                  flat: bool) -> tuple[Any, Any, _Half]:
+def _noise_halves(state: TriAccelState, m: Any, g: Any, part: Any, samples: Any,
+                  grad_moments: Callable[..., Any]) -> tuple[Any, Any, _Half]:
     """(moments, gradient) the update goes on with, and the half: on the second half the two halves'
-    sample-weighted mean gradient and its moments, else the micro-batch's own. flat: over one padded
-    vector (`FlatLayout`; the gradient goes through float32 and back to its dtype, the same values),
-    where the per-array form makes a select, a mean and a reduction per parameter array (A/B pending
-    on the GPU: `flat_grads`' docstring).
+    sample-weighted mean gradient and its moments, else the micro-batch's own; per parameter array
+    (a select, a mean and a reduction each). One zero-padded vector instead compiled EfficientNet-B0's
+    update in 24.4 s against 14.0 s and called it in 9.57 against 7.43 ms (H200, 2026-12-02,
+    `benchmarks/jax_update_compile.py`, docs/results.md): removed.
     The second statistics pass runs on every call (one more read of the gradients), not under
     `lax.cond`: with the conditional, ResNet-18's bs-512 epoch took 0.90-0.95 s on an H200, without
     it 0.79 s (the only change to the step program between those two calls, 2026-11-27,
@@ -199,25 +197,12 @@ def _noise_halves(state: TriAccelState, m: Any, g: Any, part: Any, samples: Any,
     part, n = jnp.asarray(part, jnp.int32), jnp.asarray(samples, jnp.float32)
     first, second = part == 1, part == 2
     total = jnp.maximum(state.noise_held[-1] + n, 1.0)
-    if not flat:
-        g_step = jax.tree_util.tree_map(
-            lambda a, x: jnp.where(second, ((a + x.astype(jnp.float32) * n) / total).astype(x.dtype), x),
-            state.noise_acc, g)
-        m_step = jax.tree_util.tree_map(lambda a, b: jnp.where(second, a, b), grad_moments(g_step), m)
-        acc = jax.tree_util.tree_map(lambda a, x: jnp.where(first, x.astype(jnp.float32) * n, a), state.noise_acc, g)
-        return m_step, g_step, _Half(first, second, m, acc, n)
-    leaves, treedef = jax.tree_util.tree_flatten(g)
-    layout = FlatLayout.of(tuple(int(np.prod(x.shape)) for x in leaves))
-    if state.noise_acc.shape != (layout.size,):
-        raise ValueError(f"noise_acc: shape {state.noise_acc.shape}, the gradients' layout needs ({layout.size},) "
-                         "(a state made for other parameters)")
-    v = layout.flatten(leaves)
-    flat_step = jnp.where(second, (state.noise_acc + v * n) / total, v)
-    g_step = jax.tree_util.tree_unflatten(treedef, layout.unflatten(flat_step, leaves))
-    rows = layout.moments(flat_step)
-    m_step = m._replace(sum=jnp.where(second, rows[:, 0], m.sum), sumsq=jnp.where(second, rows[:, 1], m.sumsq),
-                        nonfinite=jnp.where(second, rows[:, 2].astype(m.nonfinite.dtype), m.nonfinite))
-    return m_step, g_step, _Half(first, second, m, jnp.where(first, v * n, state.noise_acc), n)
+    g_step = jax.tree_util.tree_map(
+        lambda a, x: jnp.where(second, ((a + x.astype(jnp.float32) * n) / total).astype(x.dtype), x),
+        state.noise_acc, g)
+    m_step = jax.tree_util.tree_map(lambda a, b: jnp.where(second, a, b), grad_moments(g_step), m)
+    acc = jax.tree_util.tree_map(lambda a, x: jnp.where(first, x.astype(jnp.float32) * n, a), state.noise_acc, g)
+    return m_step, g_step, _Half(first, second, m, acc, n)
 
 
 class TriAccelTransformation(optax.GradientTransformationExtraArgs):
@@ -246,19 +231,12 @@ class TriAccel:
     noise_in_update: the update accepts a gradient-noise step's halves (``noise_part``, module
     docstring), at the cost of a float32 copy of the parameters in the state; the measurements go
     to the controller at the next control boundary (`control`, `report`), before its decision.
-    noise_layout: how the update holds and combines the halves: "arrays" (per parameter array) or
-    "flat" (one zero-padded float32 vector, `flat_grads.FlatLayout`: a few kernels whatever the
-    array count; on this machine's CPU EfficientNet-B0's wrapped update went from 1,872 to 1,173
-    fusions, 936 without the halves, but neither its compilation (7.8-8.7 s both, 4.4 s without the
-    halves) nor its call (22.6-27.6 ms against 12.2-17.6) got faster there, 2026-11-28,
-    `benchmarks/jax_update_compile.py --model efficientnet_b0 --width 1 --noise --noise-layouts arrays flat`).
-    "arrays" stays the default; the GPU A/B decides whether "flat" stays at all.
     """
 
     def __init__(self, config: TriAccelConfig, model: Any = None, *, loss_fn: Callable[..., Any] | None = None,
                  hessian_iters: int = 3, hessian_layers_per_event: int | None = None,
                  loss_scaling: LossScaleConfig = LossScaleConfig(), device: Any = None,
-                 mesh: Any = None, noise_in_update: bool = False, noise_layout: str = "arrays") -> None:
+                 mesh: Any = None, noise_in_update: bool = False) -> None:
         if not isinstance(config, TriAccelConfig):
             raise ValueError(f"config={config!r}: expected a TriAccelConfig")
         if config.offload == "auto":  # see backends/jax/offload.py: units must be pure fn(params, x)
@@ -277,9 +255,6 @@ class TriAccel:
             raise ValueError(f"noise_in_update={noise_in_update!r}: allowed True or False")
         self.config = config
         self.noise_in_update = noise_in_update
-        if noise_layout not in ("arrays", "flat"):
-            raise ValueError(f"noise_layout={noise_layout!r}: allowed 'arrays' or 'flat'")
-        self.noise_layout = noise_layout
         self.model = model
         self.loss_fn = loss_fn
         self.hessian_iters = hessian_iters
@@ -392,8 +367,7 @@ class TriAccel:
                     raise ValueError("noise_part: the update takes noise halves only with TriAccel(noise_in_update=True)")
                 if self.accumulate:
                     raise ValueError("noise_part: not with lr_rule='accumulate' (a noise step runs at accumulation 1)")
-                m, g, held = _noise_halves(state, m, g, noise_part, noise_samples, grad_moments,
-                                           self.noise_layout == "flat")
+                m, g, held = _noise_halves(state, m, g, noise_part, noise_samples, grad_moments)
             m0 = m
             finite_micro = jnp.sum(m.nonfinite) == 0
             if self.accumulate:
@@ -464,11 +438,7 @@ class TriAccel:
         c = self.config
         slots = max_noise_steps_per_window(c.t_ctrl, c.t_noise or c.t_ctrl, c.t_noise_warm, c.noise_beta)
         is_var = lambda x: hasattr(x, "get_value")   # noqa: E731
-        if self.noise_layout == "flat":
-            sizes = tuple(int(np.prod(jnp.shape(_value(p)))) for p in jax.tree_util.tree_leaves(params, is_leaf=is_var))
-            acc = jnp.asarray(np.zeros((FlatLayout.of(sizes).size,), np.float32))
-        else:
-            acc = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(_value(p)), jnp.float32), params, is_leaf=is_var)
+        acc = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(_value(p)), jnp.float32), params, is_leaf=is_var)
         # from host arrays: an eager jnp.zeros of a new shape is one XLA compilation each, in set-up
         return {"noise_acc": acc, "noise_held": jnp.asarray(np.zeros((n + 1,), np.float32)),
                 "noise_rows": jnp.asarray(np.zeros((slots, 3 * n + 2), np.float32)),

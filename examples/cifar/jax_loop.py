@@ -110,8 +110,7 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
             return _cross_entropy(m(x), y, jnp.ones(y.shape, jnp.float32))
 
         # a fused step measures the gradient noise in its own program, halves through the update
-        ta = TriAccel(cfg, model, loss_fn=curv_loss, mesh=mesh, noise_in_update=_fused(opts) and _noise_law(cfg),
-                      noise_layout=opts.noise_layout)
+        ta = TriAccel(cfg, model, loss_fn=curv_loss, mesh=mesh, noise_in_update=_fused(opts) and _noise_law(cfg))
         tx: Any = ta.wrap(_sgd(opts.lr, opts))
         controller: Controller = ta.controller
         lm = ta.layers

@@ -241,11 +241,6 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "(triaccel.backends.torch.compile). graphs: no compiler, the forward and backward captured "
                         "as CUDA graphs per batch bucket and policy (torch.cuda.make_graphed_callables, "
                         "triaccel.backends.torch.cuda_graph.ShapeGraphs; buckets only)")
-    p.add_argument("--noise-layout", choices=["arrays", "flat"], default="arrays",
-                   help="JAX, triaccel, fused steps: how the wrapper's update holds and combines a gradient-noise "
-                        "step's halves: per parameter array (arrays) or as one zero-padded vector (flat: a few "
-                        "kernels whatever the array count; TriAccel(noise_layout=...)). EfficientNet-B0's train step "
-                        "compiled in 92.4 s with the halves held per array, 76.5 s without them (H200, 2026-11-28)")
     p.add_argument("--graph-halves", choices=["on", "off"], default="on",
                    help="torch, --compile graphs, triaccel: capture the gradient-noise measurements' half batches "
                         "too (on) or run them eagerly (off): a capture costs 0.2-0.6 s once (H200, 2026-11-28), an "
@@ -306,8 +301,6 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         p.error(f"--compile={a.compile}: only for --backend torch")
     if a.compile_shapes != "auto" and a.compile == "off":
         p.error(f"--compile-shapes={a.compile_shapes}: only with --compile default|reduce-overhead|cudagraphs|graphs")
-    if a.noise_layout != "arrays" and (a.backend != "jax" or a.method != "triaccel"):
-        p.error(f"--noise-layout={a.noise_layout}: only with --backend jax --method triaccel")
     if a.graph_halves != "on" and a.compile != "graphs":
         p.error(f"--graph-halves={a.graph_halves}: only with --compile graphs")
     if a.triton_warmup == "auto":
@@ -374,7 +367,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
         budget=a.budget, offload=a.offload, batch_max=a.batch_max, lr_rule=a.lr_rule, curvature=a.curvature, levers=levers,
         t_ctrl=a.t_ctrl, warmup_steps=a.warmup_steps, warmup_epochs=a.warmup_epochs, device=a.device, progress=not a.no_progress,
         compile_cache=a.compile_cache, compile_ahead={"on": True, "after": "after", "off": False}[a.compile_ahead], cudnn_benchmark=a.cudnn_benchmark == "on", compile=a.compile,
-        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, bn_mask=a.bn_mask, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze, graph_halves=a.graph_halves, noise_layout=a.noise_layout, graph_warmup=a.graph_warmup, triton_warmup=a.triton_warmup,
+        compile_shapes=a.compile_shapes, pad_floor=a.pad_floor, batch_stats=a.batch_stats, bn_parts=a.bn_parts, augment_rng=a.augment_rng, bn_mask=a.bn_mask, in_flight=a.in_flight, fused_step=a.fused_step, gc_freeze=a.gc_freeze, graph_halves=a.graph_halves, graph_warmup=a.graph_warmup, triton_warmup=a.triton_warmup,
         memory_format=a.memory_format,
         inject_oom_every=a.inject_oom_every, trace_steps=trace_steps, extra=_parse_set(a.set),
         xla_options=_parse_set(a.xla_option, "--xla-option", "an XLA compiler option"))
