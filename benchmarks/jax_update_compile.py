@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
                     help="default: plain auto reference (triton needs jax-triton on a GPU)")
     ap.add_argument("--xla-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an XLA compiler option for every variant's update, e.g. "
-                         "xla_gpu_experimental_enable_fusion_autotuner=false (repeatable; a JSON value or a word)")
+                         "xla_gpu_experimental_enable_fusion_autotuner=false (repeatable; as the demo's --xla-option)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--_one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -94,15 +94,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         ap.error(f"--width={a.width}: allowed > 0")
     if a.calls < 1:
         ap.error(f"--calls={a.calls}: allowed >= 1")
-    options = {}
-    for item in a.xla_option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            ap.error(f"--xla-option {item!r}: expected KEY=VALUE")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value   # a word, e.g. a path
+    sys.path.insert(0, str(ROOT))   # examples/: the demo's KEY=VALUE parser, as its --xla-option reads them
+    from examples.cifar.train import _parse_set
+
+    options = _parse_set(a.xla_option, "--xla-option", "an XLA compiler option")
     if a._one is not None:
         print(json.dumps(one(a.model, a.width, a._one, a.noise, a.calls, options)))
         return None
