@@ -1,0 +1,86 @@
+"""Where XLA's compilation time goes: runs a command with XLA's scoped logging timers on (TF_CPP_VMODULE
+over the compiler's modules) and sums the printed timers by label, e.g. the wrapped JAX update's
+compilation on a GPU:
+
+    python3 benchmarks/xla_compile_phases.py --name wrapped -- \\
+        python3 benchmarks/jax_update_compile.py --model efficientnet_b0 --width 1 --noise --calls 1 --_one auto
+
+XLA prints one line per timed scope, ``<label> time: 1.2 s (1200000 us) (cumulative: ..., #called: N)``;
+HLO passes come as ``HLO pass: <name>`` (summed over every program the command compiles); other labels
+name their program (``Compiling [jit_fn] ...``). Prints the top labels (seconds, calls) and writes
+benchmarks/results/xla_compile_phases-<name>.json with every label and the command's own wall.
+Nested scopes overlap (a pipeline's time includes its passes): read the table as a tree, not a sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import run_meta, write_json  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# XLA source files whose scoped timers cover a compilation, CPU and GPU (an unknown name is ignored)
+MODULES = ("hlo_pass_pipeline", "gpu_compiler", "nvptx_compiler", "compile_module_to_llvm_ir", "autotuner_util",
+           "gemm_fusion_autotuner", "conv_algorithm_picker", "fusion_autotuner", "triton_fusion_emitter",
+           "ptx_compiler_impl", "cpu_compiler", "pjrt_stream_executor_client", "se_gpu_pjrt_client")
+_UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}
+_TIMER = re.compile(r"\] (?P<label>.+?) time: (?P<value>[\d.]+) (?P<unit>us|ms|s|min) \(")
+
+
+def parse(lines: Any) -> dict[str, dict[str, float]]:
+    """{label: {"s": summed seconds, "calls": count}} from XLA's timer lines; other lines are skipped."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"s": 0.0, "calls": 0})
+    for line in lines:
+        m = _TIMER.search(line)
+        if m is None:
+            continue
+        label = m.group("label").strip()
+        out[label]["s"] += float(m.group("value")) * _UNIT[m.group("unit")]
+        out[label]["calls"] += 1
+    return dict(out)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        raise SystemExit("usage: xla_compile_phases.py [--name N] [--top K] -- COMMAND ...")
+    cut = argv.index("--")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", default="run", help="names the JSON file")
+    ap.add_argument("--top", type=int, default=25, help="labels printed, by seconds")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    a = ap.parse_args(argv[:cut])
+    cmd = argv[cut + 1:]
+    if not cmd:
+        ap.error("no command after --")
+    if a.top < 1:
+        ap.error(f"--top={a.top}: allowed >= 1")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": ",".join(f"{m}=1" for m in MODULES)}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"command exited {proc.returncode}: {' '.join(cmd)}")
+    labels = parse(proc.stderr.splitlines())
+    meta = run_meta("")   # the command prints its own device
+    write_json({"meta": meta, "command": cmd, "wall_s": wall, "stdout_tail": proc.stdout[-2000:], "labels": labels},
+               a.out / f"xla_compile_phases-{a.name}.json")
+    print(f"\n{a.name}: {' '.join(cmd)}\n{meta['date']}  command wall {wall:.1f} s; {len(labels)} timer labels")
+    print(f"{'seconds':>9} {'calls':>6}  label")
+    for label, v in sorted(labels.items(), key=lambda kv: -kv[1]["s"])[:a.top]:
+        print(f"{v['s']:9.3f} {int(v['calls']):6d}  {label[:110]}")
+    return labels
+
+
+if __name__ == "__main__":
+    main()
