@@ -10,11 +10,17 @@ HLO passes come as ``HLO pass: <name>`` (summed over every program the command c
 name their program (``Compiling [jit_fn] ...``). Prints the top labels (seconds, calls) and writes
 benchmarks/results/xla_compile_phases-<name>.json with every label and the command's own wall.
 Nested scopes overlap (a pipeline's time includes its passes): read the table as a tree, not a sum.
+
+Two runs side by side (labels with their instruction numbers dropped, ``cudnn-conv.20`` as ``cudnn-conv``,
+sorted by the second run's excess):
+
+    python3 benchmarks/xla_compile_phases.py --diff results/xla_compile_phases-a.json results/xla_compile_phases-b.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -32,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODULES = ("hlo_pass_pipeline", "gpu_compiler", "nvptx_compiler", "compile_module_to_llvm_ir", "autotuner_util",
            "gemm_fusion_autotuner", "conv_algorithm_picker", "fusion_autotuner", "triton_fusion_emitter",
            "ptx_compiler_impl", "cpu_compiler", "pjrt_stream_executor_client", "se_gpu_pjrt_client")
+_NUMBERED = re.compile(r"\.\d+")
 _UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}
 _TIMER = re.compile(r"\] (?P<label>.+?) time: (?P<value>[\d.]+) (?P<unit>us|ms|s|min) \(")
 
@@ -49,10 +56,41 @@ def parse(lines: Any) -> dict[str, dict[str, float]]:
     return dict(out)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def grouped(labels: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """`labels` summed over the instruction numbers XLA appends to a name (``fusion.17`` -> ``fusion``)."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"s": 0.0, "calls": 0})
+    for label, v in labels.items():
+        key = _NUMBERED.sub("", label)
+        out[key]["s"] += v["s"]
+        out[key]["calls"] += v["calls"]
+    return dict(out)
+
+
+def diff(a: Path, b: Path, top: int) -> list[tuple[str, dict[str, float], dict[str, float]]]:
+    """Rows (label, a's, b's) of two saved runs' grouped labels, by b's excess over a in seconds."""
+    ga, gb = (grouped(json.loads(Path(p).read_text())["labels"]) for p in (a, b))
+    zero = {"s": 0.0, "calls": 0}
+    keys = sorted(set(ga) | set(gb), key=lambda k: -(gb.get(k, zero)["s"] - ga.get(k, zero)["s"]))
+    rows = [(k, ga.get(k, zero), gb.get(k, zero)) for k in keys[:top]]
+    print(f"\n{'a s':>9} {'calls':>6} {'b s':>9} {'calls':>6} {'b - a':>8}  label (a: {a.name}, b: {b.name})")
+    for k, x, y in rows:
+        print(f"{x['s']:9.3f} {int(x['calls']):6d} {y['s']:9.3f} {int(y['calls']):6d} {y['s'] - x['s']:8.3f}  {k[:100]}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> Any:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--diff"]:
+        ap = argparse.ArgumentParser(prog="xla_compile_phases.py --diff")
+        ap.add_argument("a", type=Path)
+        ap.add_argument("b", type=Path)
+        ap.add_argument("--top", type=int, default=25)
+        d = ap.parse_args(argv[1:])
+        if d.top < 1:
+            ap.error(f"--top={d.top}: allowed >= 1")
+        return diff(d.a, d.b, d.top)
     if "--" not in argv:
-        raise SystemExit("usage: xla_compile_phases.py [--name N] [--top K] -- COMMAND ...")
+        raise SystemExit("usage: xla_compile_phases.py [--name N] [--top K] -- COMMAND ... | --diff A.json B.json [--top K]")
     cut = argv.index("--")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", default="run", help="names the JSON file")

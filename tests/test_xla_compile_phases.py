@@ -40,3 +40,21 @@ def test_a_failing_command_is_an_error(tmp_path):
         xcp.main(["--out", str(tmp_path), "--", sys.executable, "-c", "import sys; sys.exit(3)"])
     with pytest.raises(SystemExit, match="usage"):
         xcp.main(["--name", "x"])
+
+
+def test_diff_groups_numbered_instructions_and_sorts_by_excess(tmp_path, capsys):
+    def saved(name, labels):
+        p = tmp_path / name
+        p.write_text(json.dumps({"labels": labels}))
+        return p
+
+    a = saved("a.json", {"IR emission for cudnn-conv.20": {"s": 1.0, "calls": 2}, "HLO pass: fusion": {"s": 0.5, "calls": 1}})
+    b = saved("b.json", {"IR emission for cudnn-conv.20": {"s": 1.0, "calls": 2}, "IR emission for cudnn-conv.21": {"s": 2.0, "calls": 3},
+                         "HLO pass: fusion": {"s": 0.25, "calls": 1}, "Compile PTX": {"s": 0.5, "calls": 4}})
+    rows = xcp.main(["--diff", str(a), str(b), "--top", "5"])
+    assert [r[0] for r in rows] == ["IR emission for cudnn-conv", "Compile PTX", "HLO pass: fusion"]
+    assert rows[0][1] == {"s": 1.0, "calls": 2} and rows[0][2] == {"s": 3.0, "calls": 5}
+    assert rows[1][1] == {"s": 0.0, "calls": 0}
+    assert "b - a" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        xcp.main(["--diff", str(a), str(b), "--top", "0"])
