@@ -1,9 +1,10 @@
-# (next session, ~2 min, nvidia-h200, carry [".device"]; copy to .device/ first; timeout_s 240)
+# (next session, ~3 min, nvidia-h200, carry [".device"]; copy to .device/ first; timeout_s 240)
 # #14/#15 JAX: s50 call 1 found triaccel's ResNet-18 step with 281 kernels against AMP's 187 and 114 transpose-fusion
 # candidates against 74. Which Python lines make them: the optimized GPU HLO of both steps (cold, one epoch of 2,048
 # images), their fusions by name side by side, and the sources of the transpose and reduce fusions
 # (benchmarks/hlo_fusions.py). A guess to check: the statistics' reshape(-1) of small conv kernels whose GPU layout
-# is not row-major (kernels/grad_moments.py, moments_reference_jnp_tree's stacking) is a transpose per array.
+# is not row-major (kernels/grad_moments.py, moments_reference_jnp_tree's stacking) is a transpose per array;
+# `stack_vectors_only.patch` (copy it to .device/ too) stacks only 1-D arrays: its step dumped third, compile times beside.
 O=$OUT; mkdir -p $O/hlo; date -u
 R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg
 D=/tmp/data/cifar10-jpeg
@@ -14,7 +15,13 @@ dump() { name=$1; shift; mkdir -p /tmp/hc_$name; TRIACCEL_CACHE=/tmp/hc_$name \
   echo "$name rc $?"; cp $(ls /tmp/hd_$name/*train_body*after_optimizations.txt | grep -v buffer | head -1) $O/hlo/$name-train_body.txt; }
 dump amp --method amp --batch 192
 dump tri --method triaccel --budget 4GiB
-python3 benchmarks/hlo_fusions.py $O/hlo/amp-train_body.txt $O/hlo/tri-train_body.txt --top 25 --show input_transpose_fusion > $O/hlo/table.txt 2>&1
+cd $R && patch -p1 < .device/stack_vectors_only.patch && source benchmarks/device/prep.sh && cd /tmp/pkg
+dump trivec --method triaccel --budget 4GiB
+for n in amp tri trivec; do python3 -c "
+import json; c=json.load(open('/tmp/runs/hd_$n/summary.json'))['compile_log']['total']['critical']
+print('$n critical %.2f' % c['seconds'], [t for t in c['top'] if t[0] == 'jit(train_body)'])" >> $O/hlo/table.txt 2>&1; done
+python3 benchmarks/hlo_fusions.py $O/hlo/tri-train_body.txt $O/hlo/trivec-train_body.txt --top 25 --show input_transpose_fusion >> $O/hlo/table.txt 2>&1
+python3 benchmarks/hlo_fusions.py $O/hlo/amp-train_body.txt $O/hlo/tri-train_body.txt --top 25 --show input_transpose_fusion >> $O/hlo/table.txt 2>&1
 python3 benchmarks/hlo_fusions.py $O/hlo/tri-train_body.txt --top 25 --show input_reduce_fusion >> $O/hlo/table.txt 2>&1
 cat $O/hlo/table.txt | cut -c1-160
 cd $O && tar czf all.tgz --remove-files -- * 2>/dev/null; ls $O
