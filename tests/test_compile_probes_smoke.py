@@ -76,3 +76,15 @@ def test_step_gaps_finds_each_backends_boundary_step():
     n, med, excess = boundary_cost(steps, 5, boundary_step("torch", 5))
     assert n == 2 and med == pytest.approx(0.010) and excess == pytest.approx(0.016)
     assert boundary_cost(steps, 5, boundary_step("jax", 5))[1] == pytest.approx(0.002)
+
+
+def test_fused_steps_probe_smoke_and_its_scan_matches_single_steps(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "JAX_PLATFORMS": "cpu", **XLA_FAST}
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device" / "jax_fused_steps_probe.py"), "--smoke",
+                        "--width", "0.125"], capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads((tmp_path / "jax_fused_steps_probe.json").read_text())
+    assert [r["variant"] for r in rows] == ["small", "floor", "scan"] and all(r["ms_per_step"] > 0 for r in rows)
+    assert rows[1]["vs_floor"] == 1.0 and rows[2]["steps"] == 4
+    assert rows[2]["max_abs_diff"] < 1e-4   # FP32: the scan is the single steps' arithmetic
+    assert "# ResNet-18" in p.stdout

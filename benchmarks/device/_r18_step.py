@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 
-def amp_resnet18(width: float = 1.0) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
+def amp_resnet18(width: float = 1.0, fp32: bool = False) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
     """(state, train, evaluate): the split (model, optimizer) state; train(state, x, y) -> (loss, new
     state), the mean cross-entropy's step; evaluate(state, x, y) -> the count of correct argmaxes.
-    x: (N, 32, 32, 3) float32, y: (N,) int32. width: the channel width multiplier (the demo's --width)."""
+    x: (N, 32, 32, 3) float32, y: (N,) int32. width: the channel width multiplier (the demo's --width).
+    fp32: every layer in FP32 instead (for comparisons that bf16's rounding would blur)."""
     import jax.numpy as jnp
     import optax
     from flax import nnx
@@ -20,7 +21,7 @@ def amp_resnet18(width: float = 1.0) -> tuple[Any, Callable[..., Any], Callable[
 
     model = create_model("resnet18", num_classes=10, width=width, seed=0)
     lm = layer_map_from_model(model)
-    precision_policy(model, [Precision.FP32 if s.kind == "norm" else Precision.BF16 for s in lm.specs], lm)
+    precision_policy(model, [Precision.FP32 if s.kind == "norm" or fp32 else Precision.BF16 for s in lm.specs], lm)
     opt = nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9, nesterov=True), wrt=nnx.Param)
     graphdef, state = nnx.split((model, opt))
 
