@@ -23,6 +23,12 @@ def device_tag(name: str, empty: str = "cpu") -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or empty
 
 
+def without_instruction_numbers(name: str) -> str:
+    """`name` (an XLA instruction or timer label) without the ``.N`` numbers XLA appends to instruction
+    names: ``input_transpose_fusion.17`` -> ``input_transpose_fusion``, ``... cudnn-conv.20`` -> ``... cudnn-conv``."""
+    return re.sub(r"\.\d+\b", "", name)
+
+
 def write_json(obj: Any, path: str | Path, indent: int = 2) -> Path:
     """Write `obj` as JSON to `path` (folders made; values JSON cannot hold written as str), say so
     on stdout, and return the path."""

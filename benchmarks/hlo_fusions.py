@@ -19,9 +19,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import without_instruction_numbers  # noqa: E402
+
 _FUSION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = .*? fusion\(.*?\), kind=(?P<kind>\w+)"
                      r"(?:.*?metadata=\{op_name=\"(?P<op>[^\"]*)\"(?: stack_frame_id=(?P<frame>\d+))?)?")
-_NUMBERED = re.compile(r"\.\d+$")
 _TABLE_ROW = re.compile(r"^(\d+) (.*)$")
 _FIELD = re.compile(r"(\w+)=(\"[^\"]*\"|\S+?)(?=[ }])")
 
@@ -76,7 +78,7 @@ def fusions(path: Path) -> list[Fusion]:
         if m is None:
             continue
         frame = m.group("frame")
-        out.append(Fusion(_NUMBERED.sub("", m.group("name")), m.group("kind"), m.group("op") or "",
+        out.append(Fusion(without_instruction_numbers(m.group("name")), m.group("kind"), m.group("op") or "",
                           _source(tables, int(frame)) if frame else ""))
     return out
 
@@ -110,4 +112,4 @@ def main(argv: list[str] | None = None) -> list[Counter]:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() is not None else 1)
+    main()

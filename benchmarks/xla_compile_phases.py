@@ -31,39 +31,36 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import run_meta, write_json  # noqa: E402
+from _results import run_meta, without_instruction_numbers, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # XLA source files whose scoped timers cover a compilation, CPU and GPU (an unknown name is ignored)
 MODULES = ("hlo_pass_pipeline", "gpu_compiler", "nvptx_compiler", "compile_module_to_llvm_ir", "autotuner_util",
            "gemm_fusion_autotuner", "conv_algorithm_picker", "fusion_autotuner", "triton_fusion_emitter",
            "ptx_compiler_impl", "cpu_compiler", "pjrt_stream_executor_client", "se_gpu_pjrt_client")
-_NUMBERED = re.compile(r"\.\d+")
 _UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}
 _TIMER = re.compile(r"\] (?P<label>.+?) time: (?P<value>[\d.]+) (?P<unit>us|ms|s|min) \(")
 
 
+def _totals(rows: Any) -> dict[str, dict[str, float]]:
+    """{label: {"s": summed seconds, "calls": summed count}} of (label, seconds, calls) rows."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"s": 0.0, "calls": 0})
+    for label, seconds, calls in rows:
+        out[label]["s"] += seconds
+        out[label]["calls"] += calls
+    return dict(out)
+
+
 def parse(lines: Any) -> dict[str, dict[str, float]]:
     """{label: {"s": summed seconds, "calls": count}} from XLA's timer lines; other lines are skipped."""
-    out: dict[str, dict[str, float]] = defaultdict(lambda: {"s": 0.0, "calls": 0})
-    for line in lines:
-        m = _TIMER.search(line)
-        if m is None:
-            continue
-        label = m.group("label").strip()
-        out[label]["s"] += float(m.group("value")) * _UNIT[m.group("unit")]
-        out[label]["calls"] += 1
-    return dict(out)
+    found = (_TIMER.search(line) for line in lines)
+    return _totals((m.group("label").strip(), float(m.group("value")) * _UNIT[m.group("unit")], 1)
+                   for m in found if m is not None)
 
 
 def grouped(labels: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """`labels` summed over the instruction numbers XLA appends to a name (``fusion.17`` -> ``fusion``)."""
-    out: dict[str, dict[str, float]] = defaultdict(lambda: {"s": 0.0, "calls": 0})
-    for label, v in labels.items():
-        key = _NUMBERED.sub("", label)
-        out[key]["s"] += v["s"]
-        out[key]["calls"] += v["calls"]
-    return dict(out)
+    return _totals((without_instruction_numbers(k), v["s"], v["calls"]) for k, v in labels.items())
 
 
 def diff(a: Path, b: Path, top: int) -> list[tuple[str, dict[str, float], dict[str, float]]]:
