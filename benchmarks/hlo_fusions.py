@@ -23,7 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import without_instruction_numbers  # noqa: E402
 
 _FUSION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = .*? fusion\(.*?\), kind=(?P<kind>\w+)"
-                     r"(?:.*?metadata=\{op_name=\"(?P<op>[^\"]*)\"(?: stack_frame_id=(?P<frame>\d+))?)?")
+                     r"(?:.*?metadata=\{(?P<meta>[^}]*)\})?")
+# inside metadata={...}: a CPU dump writes op_name then stack_frame_id, a GPU dump puts scheduling_name between
+_OP = re.compile(r"\bop_name=\"(?P<op>[^\"]*)\"")
+_FRAME = re.compile(r"\bstack_frame_id=(?P<frame>\d+)")
 _TABLE_ROW = re.compile(r"^(\d+) (.*)$")
 _FIELD = re.compile(r"(\w+)=(\"[^\"]*\"|\S+?)(?=[ }])")
 
@@ -77,9 +80,10 @@ def fusions(path: Path) -> list[Fusion]:
         m = _FUSION.match(line)
         if m is None:
             continue
-        frame = m.group("frame")
-        out.append(Fusion(without_instruction_numbers(m.group("name")), m.group("kind"), m.group("op") or "",
-                          _source(tables, int(frame)) if frame else ""))
+        meta = m.group("meta") or ""
+        op, frame = _OP.search(meta), _FRAME.search(meta)
+        out.append(Fusion(without_instruction_numbers(m.group("name")), m.group("kind"), op.group("op") if op else "",
+                          _source(tables, int(frame.group("frame"))) if frame else ""))
     return out
 
 

@@ -45,6 +45,32 @@ def test_fusions_are_counted_and_traced_to_their_line(dump, capsys):
     assert "by op and source line" in out and "prog.py:3 (f)" in out and "b - a" in out
 
 
+def test_gpu_metadata_with_a_scheduling_name_is_traced(tmp_path):
+    # a GPU dump writes scheduling_name between op_name and stack_frame_id (jax 0.11, H200)
+    (tmp_path / "gpu.txt").write_text("""HloModule jit_step
+
+FileNames
+1 "/pkg/kernels/grad_moments.py"
+
+FunctionNames
+1 "sums"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=324 end_line=324 column=15 end_column=30}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+
+ENTRY %main.1 (p: f32[64,3,3,3]) -> bf16[64,3,3,3] {
+  %input_transpose_fusion.40 = bf16[64,3,3,3]{3,2,1,0} fusion(%p), kind=kInput, calls=%fused_transpose.40, \
+metadata={op_name="jit(step)/select_n" scheduling_name="input_transpose_fusion.40" stack_frame_id=1}, backend_config={}
+}
+""".replace("\\\n", ""))
+    (f,) = hlo_fusions.fusions(tmp_path / "gpu.txt")
+    assert (f.name, f.kind, f.op) == ("input_transpose_fusion", "kInput", "jit(step)/select_n")
+    assert f.source == "/pkg/kernels/grad_moments.py:324 (sums)"
+
+
 def test_bad_arguments_are_errors(dump):
     with pytest.raises(SystemExit):
         hlo_fusions.main([str(dump), str(dump), str(dump)])
