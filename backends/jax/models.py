@@ -69,29 +69,11 @@ def batch_mask(mask: Any) -> Iterator[None]:
     unpadded one does, however its copies were augmented or repeated. None: every row counts (the
     default). Set it around the model call inside the traced step (it is read at trace time)."""
     prev = getattr(_MASK, "value", None)
-    _MASK.value = None if mask is None else _RowWeights.of(mask)
+    _MASK.value = mask
     try:
         yield
     finally:
         _MASK.value = prev
-
-
-class _RowWeights:
-    """A row mask (float (B,)) with its count of real rows and the rows' weights mask / count, made
-    once per step and shared by every BatchNorm: a mean over the real rows is then a weighted sum
-    times a constant 1 / (values per row), which XLA fuses into the reduction as it does
-    ``jnp.mean``'s, where dividing each layer's sums by a traced count made two divide kernels per
-    layer (ResNet-18 on a GPU: 34 of the padded step's 574 fusions, s51 call 1)."""
-
-    def __init__(self, mask: Any, count: Any, weights: Any) -> None:
-        self.mask, self.count, self.weights = mask, count, weights
-
-    @classmethod
-    def of(cls, mask: Any) -> "_RowWeights":
-        if isinstance(mask, cls):
-            return mask
-        count = jnp.sum(mask)
-        return cls(mask, count, mask / count)
 
 
 class BatchNorm2d(nnx.BatchNorm):
@@ -120,10 +102,11 @@ class BatchNorm2d(nnx.BatchNorm):
         """x: (B, ..., C). Train mode (``use_running_average=False``) normalises with batch statistics
         and updates the running ones; eval mode uses the running statistics. mask: float (B,), the
         rows the batch statistics are taken over (default: `batch_mask`'s, else every row)."""
-        rows = getattr(_MASK, "value", None) if mask is None else _RowWeights.of(mask)
-        if rows is not None and (jnp.ndim(rows.mask) != 1 or jnp.shape(rows.mask)[0] != x.shape[0]):
+        if mask is None:
+            mask = getattr(_MASK, "value", None)
+        if mask is not None and (jnp.ndim(mask) != 1 or jnp.shape(mask)[0] != x.shape[0]):
             raise ValueError(f"BatchNorm2d: mask must have shape ({x.shape[0]},) (one value per row), "
-                             f"got {jnp.shape(rows.mask)}")
+                             f"got {jnp.shape(mask)}")
         ura = self.use_running_average if use_running_average is None else use_running_average
         axes = tuple(range(x.ndim - 1))
         stat_dtype = jnp.promote_types(x.dtype, jnp.float32)
@@ -137,15 +120,14 @@ class BatchNorm2d(nnx.BatchNorm):
             if n < 2:
                 # torch raises too: the unbiased variance of one value is undefined.
                 raise ValueError(f"BatchNorm2d: training needs more than 1 value per channel, got input shape {x.shape}")
-            if rows is None:
+            if mask is None:
                 mean = jnp.mean(xf, axis=axes)
                 var = jnp.mean(jnp.square(xf - mean), axis=axes)
             else:   # the real rows only: n values per channel of them (a traced count)
-                w = jnp.reshape(rows.weights, (-1,) + (1,) * (x.ndim - 1)).astype(stat_dtype)
-                per_row = n // x.shape[0]
-                n = rows.count.astype(stat_dtype) * per_row
-                mean = jnp.sum(xf * w, axis=axes) * (1.0 / per_row)
-                var = jnp.sum(jnp.square(xf - mean) * w, axis=axes) * (1.0 / per_row)
+                w = jnp.reshape(mask, (-1,) + (1,) * (x.ndim - 1)).astype(stat_dtype)
+                n = jnp.sum(w) * (n // x.shape[0])
+                mean = jnp.sum(xf * w, axis=axes) / n
+                var = jnp.sum(jnp.square(xf - mean) * w, axis=axes) / n
             m = self.momentum
             sg = jax.lax.stop_gradient
             self.mean[...] = sg(m * self.mean[...] + (1.0 - m) * mean).astype(self.mean.dtype)
