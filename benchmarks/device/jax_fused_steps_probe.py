@@ -1,7 +1,8 @@
 """What a small-batch JAX step costs three ways (#14, JAX epoch 1): the demo's ResNet-18 step (AMP-bf16
 policy, SGD-nesterov, random data, no triaccel wrapper) at bs `--small` one call per step; at bs `--floor`
 (the program a bs-96 step is padded to under the demo's pad floor, bs 512); and `--k` steps of bs `--small` per call as
-one `lax.scan` (the local path's `steps_per_call`, not built for the end-to-end loop yet). Each variant in
+one `lax.scan` (the local path's `steps_per_call`; for the end-to-end loop measured and not built: docs/results.md,
+"Session of 2026-12-04", call 1). Each variant in
 its own process: compile seconds, then `--steps` steps back to back (one wait at the end): ms per step.
 
     python3 benchmarks/device/jax_fused_steps_probe.py                 # GPU machine, after prep.sh
