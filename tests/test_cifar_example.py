@@ -599,3 +599,19 @@ def test_trace_summary_gaps_name_the_step_and_the_host_event_of_each_device_idle
     host_track = next(t for t in s["tracks"] if t["process"] == "/host:CPU")
     assert host_track["busy_ms"] == pytest.approx(0.06) and host_track["events"] == 2   # nor are the step marks
     assert "gaps" not in trace_summary.summarize(ev, top=3)
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_demo_measures_the_noise_from_half_steps(tmp_path, backend):
+    """--set noise_split=steps: the noise steps (every t_ctrl = 2 steps from step 2) run 16 of the
+    32-sample batch as steps of their own; each with the full step after it is a noise measurement,
+    taken from the statistics rows (JAX: no noise halves in the update); every image once."""
+    top = ["--batch-max", "32"] if backend == "jax" else []   # no climb: one step size compiled
+    summary, out = _run(tmp_path, "--backend", backend, "--method", "triaccel", "--budget", "4GiB",
+                        "--set", "noise_split=steps", "--set", "noise_beta=0", "--set", "min_dwell=0", *top)
+    steps = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"type": "step"' in x]
+    assert sum(r["samples"] for r in steps) == 192
+    assert [r["samples"] for r in steps][:4] == [32, 32, 16, 32]
+    assert summary["report"]["noise_measurements"] >= 1
+    if backend == "jax":
+        assert summary["noise_in_update"] is False

@@ -330,5 +330,34 @@ def test_controlled_step_takes_two_batches_for_a_doubled_noise_step(split, expec
                         is_oom=lambda e: False, free_memory=lambda: None, take=0)
     assert loader.sampler.in_flight == 0   # the refused step took nothing
     assert TriAccelConfig().noise_split == "halves"
-    with pytest.raises(ValueError, match="noise_split='thirds' is invalid: allowed one of 'halves', 'double'"):
+    with pytest.raises(ValueError, match="noise_split='thirds' is invalid: allowed one of 'halves', 'double', 'steps'"):
         TriAccelConfig(noise_split="thirds")
+
+
+def test_controlled_step_runs_a_noise_step_as_half_a_batch_under_steps():
+    """noise_split="steps": a noise step takes half the decided batch (rounded up) as one micro-batch
+    of a step of its own (short-step weight 1/2), the next step the whole batch; each step reports what
+    it ran, and every sample is still taken once per epoch."""
+    from triaccel import Controller, TriAccelConfig
+    from triaccel.elastic import controlled_step, noise_samples, noise_split, step_weight
+
+    cfg = TriAccelConfig(batch_init=15, batch_min=1, batch_max=60, batch_multiple=1, t_ctrl=3, warmup_steps=0,
+                         noise_split="steps", short_step_lr="linear", memory_budget=None)
+    ctl = Controller(cfg, ["a", "b"])
+    loader = _IndexLoader(45, batch_size=15)
+    assert ctl.is_noise_step(0) and noise_split(ctl, 0) == 1 and noise_samples(ctl, 0) == 8
+    assert noise_samples(ctl, 1) is None
+    seen, runs, weights = [], [], []
+
+    def finish(decision, report):
+        weights.append(step_weight(ctl, report.num_samples, decision))
+        return report
+
+    step = 0
+    while not (loader.end_of_epoch and step):
+        controlled_step(loader, ctl, step, run_micro=lambda c, w: seen.extend(c) or runs.append(len(c)) or 0.0,
+                        finish=finish, is_oom=lambda e: False, free_memory=lambda: None)
+        step += 1
+    assert runs == [8, 15, 15, 7] and weights == [8 / 15, 1.0, 1.0, 7 / 15]   # step 3: a noise step again
+    assert sorted(seen) == list(range(45))
+    assert ctl._pairs._ran == {0: (8, 15, True), 1: (15, 15, False), 3: (7, 15, True)}

@@ -246,3 +246,61 @@ def test_t_noise_warm_lets_the_noise_law_grow_sooner_and_is_validated():
     assert plain.decide(50).batch_size == 32      # t_noise alone: one measurement by step 50
     with pytest.raises(ValueError, match="t_noise_warm"):
         TriAccelConfig(t_noise_warm=0)
+
+
+def _steps_controller(**kw):
+    from triaccel import Controller, TriAccelConfig
+
+    cfg = TriAccelConfig(**{**dict(batch_init=16, batch_min=8, batch_max=64, t_ctrl=4, warmup_steps=0,
+                                   noise_split="steps", short_step_lr="linear", noise_beta=0.0,
+                                   memory_budget=None), **kw})
+    return Controller(cfg, ["a", "b"])
+
+
+def test_half_step_pairs_recover_the_noise_terms_across_boundaries():
+    """noise_split="steps": a noise step's row (8 of a 16-sample batch, weight 1/2 under "linear": its
+    gradient as applied is half its mean gradient) and the next full step's row are one measurement:
+    E|g_b|^2 = |G|^2 + tr(Sigma)/b gives back |G|^2 and tr(Sigma) exactly, also when a boundary falls
+    between the two rows; other rows measure nothing."""
+    g2, tr = np.array([2.0, 0.5]), np.array([40.0, 8.0])
+    ctl = _steps_controller()
+    sq = {8: g2 + tr / 8, 16: g2 + tr / 16}
+    ctl.observe_step_samples(3, 16, 16, False)    # not after a noise step: not kept
+    ctl.observe_step_samples(4, 8, 16, True)
+    ctl.observe_noise_rows([3, 4], np.stack([sq[16], 0.25 * sq[8]]), np.array([True, True]))
+    assert ctl.report()["noise_measurements"] == 0            # the pair's second row is not in yet
+    state = ctl.state_dict()
+    ctl.observe_step_samples(5, 16, 16, False)
+    ctl.observe_noise_rows([5, 6], np.stack([sq[16], sq[16]]), np.array([True, True]))
+    assert ctl.report()["noise_measurements"] == 1
+    np.testing.assert_allclose(ctl._noise.g2, g2, rtol=1e-12)
+    np.testing.assert_allclose(ctl._noise.trace, tr, rtol=1e-12)
+    assert ctl.b_noise == pytest.approx(tr.sum() / g2.sum())
+    again = _steps_controller()   # resumed between the two rows: the same measurement
+    again.load_state_dict(state)
+    again.observe_step_samples(5, 16, 16, False)
+    again.observe_noise_rows([5], sq[16][None], np.array([True]))
+    assert again.b_noise == pytest.approx(ctl.b_noise)
+
+
+@pytest.mark.parametrize("case", ["nonfinite", "short", "gap"])
+def test_half_step_pairs_measure_nothing_from_a_broken_pair(case):
+    """A non-finite row, a next step no larger than the half (an epoch's short last step) or a
+    missing row (the pair is dropped once a later row is in) measure nothing."""
+    ctl = _steps_controller()
+    ctl.observe_step_samples(0, 8, 16, True)
+    ctl.observe_step_samples(1, 8 if case == "short" else 16, 16, False)
+    rows = np.ones((2, 2))
+    if case == "gap":
+        ctl.observe_noise_rows([0, 2], rows, np.array([True, True]))
+        ctl.observe_noise_rows([1], rows[:1], np.array([True]))
+    else:
+        ctl.observe_noise_rows([0, 1], rows, np.array([True, case != "nonfinite"]))
+    assert ctl.report()["noise_measurements"] == 0 and not ctl._pairs._small and not ctl._pairs._ran
+
+
+def test_half_step_pairs_are_off_for_the_other_splits():
+    ctl = _steps_controller(noise_split="halves")
+    ctl.observe_step_samples(0, 8, 16, True)
+    ctl.observe_noise_rows([0], np.ones((1, 2)), np.array([True]))
+    assert ctl._pairs is None and ctl.report()["noise_measurements"] == 0

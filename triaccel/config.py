@@ -26,7 +26,7 @@ BATCH_LAWS = ("noise", "memory")
 BATCH_GROWTHS = ("rung", "jump")
 LR_RULES = ("linear", "sqrt", "none", "accumulate")
 SHORT_STEP_LRS = ("batch", "linear", "sqrt")
-NOISE_SPLITS = ("halves", "double")
+NOISE_SPLITS = ("halves", "double", "steps")
 PRECISIONS = ("fp16", "bf16", "fp32")
 OFFLOAD_MODES = ("auto", "off")
 KERNEL_IMPLS = ("auto", "triton", "reference", "xla")
@@ -143,8 +143,14 @@ class TriAccelConfig:
         two micro-batches of B/2) or "double" (the step takes 2B samples, as two micro-batches of B: no
         micro-batch shape beside the batch buckets, so no extra CUDA-graph capture or compilation for
         half batches; the step's update is then the mean gradient of its 2B samples at the LR of B, one
-        step for two batches' samples). Both backends (JAX: with noise_step_fn too, its two programs at
-        the decided size). The torch demo's default for triaccel, with a ladder without the rung
+        step for two batches' samples) or "steps" (the noise step runs half the decided batch as an
+        optimizer step of its own, weighted by short_step_lr, and the step after it the whole batch:
+        their two statistics rows, which every step writes anyway, are the measurement at the two
+        sizes (`triaccel.noise.HalfStepPairs`): no micro-batch, program or gradient accumulator of
+        its own; under a JAX pad floor the half step runs at the floor's program, so the step
+        compiles as it does without the batch lever, where the in-program halves made most of the
+        wrapper's extra compilation, H200, 2026-12-04, docs/results.md). Both backends (JAX: with
+        noise_step_fn too, its two programs at the decided size). The torch demo's default for triaccel, with a ladder without the rung
         between half the top and the top (96/192/512: three micro-batch sizes instead of six; each
         costs a first eager step and, graphed, a capture): EfficientNet-B0 1.06-1.14x AMP bs 512's wall
         against 1.13-1.23x, ResNet-18 0.98x AMP bs 192's over six seeds against 1.02x (H200, graphed,

@@ -17,7 +17,7 @@ from .batching import BatchLaw, resolve_memory_limit
 from .config import TriAccelConfig
 from .curvature import CurvatureLaw
 from .layers import LayerSpec, as_specs
-from .noise import GradientNoise, is_noise_schedule_step, split_measurement
+from .noise import GradientNoise, HalfStepPairs, is_noise_schedule_step, split_measurement
 from .precision import EvidenceLaw, Precision, PrecisionLaw
 from .variants import group_precisions, precision_groups
 from .stats import variance_from_moments
@@ -130,6 +130,8 @@ class Controller:
                 quantiles=config.calibration_quantiles, hysteresis=config.hysteresis,
                 min_dwell=config.min_dwell, base=base, recalibrate_every=config.recalibrate_every)
         self._noise = GradientNoise(L, config.noise_beta)
+        # noise_split="steps": the half-batch noise steps and the steps after them, until their rows are in
+        self._pairs = HalfStepPairs(config.short_step_lr) if config.noise_split == "steps" else None
         self._curvature = CurvatureLaw(L, config.top_k, alpha=config.alpha, tau_curv=config.tau_curv)
         self._batch = BatchLaw(config)
         self._groups = precision_groups(pinned, config.precision_groups)
@@ -220,8 +222,8 @@ class Controller:
             self._precision.observe_loss_scale(step, float(scale))
 
     def is_noise_step(self, step: int) -> bool:
-        """Whether `step` should be split into two micro-batches to measure the gradient noise
-        scale: batch_law="noise", elastic batch on, a single-micro-batch step, on the schedule
+        """Whether `step` measures the gradient noise scale (split into two micro-batches, or under
+        noise_split="steps" run as half its batch, `triaccel.elastic.noise_samples`): batch_law="noise", elastic batch on, a single-micro-batch step, on the schedule
         from warmup_steps on (the first steps' estimates are a transient of the initialisation):
         the first 1/(1-noise_beta) every t_noise_warm steps, then every t_noise
         (`triaccel.noise.is_noise_schedule_step`), and only while the batch can still grow or the
@@ -242,7 +244,24 @@ class Controller:
         """One step split into micro-batches: `sizes` (k >= 2,) samples each, `micro_sqnorms` (k, L)
         squared per-layer norms of each micro-batch's mean gradient and `total_sqnorm` (L,) of the
         step's mean gradient, all unscaled (see `triaccel.noise.split_measurement`)."""
-        b_small, small, b_big, big = split_measurement(sizes, micro_sqnorms, total_sqnorm, len(self.layers))
+        self._fold_noise(*split_measurement(sizes, micro_sqnorms, total_sqnorm, len(self.layers)))
+
+    def observe_step_samples(self, step: int, samples: int, logical_batch: int, noise: bool) -> None:
+        """noise_split="steps": `step` ran `samples` real samples of a `logical_batch` (`noise`: as a
+        noise step's half batch). Both backends' `controlled_step` report each step; only a noise
+        step and the step after it are kept (`triaccel.noise.HalfStepPairs`). No-op otherwise."""
+        if self._pairs is not None:
+            self._pairs.ran(step, samples, logical_batch, noise)
+
+    def observe_noise_rows(self, steps: Sequence[int], sumsqs: Any, finite: Any) -> None:
+        """noise_split="steps": the statistics rows of `steps` (in order, each once): (n, L) per-layer
+        squared norms of the unscaled gradients as applied, (n,) finite; each noise step's row with
+        the next step's is one gradient-noise measurement (`feed_statistics` calls it). No-op otherwise."""
+        if self._pairs is not None:
+            for m in self._pairs.rows(steps, sumsqs, finite):
+                self._fold_noise(*m)
+
+    def _fold_noise(self, b_small: float, small: np.ndarray, b_big: float, big: np.ndarray) -> None:
         self._noise.observe(b_small, small, b_big, big)
         if isinstance(self._precision, EvidenceLaw) and self.config.adaptive_precision:
             self._precision.observe_noise(self._noise.g2, self._noise.trace, b_big)
@@ -499,6 +518,7 @@ class Controller:
             "step": d.step, "batch_size": d.batch_size, "accumulation": d.accumulation,
             "logical_batch": d.logical_batch, "lr_batch_scale": d.lr_batch_scale,
             "mem_limit": self._mem_limit, "ooms": self._batch.ooms, "b_noise": self.b_noise,
+            "noise_measurements": self._noise.count,
             "offload_plan": None if d.offload_plan is None else list(d.offload_plan),
             "layers": {
                 s.name: {"precision": d.precisions[i].short, "lr_scale": float(d.lr_scales[i]),
@@ -516,6 +536,7 @@ class Controller:
             "curvature": self._curvature.state_dict(),
             "batch": self._batch.state_dict(),
             "noise": self._noise.state_dict(),
+            "noise_pairs": None if self._pairs is None else self._pairs.state_dict(),
             "mem_used": self._mem_used, "mem_limit": self._mem_limit, "mem_at": dict(self._mem_at),
             "curv_pending": self._curv_pending,
             "decision": self._decision.to_dict(),
@@ -538,6 +559,8 @@ class Controller:
         self._curvature.load_state_dict(sd["curvature"])
         self._batch.load_state_dict(sd["batch"])
         self._noise.load_state_dict(sd["noise"])
+        if self._pairs is not None and sd.get("noise_pairs") is not None:
+            self._pairs.load_state_dict(sd["noise_pairs"])
         self._mem_used, self._mem_limit = sd["mem_used"], sd["mem_limit"]
         self._mem_at = {int(b): int(v) for b, v in sd.get("mem_at", {}).items()}   # (none in older states)
         self._curv_pending = sd["curv_pending"]

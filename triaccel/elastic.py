@@ -38,6 +38,7 @@ __all__ = [
     "check_batch_size",
     "controlled_step",
     "memory_pair",
+    "noise_samples",
     "noise_split",
     "noise_take",
     "step_weight",
@@ -499,15 +500,31 @@ class ElasticIndexLoader:
 R = TypeVar("R")
 
 
+def _noise_kind(controller: Any) -> str:
+    return getattr(getattr(controller, "config", None), "noise_split", "halves")
+
+
 def noise_split(controller: Any, step: int) -> int:
     """Micro-batches `step` must run as: 2 at the controller's gradient-noise steps
-    (`Controller.is_noise_step`, taken on the decision the step will run under), else 1. Both
-    backends' `elastic_step` call it before the step, so they know to record per-micro norms."""
+    (`Controller.is_noise_step`, taken on the decision the step will run under), else 1 (also under
+    noise_split="steps", whose noise step runs whole: `noise_samples`). Both backends'
+    `elastic_step` call it before the step, so they know to record per-micro norms."""
     is_noise_step = getattr(controller, "is_noise_step", None)
     if is_noise_step is None:
         return 1
     controller.decide(step)   # idempotent for a step: the decision the step will run under
-    return 2 if is_noise_step(step) else 1
+    return 2 if is_noise_step(step) and _noise_kind(controller) != "steps" else 1
+
+
+def noise_samples(controller: Any, step: int) -> int | None:
+    """Samples `step` takes under noise_split="steps" at a gradient-noise step: half the decided
+    logical batch, rounded up (the halves' first half: the same micro-batch shape), run as an
+    optimizer step of its own; None for every other step and split (the step takes its logical batch)."""
+    is_noise_step = getattr(controller, "is_noise_step", None)
+    if is_noise_step is None or _noise_kind(controller) != "steps":
+        return None
+    d = controller.decide(step)
+    return -(-d.logical_batch // 2) if is_noise_step(step) else None
 
 
 def noise_take(controller: Any, split: int) -> int:
@@ -556,7 +573,9 @@ def controlled_step(
     (the gradient noise measurement's two halves, `Controller.is_noise_step`). take: the step takes
     that many logical batches (`noise_take`: 2 for a noise step under noise_split="double"), run as
     micro-batches of take x the decided size / split (a backend that halves the step inside its own
-    program passes split=1 and gets it as one micro-batch).
+    program passes split=1 and gets it as one micro-batch). Under noise_split="steps" a noise step
+    takes half the decided batch (`noise_samples`) and every step reports what it runs
+    (`Controller.observe_step_samples`, before it runs) for the pairing of its statistics row.
     local: a `triaccel.distributed.RankShard` under data parallelism: the step's (global) indices
     are the same on every rank, this rank runs its part at its micro-batch, and an OOM shrinks
     this rank only (the controllers of all ranks shrink together at the next boundary).
@@ -570,7 +589,8 @@ def controlled_step(
     if take < 1 or (take > 1 and getattr(decision, "accumulation", 1) != 1):
         raise ValueError(f"take={take}: allowed 1, or > 1 for a step of one micro-batch per logical batch "
                          f"(the decision accumulates {getattr(decision, 'accumulation', 1)})")
-    idx = loader.next_indices(None if take == 1 else take * loader.logical_batch)
+    half = noise_samples(controller, step)   # noise_split="steps": half the batch, as a step of its own
+    idx = loader.next_indices(half if half is not None else None if take == 1 else take * loader.logical_batch)
     mine = idx if local is None else local.part(idx)
     micro = decision.batch_size if local is None else local.micro(decision.batch_size)
     parts = split if split > 1 and len(mine) >= split else 1
@@ -579,6 +599,10 @@ def controlled_step(
     if parts > 1:
         micro = min(micro, -(-len(mine) // parts))
     cur = [micro]
+    if _noise_kind(controller) == "steps":
+        # what the step runs, for its statistics row's noise pair: before it runs, as a backend may
+        # hand its row over inside the step (torch, when its ring fills)
+        controller.observe_step_samples(step, len(idx), decision.logical_batch, half is not None)
 
     def on_oom() -> int:
         # A split step keeps its split at the shrunken size, so each retry is strictly smaller.

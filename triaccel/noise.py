@@ -10,7 +10,8 @@ estimates of both terms (the paper's Appendix A):
 and the "simple" noise scale B_noise = tr(Sigma) / |G|^2 is the ratio of their EMAs (each estimate
 alone is too noisy to divide). The backends get the two sizes for free from a step split into
 micro-batches: each micro-batch's mean gradient is a small-batch sample, their weighted sum the
-step's gradient. Everything here is per layer (L,), so the controller can also compare a layer's
+step's gradient; or (noise_split="steps", `HalfStepPairs`) from two consecutive steps, a half-batch
+step and the full one after it, whose statistics rows every step writes anyway. Everything here is per layer (L,), so the controller can also compare a layer's
 16-bit rounding error with its sampling noise; the network's B_noise sums over layers.
 """
 
@@ -21,7 +22,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["GradientNoise", "is_noise_schedule_step", "max_noise_steps_per_window", "observe_split_step",
+from .batching import short_step_weight
+
+__all__ = ["GradientNoise", "HalfStepPairs", "is_noise_schedule_step", "max_noise_steps_per_window", "observe_split_step",
            "observe_tensor_noise", "split_measurement", "warm_count"]
 
 
@@ -142,6 +145,67 @@ class GradientNoise:
         self._g2 = np.asarray(sd["g2"], dtype=np.float64)
         self._trace = np.asarray(sd["trace"], dtype=np.float64)
         self.last_batch = sd["last_batch"]
+
+
+class HalfStepPairs:
+    """noise_split="steps": a noise step runs half its logical batch as an optimizer step of its own;
+    its statistics row and the row of the full step after it are one measurement at two batch sizes
+    (the halves' estimator with its two gradients from consecutive steps, one update apart).
+
+    The rows hold per-layer squared norms of each step's unscaled gradient as applied, i.e. its mean
+    gradient times the short-step weight w (`triaccel.batching.short_step_weight` by `rule`, the
+    config's short_step_lr): w is divided out. `ran` records what a step runs, before it runs (both
+    backends' `controlled_step`: a row may come in while its step runs); `rows` pairs the rows as
+    they are fed (`triaccel.stats.feed_statistics`). Only a noise
+    step and the step after it are kept, each until its row is in.
+    """
+
+    def __init__(self, rule: str) -> None:
+        self.rule = rule
+        self._ran: dict[int, tuple[int, int, bool]] = {}   # step -> (samples, logical batch, noise step)
+        self._small: dict[int, tuple[int, np.ndarray]] = {}   # noise step -> (samples, (L,) |mean grad|^2)
+
+    def ran(self, step: int, samples: int, logical_batch: int, noise: bool) -> None:
+        """`step` ran `samples` real samples of a `logical_batch`; `noise`: as a noise step's half."""
+        # the step after a noise step: that one's row may already be in (a boundary between the two)
+        if noise or self._ran.get(step - 1, (0, 0, False))[2] or (step - 1) in self._small:
+            self._ran[int(step)] = (int(samples), int(logical_batch), bool(noise))
+
+    def rows(self, steps: Sequence[int], sumsqs: Any, finite: Any) -> list[tuple[float, np.ndarray, float, np.ndarray]]:
+        """The measurements (b_small, |g_small|^2, b_big, |g_big|^2) that rows complete. steps: (n,)
+        in step order, each row once; sumsqs: (n, L) per-layer squared norms of the unscaled gradient
+        as applied; finite: (n,) bool, a non-finite row measures nothing. A noise step whose next row
+        is not in yet waits for the next call; what can no longer pair (a row older than the last)
+        is dropped."""
+        q = np.asarray(sumsqs, dtype=np.float64)
+        out = []
+        for t, row, ok in zip(steps, q, finite):
+            t = int(t)
+            info = self._ran.pop(t, None)
+            prev = self._small.pop(t - 1, None)
+            if info is None or not ok:
+                continue
+            samples, logical, noise = info
+            w = short_step_weight(self.rule, samples, logical)
+            mean_sq = row / (w * w)
+            if noise:
+                self._small[t] = (samples, mean_sq)
+            elif prev is not None and samples > prev[0]:
+                out.append((float(prev[0]), prev[1], float(samples), mean_sq))
+        if len(steps):
+            last = int(steps[-1])
+            for held in (self._ran, self._small):
+                for t in [t for t in held if t < last]:
+                    del held[t]
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ran": [[t, *v] for t, v in self._ran.items()],
+                "small": [[t, n, q.tolist()] for t, (n, q) in self._small.items()]}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self._ran = {int(t): (int(n), int(b), bool(z)) for t, n, b, z in sd["ran"]}
+        self._small = {int(t): (int(n), np.asarray(q, dtype=np.float64)) for t, n, q in sd["small"]}
 
 
 def observe_split_step(controller: Any, step: int, sizes: Sequence[int], weights: Sequence[float],

@@ -53,7 +53,8 @@ def feed_statistics(controller: Any, steps: Sequence[int], stats: np.ndarray, te
     layer index and element count per tensor. loss_scale: the loss scale the rows ran under, None
     while no loss scaling is on. The finite rows -> `observe_grad_moments_rows` (as many
     `observe_grad_moments` calls); a row with non-finite values -> `observe_nonfinite` with its
-    per-layer counts (the evidence precision law's input); then the loss scale ->
+    per-layer counts (the evidence precision law's input); every row's per-layer sums of squares ->
+    `observe_noise_rows` (noise_split="steps": the noise steps' pairs); then the loss scale ->
     `observe_loss_scale`. Returns (n,) bool: the rows that were non-finite.
     """
     s = np.asarray(stats, dtype=np.float64)
@@ -68,6 +69,9 @@ def feed_statistics(controller: Any, steps: Sequence[int], stats: np.ndarray, te
     good = np.flatnonzero(~bad)
     if good.size:
         controller.observe_grad_moments_rows([steps[i] for i in good], per_layer[good, 0], per_layer[good, 1], counts)
+    noise_rows = getattr(controller, "observe_noise_rows", None)
+    if noise_rows is not None and len(steps):
+        noise_rows(list(steps), per_layer[:, 1], ~bad)
     if loss_scale is not None and len(steps):
         controller.observe_loss_scale(steps[-1], loss_scale)
     return bad

@@ -350,9 +350,10 @@ class SplitStep:
         cfg, d = ctl.config, ctl.decision
         buckets = cfg.batch_buckets
         likely, near = ctl.likely_next(step, reach=max(len(buckets or ()), 1))
-        # noise_split="double": a noise step's halves are batches of the decided size, no shape of their own
+        # noise_split="double": a noise step's halves are batches of the decided size, no shape of their own;
+        # "steps": the noise step is a step of the first half's size
         halves = (cfg.elastic_batch and cfg.batch_law == "noise" and not self.pad_to_batch
-                  and cfg.noise_split == "halves")
+                  and cfg.noise_split in ("halves", "steps"))
         cur = d.batch_size
 
         def with_half(n: int) -> list[int]:

@@ -704,13 +704,15 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         return kept
 
     def _next_step_splits(self) -> bool:
-        """The next step runs several micro-batches (accumulation or a noise-measurement split).
+        """The next step runs several micro-batches (accumulation or a noise-measurement split; under
+        noise_split="steps" a noise step runs whole, at half the batch).
 
         Its gradients must then accumulate in buffers allocated here, outside any CUDA graph: a
         backward under torch.compile(mode="reduce-overhead") hands over gradients in the graphs'
         pool, which the next micro-batch's forward overwrites (torch's cudagraph trees). Zeroed
         buffers cost one foreach launch, on these steps only; the sums are the same."""
-        return self.decision.accumulation > 1 or self.controller.is_noise_step(self.step_count)
+        return self.decision.accumulation > 1 or (self.controller.is_noise_step(self.step_count)
+                                                  and self.controller.config.noise_split != "steps")
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise ValueError("add_param_group: the controller's layers are fixed at wrap(); add every param "

@@ -66,6 +66,12 @@ def _noise_law(cfg: Any) -> bool:
     return cfg.elastic_batch and cfg.batch_law == "noise"
 
 
+def _noise_programs(cfg: Any) -> bool:
+    """The noise measurement has programs of its own (halves in the update, or the eager halves'),
+    unless noise_split="steps" takes it from two steps' statistics rows."""
+    return _noise_law(cfg) and cfg.noise_split != "steps"
+
+
 def _fused(opts: RunOptions) -> bool:
     """--fused-step: one program per micro-batch (auto and on), with a step left in flight only."""
     return opts.in_flight == "on" and opts.fused_step in ("auto", "on")
@@ -110,7 +116,7 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
             return _cross_entropy(m(x), y, jnp.ones(y.shape, jnp.float32))
 
         # a fused step measures the gradient noise in its own program, halves through the update
-        ta = TriAccel(cfg, model, loss_fn=curv_loss, mesh=mesh, noise_in_update=_fused(opts) and _noise_law(cfg))
+        ta = TriAccel(cfg, model, loss_fn=curv_loss, mesh=mesh, noise_in_update=_fused(opts) and _noise_programs(cfg))
         tx: Any = ta.wrap(_sgd(opts.lr, opts))
         controller: Controller = ta.controller
         lm = ta.layers
@@ -208,7 +214,7 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
     # 0.85-0.88 (benchmarks/device/jax_dp_probe.py); ResNet-18 bs 96 on one H200 (2026-11-27): the
     # demo's AMP epoch 1.48 s as one program (0.86x a plain loop's) against 3.1-3.5 s as two before
     # the state was packed. docs/results.md
-    noise_steps = ta is not None and _noise_law(cfg)   # the first: step 100
+    noise_steps = ta is not None and _noise_programs(cfg)   # the first: step 100
     fused = _fused(opts)
     in_update = ta is not None and ta.noise_in_update
 
@@ -372,7 +378,7 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
             "late_ooms": in_flight.lagged_ooms if in_flight is not None else 0,
             "flop_share": flops.shares(), "b_noise": controller.b_noise,
             "device_name": getattr(dev, "device_kind", str(dev)),
-            "devices": 1 if mesh is None else num_shards(mesh), "fused_step": fused,
+            "devices": 1 if mesh is None else num_shards(mesh), "fused_step": fused, "noise_in_update": in_update,
             "report": report, "wall_seconds": wall, "setup_seconds": setup_seconds, "eval_seconds": eval_times,
             "compile_log": compiles, "train_seconds": sum(epoch_times),
             "step_traces": split.traces, "compiled_ahead": split.compiled_ahead,

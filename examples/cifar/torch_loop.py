@@ -231,9 +231,10 @@ def train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any,
     elif opts.compile == "graphs":
         # a noise measurement's half batches graphed too (--graph-halves on): a capture costs 0.2-0.6 s (H200,
         # 2026-11-28) where an eager EfficientNet-B0 step costs ~33 ms of host time (H100, 2026-11-23)
-        # (noise_split="double": a noise step's micro-batches are the buckets themselves)
+        # (noise_split="double": a noise step's micro-batches are the buckets themselves; "steps": a noise
+        # step is a step of the first half's size)
         halves = ({-(-b // 2) for b in graphed} if opts.method == "triaccel" and opts.graph_halves == "on"
-                  and cfg.noise_split == "halves" else set())
+                  and cfg.noise_split in ("halves", "steps") else set())
         eager_first = opts.graph_warmup == "eager"
         fwd = ShapeGraphs(train_model, set(graphed) | halves, max_graphs=3,
                           key=(lambda: opt.plan.key) if opts.method == "triaccel" else None,
