@@ -360,4 +360,4 @@ def test_controlled_step_runs_a_noise_step_as_half_a_batch_under_steps():
         step += 1
     assert runs == [8, 15, 15, 7] and weights == [8 / 15, 1.0, 1.0, 7 / 15]   # step 3: a noise step again
     assert sorted(seen) == list(range(45))
-    assert ctl._pairs._ran == {0: (8, 15, True), 1: (15, 15, False), 3: (7, 15, True)}
+    assert ctl._pairs._ran == {0: (8, 15, True), 1: (15, 15, False), 2: (15, 15, False), 3: (7, 15, True)}

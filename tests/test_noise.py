@@ -259,34 +259,45 @@ def _steps_controller(**kw):
 
 def test_half_step_pairs_recover_the_noise_terms_across_boundaries():
     """noise_split="steps": a noise step's row (8 of a 16-sample batch, weight 1/2 under "linear": its
-    gradient as applied is half its mean gradient) and the next full step's row are one measurement:
-    E|g_b|^2 = |G|^2 + tr(Sigma)/b gives back |G|^2 and tr(Sigma) exactly, also when a boundary falls
-    between the two rows; other rows measure nothing."""
+    gradient as applied is half its mean gradient) and the mean of the next 8 full steps' rows are one
+    measurement: E|g_b|^2 = |G|^2 + tr(Sigma)/b gives back |G|^2 and tr(Sigma) exactly, also when a
+    boundary falls among the rows and when the run resumes from a state_dict taken there."""
     g2, tr = np.array([2.0, 0.5]), np.array([40.0, 8.0])
     ctl = _steps_controller()
     sq = {8: g2 + tr / 8, 16: g2 + tr / 16}
-    ctl.observe_step_samples(3, 16, 16, False)    # not after a noise step: not kept
-    ctl.observe_step_samples(4, 8, 16, True)
-    ctl.observe_noise_rows([3, 4], np.stack([sq[16], 0.25 * sq[8]]), np.array([True, True]))
-    assert ctl.report()["noise_measurements"] == 0            # the pair's second row is not in yet
+    for t in range(3, 13):
+        ctl.observe_step_samples(t, 8 if t == 4 else 16, 16, t == 4)
+    ctl.observe_noise_rows([3, 4, 5], np.stack([sq[16], 0.25 * sq[8], sq[16] * 0.9]), np.ones(3, bool))
+    assert ctl.report()["noise_measurements"] == 0            # gathering the full steps' rows
     state = ctl.state_dict()
-    ctl.observe_step_samples(5, 16, 16, False)
-    ctl.observe_noise_rows([5, 6], np.stack([sq[16], sq[16]]), np.array([True, True]))
+    rest = np.stack([sq[16] * 1.1] + [sq[16]] * 6)            # steps 6-12: the mean over 5-12 is sq[16]
+    ctl.observe_noise_rows(list(range(6, 13)), rest, np.ones(7, bool))
     assert ctl.report()["noise_measurements"] == 1
     np.testing.assert_allclose(ctl._noise.g2, g2, rtol=1e-12)
     np.testing.assert_allclose(ctl._noise.trace, tr, rtol=1e-12)
     assert ctl.b_noise == pytest.approx(tr.sum() / g2.sum())
-    again = _steps_controller()   # resumed between the two rows: the same measurement
-    again.load_state_dict(state)
-    again.observe_step_samples(5, 16, 16, False)
-    again.observe_noise_rows([5], sq[16][None], np.array([True]))
+    again = _steps_controller()   # resumed among the rows: the same measurement
+    again.load_state_dict(json.loads(json.dumps(state)))
+    again.observe_noise_rows(list(range(6, 13)), rest, np.ones(7, bool))
     assert again.b_noise == pytest.approx(ctl.b_noise)
+
+
+def test_half_step_pairs_end_the_full_rows_at_a_break():
+    """The large-batch rows end early at the next noise step, a non-finite row or a missing one: the
+    rows so far make the measurement."""
+    ctl = _steps_controller()
+    for t, n, noise in ((0, 8, True), (1, 16, False), (2, 16, False), (3, 8, True)):
+        ctl.observe_step_samples(t, n, 16, noise)
+    ctl.observe_noise_rows([0, 1, 2, 3], np.stack([np.full(2, 0.25 * 3.0), np.full(2, 1.0), np.full(2, 2.0),
+                                                    np.full(2, 1.0)]), np.ones(4, bool))
+    assert ctl.report()["noise_measurements"] == 1   # 0 against the mean of 1-2; 3 opens the next one
+    np.testing.assert_allclose(ctl._noise.trace, (3.0 - 1.5) / (1 / 8 - 1 / 16))
 
 
 @pytest.mark.parametrize("case", ["nonfinite", "short", "gap"])
 def test_half_step_pairs_measure_nothing_from_a_broken_pair(case):
-    """A non-finite row, a next step no larger than the half (an epoch's short last step) or a
-    missing row (the pair is dropped once a later row is in) measure nothing."""
+    """A non-finite next row, a next step no larger than the half (an epoch's short last step) or a
+    missing row measure nothing; nothing is held after them."""
     ctl = _steps_controller()
     ctl.observe_step_samples(0, 8, 16, True)
     ctl.observe_step_samples(1, 8 if case == "short" else 16, 16, False)
@@ -296,7 +307,7 @@ def test_half_step_pairs_measure_nothing_from_a_broken_pair(case):
         ctl.observe_noise_rows([1], rows[:1], np.array([True]))
     else:
         ctl.observe_noise_rows([0, 1], rows, np.array([True, case != "nonfinite"]))
-    assert ctl.report()["noise_measurements"] == 0 and not ctl._pairs._small and not ctl._pairs._ran
+    assert ctl.report()["noise_measurements"] == 0 and ctl._pairs._open is None and not ctl._pairs._ran
 
 
 def test_half_step_pairs_are_off_for_the_other_splits():

@@ -149,8 +149,11 @@ class TriAccelConfig:
         sizes (`triaccel.noise.HalfStepPairs`): no micro-batch, program or gradient accumulator of
         its own; under a JAX pad floor the half step runs at the floor's program, so the step
         compiles as it does without the batch lever, where the in-program halves made most of the
-        wrapper's extra compilation, H200, 2026-12-04, docs/results.md). Both backends (JAX: with
-        noise_step_fn too, its two programs at the decided size). The torch demo's default for triaccel, with a ladder without the rung
+        wrapper's extra compilation, H200, 2026-12-04, docs/results.md). Its two gradients share no
+        samples, so its estimate is noisier: on a CPU (torch, ResNet-18 width 1/4, bs 64 fixed,
+        2026-12-04, `benchmarks/noise_split_compare.py`) log B_noise moved 1.15 between boundaries
+        (median) against the halves' 0.15, at a median 477 against 79; not a default, GPU runs to come.
+        Both backends (JAX: with noise_step_fn too, its two programs at the decided size). The torch demo's default for triaccel, with a ladder without the rung
         between half the top and the top (96/192/512: three micro-batch sizes instead of six; each
         costs a first eager step and, graphed, a capture): EfficientNet-B0 1.06-1.14x AMP bs 512's wall
         against 1.13-1.23x, ResNet-18 0.98x AMP bs 192's over six seeds against 1.02x (H200, graphed,

@@ -149,63 +149,79 @@ class GradientNoise:
 
 class HalfStepPairs:
     """noise_split="steps": a noise step runs half its logical batch as an optimizer step of its own;
-    its statistics row and the row of the full step after it are one measurement at two batch sizes
-    (the halves' estimator with its two gradients from consecutive steps, one update apart).
+    its statistics row against the rows of the full steps after it is one measurement at two batch
+    sizes (the halves' estimator with its gradients from consecutive steps).
 
     The rows hold per-layer squared norms of each step's unscaled gradient as applied, i.e. its mean
     gradient times the short-step weight w (`triaccel.batching.short_step_weight` by `rule`, the
-    config's short_step_lr): w is divided out. `ran` records what a step runs, before it runs (both
-    backends' `controlled_step`: a row may come in while its step runs); `rows` pairs the rows as
-    they are fed (`triaccel.stats.feed_statistics`). Only a noise
-    step and the step after it are kept, each until its row is in.
+    config's short_step_lr): w is divided out. The large-batch term is the mean over up to
+    `big_rows` consecutive full steps after the noise step (same samples, weight 1): the halves of one
+    step share their samples, which makes their difference less noisy; steps do not, and one full row
+    left the estimate ~10x jumpier between boundaries than the halves' (CPU, ResNet-18 width 1/4,
+    2026-12-04, benchmarks/noise_split_compare.py). `ran` records what each step runs, before it runs
+    (both backends' `controlled_step`: a row may come in while its step runs); `rows` takes the rows
+    as they are fed (`triaccel.stats.feed_statistics`), in step order.
     """
 
-    def __init__(self, rule: str) -> None:
-        self.rule = rule
+    def __init__(self, rule: str, big_rows: int = 8) -> None:
+        if isinstance(big_rows, bool) or not isinstance(big_rows, int) or big_rows < 1:
+            raise ValueError(f"big_rows={big_rows!r}: allowed integers >= 1")
+        self.rule, self.big_rows = rule, big_rows
         self._ran: dict[int, tuple[int, int, bool]] = {}   # step -> (samples, logical batch, noise step)
-        self._small: dict[int, tuple[int, np.ndarray]] = {}   # noise step -> (samples, (L,) |mean grad|^2)
+        # the measurement being gathered: noise step's samples and |mean grad|^2, the big rows' samples,
+        # their summed |mean grad|^2 and count, the last step taken
+        self._open: dict[str, Any] | None = None
 
     def ran(self, step: int, samples: int, logical_batch: int, noise: bool) -> None:
-        """`step` ran `samples` real samples of a `logical_batch`; `noise`: as a noise step's half."""
-        # the step after a noise step: that one's row may already be in (a boundary between the two)
-        if noise or self._ran.get(step - 1, (0, 0, False))[2] or (step - 1) in self._small:
-            self._ran[int(step)] = (int(samples), int(logical_batch), bool(noise))
+        """`step` runs `samples` real samples of a `logical_batch`; `noise`: as a noise step's half."""
+        self._ran[int(step)] = (int(samples), int(logical_batch), bool(noise))
+
+    def _close(self, out: list[tuple[float, np.ndarray, float, np.ndarray]]) -> None:
+        o, self._open = self._open, None
+        if o is not None and o["n"] and o["big"] > o["small"]:
+            out.append((float(o["small"]), o["small_sq"], float(o["big"]), o["big_sq"] / o["n"]))
 
     def rows(self, steps: Sequence[int], sumsqs: Any, finite: Any) -> list[tuple[float, np.ndarray, float, np.ndarray]]:
         """The measurements (b_small, |g_small|^2, b_big, |g_big|^2) that rows complete. steps: (n,)
         in step order, each row once; sumsqs: (n, L) per-layer squared norms of the unscaled gradient
-        as applied; finite: (n,) bool, a non-finite row measures nothing. A noise step whose next row
-        is not in yet waits for the next call; what can no longer pair (a row older than the last)
-        is dropped."""
+        as applied; finite: (n,) bool. A non-finite row, a step of another size, a missing step or the
+        next noise step ends the large-batch rows; a measurement still gathering waits for the next call."""
         q = np.asarray(sumsqs, dtype=np.float64)
-        out = []
+        out: list[tuple[float, np.ndarray, float, np.ndarray]] = []
         for t, row, ok in zip(steps, q, finite):
             t = int(t)
             info = self._ran.pop(t, None)
-            prev = self._small.pop(t - 1, None)
+            o = self._open
             if info is None or not ok:
+                self._close(out)
                 continue
             samples, logical, noise = info
-            w = short_step_weight(self.rule, samples, logical)
-            mean_sq = row / (w * w)
+            mean_sq = row / short_step_weight(self.rule, samples, logical) ** 2
+            full = not noise and samples == logical
+            if o is not None and full and t == o["last"] + 1 and o["big"] in (None, samples):
+                o["big"], o["last"], o["n"] = samples, t, o["n"] + 1
+                o["big_sq"] = mean_sq if o["big_sq"] is None else o["big_sq"] + mean_sq
+                if o["n"] == self.big_rows:
+                    self._close(out)
+                continue
+            self._close(out)
             if noise:
-                self._small[t] = (samples, mean_sq)
-            elif prev is not None and samples > prev[0]:
-                out.append((float(prev[0]), prev[1], float(samples), mean_sq))
-        if len(steps):
-            last = int(steps[-1])
-            for held in (self._ran, self._small):
-                for t in [t for t in held if t < last]:
-                    del held[t]
+                self._open = {"small": samples, "small_sq": mean_sq, "big": None, "big_sq": None, "n": 0, "last": t}
+        for t in [t for t in self._ran if steps and t <= int(steps[-1])]:
+            del self._ran[t]   # rows that never came (a step's row is fed once)
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        o = self._open
         return {"ran": [[t, *v] for t, v in self._ran.items()],
-                "small": [[t, n, q.tolist()] for t, (n, q) in self._small.items()]}
+                "open": None if o is None else {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in o.items()}}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self._ran = {int(t): (int(n), int(b), bool(z)) for t, n, b, z in sd["ran"]}
-        self._small = {int(t): (int(n), np.asarray(q, dtype=np.float64)) for t, n, q in sd["small"]}
+        o = sd["open"]
+        self._open = None if o is None else {
+            **o, "small_sq": np.asarray(o["small_sq"], dtype=np.float64),
+            "big_sq": None if o["big_sq"] is None else np.asarray(o["big_sq"], dtype=np.float64)}
 
 
 def observe_split_step(controller: Any, step: int, sizes: Sequence[int], weights: Sequence[float],
