@@ -57,10 +57,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--width", type=float, default=0.25)
     ap.add_argument("--t-ctrl", type=int, default=10, help="steps between boundaries (and noise steps)")
+    ap.add_argument("--warmup-steps", type=int, default=None, help="the demo's --warmup-steps (default: its own)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None, help="the demo's --device (default: its own choice)")
     ap.add_argument("--out", default=None, help="folder for the runs (default: a temporary one)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"), help="folder for the JSON")
     a = ap.parse_args(argv)
     for name in ("train_subset", "epochs", "batch", "t_ctrl"):
         if getattr(a, name) < 1:
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 "--train-subset", str(a.train_subset), "--test-subset", "500", "--epochs", str(a.epochs),
                 "--batch", str(a.batch), "--batch-max", str(a.batch), "--width", str(a.width),
                 "--t-ctrl", str(a.t_ctrl), "--seed", str(a.seed), "--no-progress", "--set", f"noise_split={split}",
-                *(["--device", a.device] if a.device else [])]
+                *(["--device", a.device] if a.device else []),
+                *(["--warmup-steps", str(a.warmup_steps)] if a.warmup_steps is not None else [])]
         summary = run_demo(args, base / split, workdir=ROOT, timeout=a.timeout)
         if summary is None:
             rows.append({"split": split, "error": f"the run failed; its output is in {base / split}"})
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                      ("median |log jump|", "median_log_jump", ">17.3f"), ("steps", "steps", ">6d"),
                      ("train s", "train_s", ">8.1f"), ("acc", "final_acc", ">6.3f")])
     write_json({**run_meta(device), "rows": rows},
-               ROOT / "benchmarks" / "results" / f"noise_split_compare-{a.backend}-{device_tag(device)}.json")
+               Path(a.results) / f"noise_split_compare-{a.backend}-{device_tag(device)}.json")
     if len(ok) < len(rows):
         sys.exit(1)
     return rows
