@@ -132,6 +132,8 @@ def test_bad_use_fails_clearly_and_a_full_ring_warns():
         _half(opt, model, x[:4], y[:4], 1, 4)
     with pytest.raises(ValueError, match="noise_in_update"):
         TriAccel(_cfg(), _MLP(nnx.Rngs(0)), noise_in_update=1)
+    with pytest.raises(ValueError, match="noise_split='steps'.*pass noise_in_update=False"):
+        TriAccel(_cfg(noise_split="steps"), _MLP(nnx.Rngs(0)), noise_in_update=True)
     model, ta, opt = _build(True, _cfg(t_noise=2))   # two noise steps per boundary: 3 slots
     for _ in range(4):
         _half(opt, model, x[:4], y[:4], 1, 4)

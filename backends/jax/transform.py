@@ -253,6 +253,10 @@ class TriAccel:
                              "growth>1, min_scale>0")
         if not isinstance(noise_in_update, bool):
             raise ValueError(f"noise_in_update={noise_in_update!r}: allowed True or False")
+        if noise_in_update and config.noise_split == "steps":
+            raise ValueError("noise_in_update=True: under noise_split='steps' the noise comes from two steps' "
+                             "statistics rows and the update's halves would never run (their float32 copy of the "
+                             "parameters for nothing); pass noise_in_update=False")
         self.config = config
         self.noise_in_update = noise_in_update
         self.model = model
