@@ -12,6 +12,10 @@ precision law, curvature (torch: Hessian every 5 steps), the elastic batch (a fa
 lets the batch grow), an injected OOM before the save, an LR ramp; variants with base precision
 fp32 (the "uninterrupted fp32 CPU run" of the issue) and fp16 (the loss scale is then live).
 
+Bit-identical needs deterministic kernels: tests/conftest.py sets MKL_CBWR=COMPATIBLE, MKL's
+reproducible mode (torch's CPU BLAS otherwise differs by 1 ulp-scale amounts between buffers on some
+CPUs; a user resuming on such a machine gets the same run to within that rounding).
+
 Formats: torch: `torch.save`, then `torch.load(weights_only=True)`: the state dicts must load
 without unpickling arbitrary objects. JAX: `flax.serialization.to_bytes` (msgpack) for the arrays
 and JSON for the host state; no pickle.
