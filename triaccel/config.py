@@ -151,8 +151,9 @@ class TriAccelConfig:
         compiles as it does without the batch lever, where the in-program halves made most of the
         wrapper's extra compilation, H200, 2026-12-04, docs/results.md). Its two gradients share no
         samples, so its estimate is noisier: on a CPU (torch, ResNet-18 width 1/4, bs 64 fixed,
-        2026-12-04, `benchmarks/noise_split_compare.py`) log B_noise moved 1.15 between boundaries
-        (median) against the halves' 0.15, at a median 477 against 79; not a default, GPU runs to come.
+        seeds 0-2, 2026-12-04, `benchmarks/noise_split_compare.py`) log B_noise moved 0.88-1.29
+        between boundaries (median) against the halves' 0.15-0.55, at overlapping levels, and on one
+        seed it was missing (|G|^2 <= 0) at most boundaries; not a default, GPU runs to come.
         Both backends (JAX: with noise_step_fn too, its two programs at the decided size). The torch demo's default for triaccel, with a ladder without the rung
         between half the top and the top (96/192/512: three micro-batch sizes instead of six; each
         costs a first eager step and, graphed, a capture): EfficientNet-B0 1.06-1.14x AMP bs 512's wall
