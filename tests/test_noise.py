@@ -288,8 +288,8 @@ def test_half_step_pairs_end_the_full_rows_at_a_break():
     ctl = _steps_controller()
     for t, n, noise in ((0, 8, True), (1, 16, False), (2, 16, False), (3, 8, True)):
         ctl.observe_step_samples(t, n, 16, noise)
-    ctl.observe_noise_rows([0, 1, 2, 3], np.stack([np.full(2, 0.25 * 3.0), np.full(2, 1.0), np.full(2, 2.0),
-                                                    np.full(2, 1.0)]), np.ones(4, bool))
+    ctl.observe_noise_rows(np.arange(4), np.stack([np.full(2, 0.25 * 3.0), np.full(2, 1.0), np.full(2, 2.0),
+                                                   np.full(2, 1.0)]), np.ones(4, bool))   # steps as an array too
     assert ctl.report()["noise_measurements"] == 1   # 0 against the mean of 1-2; 3 opens the next one
     np.testing.assert_allclose(ctl._noise.trace, (3.0 - 1.5) / (1 / 8 - 1 / 16))
 

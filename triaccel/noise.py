@@ -207,7 +207,8 @@ class HalfStepPairs:
             self._close(out)
             if noise:
                 self._open = {"small": samples, "small_sq": mean_sq, "big": None, "big_sq": None, "n": 0, "last": t}
-        for t in [t for t in self._ran if steps and t <= int(steps[-1])]:
+        last = int(steps[-1]) if len(steps) else None
+        for t in [t for t in self._ran if last is not None and t <= last]:
             del self._ran[t]   # rows that never came (a step's row is fed once)
         return out
 
