@@ -130,7 +130,7 @@ class Controller:
                 quantiles=config.calibration_quantiles, hysteresis=config.hysteresis,
                 min_dwell=config.min_dwell, base=base, recalibrate_every=config.recalibrate_every)
         self._noise = GradientNoise(L, config.noise_beta)
-        # noise_split="steps": the half-batch noise steps and the steps after them, until their rows are in
+        # noise_split="steps": what each step ran, and the measurement being gathered, until the rows are in
         self._pairs = HalfStepPairs(config.short_step_lr) if config.noise_split == "steps" else None
         self._curvature = CurvatureLaw(L, config.top_k, alpha=config.alpha, tau_curv=config.tau_curv)
         self._batch = BatchLaw(config)
@@ -223,7 +223,8 @@ class Controller:
 
     def is_noise_step(self, step: int) -> bool:
         """Whether `step` measures the gradient noise scale (split into two micro-batches, or under
-        noise_split="steps" run as half its batch, `triaccel.elastic.noise_samples`): batch_law="noise", elastic batch on, a single-micro-batch step, on the schedule
+        noise_split="steps" run as half its batch, `triaccel.elastic.noise_samples`):
+        batch_law="noise", elastic batch on, a single-micro-batch step, on the schedule
         from warmup_steps on (the first steps' estimates are a transient of the initialisation):
         the first 1/(1-noise_beta) every t_noise_warm steps, then every t_noise
         (`triaccel.noise.is_noise_schedule_step`), and only while the batch can still grow or the
@@ -247,16 +248,17 @@ class Controller:
         self._fold_noise(*split_measurement(sizes, micro_sqnorms, total_sqnorm, len(self.layers)))
 
     def observe_step_samples(self, step: int, samples: int, logical_batch: int, noise: bool) -> None:
-        """noise_split="steps": `step` ran `samples` real samples of a `logical_batch` (`noise`: as a
-        noise step's half batch). Both backends' `controlled_step` report each step; only a noise
-        step and the step after it are kept (`triaccel.noise.HalfStepPairs`). No-op otherwise."""
+        """noise_split="steps": `step` runs `samples` real samples of a `logical_batch` (`noise`: as a
+        noise step's half batch). Both backends' `controlled_step` report each step before it runs;
+        kept until its statistics row is in (`triaccel.noise.HalfStepPairs`). No-op otherwise."""
         if self._pairs is not None:
             self._pairs.ran(step, samples, logical_batch, noise)
 
     def observe_noise_rows(self, steps: Sequence[int], sumsqs: Any, finite: Any) -> None:
         """noise_split="steps": the statistics rows of `steps` (in order, each once): (n, L) per-layer
-        squared norms of the unscaled gradients as applied, (n,) finite; each noise step's row with
-        the next step's is one gradient-noise measurement (`feed_statistics` calls it). No-op otherwise."""
+        squared norms of the unscaled gradients as applied, (n,) finite; each noise step's row with the
+        mean of the full steps' rows after it is one gradient-noise measurement (`feed_statistics`
+        calls it). No-op otherwise."""
         if self._pairs is not None:
             for m in self._pairs.rows(steps, sumsqs, finite):
                 self._fold_noise(*m)

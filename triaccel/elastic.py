@@ -41,6 +41,7 @@ __all__ = [
     "noise_samples",
     "noise_split",
     "noise_take",
+    "splits_for_noise",
     "step_weight",
 ]
 
@@ -504,6 +505,12 @@ def _noise_kind(controller: Any) -> str:
     return getattr(getattr(controller, "config", None), "noise_split", "halves")
 
 
+def splits_for_noise(controller: Any, step: int) -> bool:
+    """`step` is a gradient-noise step run as two micro-batches (`Controller.is_noise_step` on the
+    decision in force; not under noise_split="steps", whose noise step runs whole at half the batch)."""
+    return controller.is_noise_step(step) and _noise_kind(controller) != "steps"
+
+
 def noise_split(controller: Any, step: int) -> int:
     """Micro-batches `step` must run as: 2 at the controller's gradient-noise steps
     (`Controller.is_noise_step`, taken on the decision the step will run under), else 1 (also under
@@ -513,7 +520,7 @@ def noise_split(controller: Any, step: int) -> int:
     if is_noise_step is None:
         return 1
     controller.decide(step)   # idempotent for a step: the decision the step will run under
-    return 2 if is_noise_step(step) and _noise_kind(controller) != "steps" else 1
+    return 2 if splits_for_noise(controller, step) else 1
 
 
 def noise_samples(controller: Any, step: int) -> int | None:

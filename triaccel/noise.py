@@ -10,9 +10,10 @@ estimates of both terms (the paper's Appendix A):
 and the "simple" noise scale B_noise = tr(Sigma) / |G|^2 is the ratio of their EMAs (each estimate
 alone is too noisy to divide). The backends get the two sizes for free from a step split into
 micro-batches: each micro-batch's mean gradient is a small-batch sample, their weighted sum the
-step's gradient; or (noise_split="steps", `HalfStepPairs`) from two consecutive steps, a half-batch
-step and the full one after it, whose statistics rows every step writes anyway. Everything here is per layer (L,), so the controller can also compare a layer's
-16-bit rounding error with its sampling noise; the network's B_noise sums over layers.
+step's gradient; or (noise_split="steps", `HalfStepPairs`) from consecutive steps, a half-batch step
+and the full ones after it, whose statistics rows every step writes anyway. Everything here is per
+layer (L,), so the controller can also compare a layer's 16-bit rounding error with its sampling
+noise; the network's B_noise sums over layers.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import numpy as np
 
 from .batching import short_step_weight
 
-__all__ = ["GradientNoise", "HalfStepPairs", "is_noise_schedule_step", "max_noise_steps_per_window", "observe_split_step",
-           "observe_tensor_noise", "split_measurement", "warm_count"]
+__all__ = ["GradientNoise", "HalfStepPairs", "is_noise_schedule_step", "max_noise_steps_per_window",
+           "observe_split_step", "observe_tensor_noise", "split_measurement", "warm_count"]
 
 
 def warm_count(beta: float) -> int:
@@ -156,11 +157,12 @@ class HalfStepPairs:
     gradient times the short-step weight w (`triaccel.batching.short_step_weight` by `rule`, the
     config's short_step_lr): w is divided out. The large-batch term is the mean over up to
     `big_rows` consecutive full steps after the noise step (same samples, weight 1): the halves of one
-    step share their samples, which makes their difference less noisy; steps do not, and one full row
-    left the estimate ~10x jumpier between boundaries than the halves' (CPU, ResNet-18 width 1/4,
-    2026-12-04, benchmarks/noise_split_compare.py). `ran` records what each step runs, before it runs
-    (both backends' `controlled_step`: a row may come in while its step runs); `rows` takes the rows
-    as they are fed (`triaccel.stats.feed_statistics`), in step order.
+    step share their samples, which makes their difference less noisy; steps do not: with one full row
+    log B_noise moved 1.94 between boundaries (median) against the halves' 0.15 (torch, CPU, ResNet-18
+    width 1/4, seed 0, 2026-12-04, benchmarks/noise_split_compare.py), with 8 rows 1.15. `ran`
+    records what each step runs, before it runs (both backends' `controlled_step`: a row may come in
+    while its step runs); `rows` takes the rows as they are fed (`triaccel.stats.feed_statistics`),
+    in step order.
     """
 
     def __init__(self, rule: str, big_rows: int = 8) -> None:
@@ -215,7 +217,8 @@ class HalfStepPairs:
     def state_dict(self) -> dict[str, Any]:
         o = self._open
         return {"ran": [[t, *v] for t, v in self._ran.items()],
-                "open": None if o is None else {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in o.items()}}
+                "open": None if o is None else {k: v.tolist() if isinstance(v, np.ndarray) else v
+                                                for k, v in o.items()}}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self._ran = {int(t): (int(n), int(b), bool(z)) for t, n, b, z in sd["ran"]}

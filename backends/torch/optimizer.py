@@ -49,6 +49,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from triaccel import Controller, Decision, Precision, TriAccelConfig
+from triaccel.elastic import splits_for_noise
 from triaccel.stats import feed_statistics
 
 from .compile import uncompiled
@@ -711,8 +712,7 @@ class TriAccelOptimizer(torch.optim.Optimizer):
         backward under torch.compile(mode="reduce-overhead") hands over gradients in the graphs'
         pool, which the next micro-batch's forward overwrites (torch's cudagraph trees). Zeroed
         buffers cost one foreach launch, on these steps only; the sums are the same."""
-        return self.decision.accumulation > 1 or (self.controller.is_noise_step(self.step_count)
-                                                  and self.controller.config.noise_split != "steps")
+        return self.decision.accumulation > 1 or splits_for_noise(self.controller, self.step_count)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise ValueError("add_param_group: the controller's layers are fixed at wrap(); add every param "
