@@ -147,8 +147,8 @@ class TriAccelConfig:
         optimizer step of its own, weighted by short_step_lr, and the steps after it the whole batch:
         its statistics row and the mean of up to 8 full rows after it, which every step writes
         anyway, are the measurement at the two sizes (`triaccel.noise.HalfStepPairs`): no
-        micro-batch, program or gradient accumulator of its own; under a JAX pad floor the half step runs at the floor's program, so the step
-        compiles as it does without the batch lever, where the in-program halves made most of the
+        micro-batch, program or gradient accumulator of its own; under a JAX pad floor the half
+        step runs at the floor's program, so the step compiles as it does without the batch lever, where the in-program halves made most of the
         wrapper's extra compilation, H200, 2026-12-04, docs/results.md). Its two gradients share no
         samples, so its estimate is noisier: on a CPU (torch, ResNet-18 width 1/4, bs 64 fixed,
         seeds 0-2, 2026-12-04, `benchmarks/noise_split_compare.py`) log B_noise moved 0.88-1.29
