@@ -143,17 +143,17 @@ class TriAccelConfig:
         two micro-batches of B/2) or "double" (the step takes 2B samples, as two micro-batches of B: no
         micro-batch shape beside the batch buckets, so no extra CUDA-graph capture or compilation for
         half batches; the step's update is then the mean gradient of its 2B samples at the LR of B, one
-        step for two batches' samples) or "steps" (the noise step runs half the decided batch as an
-        optimizer step of its own, weighted by short_step_lr, and the steps after it the whole batch:
-        its statistics row and the mean of up to 8 full rows after it, which every step writes
-        anyway, are the measurement at the two sizes (`triaccel.noise.HalfStepPairs`): no
-        micro-batch, program or gradient accumulator of its own; under a JAX pad floor the half
-        step runs at the floor's program, so the step compiles as it does without the batch lever, where the in-program halves made most of the
-        wrapper's extra compilation, H200, 2026-12-04, docs/results.md). Its two gradients share no
-        samples, so its estimate is noisier: on a CPU (torch, ResNet-18 width 1/4, bs 64 fixed,
-        seeds 0-2, 2026-12-04, `benchmarks/noise_split_compare.py`) log B_noise moved 0.88-1.29
-        between boundaries (median) against the halves' 0.15-0.55, at overlapping levels, and on one
-        seed it was missing (|G|^2 <= 0) at most boundaries; not a default, GPU runs to come.
+        step for two batches' samples) or "steps" (the noise step runs half the decided batch as an optimizer
+        step of its own, weighted by short_step_lr, and the steps after it the whole batch: its statistics row
+        and the mean of up to 8 full rows after it, which every step writes anyway, are the measurement at the
+        two sizes (`triaccel.noise.HalfStepPairs`): no micro-batch, program or gradient accumulator of its
+        own; under a JAX pad floor the half step runs at the floor's program, so the step compiles as it does
+        without the batch lever, where the in-program halves made most of the wrapper's extra compilation,
+        H200, 2026-12-04, docs/results.md). Its two gradients share no samples, so its estimate is noisier: on
+        a CPU (torch, ResNet-18 width 1/4, bs 64 fixed, seeds 0-2, 2026-12-04,
+        `benchmarks/noise_split_compare.py`) log B_noise moved 0.88-1.29 between boundaries (median) against
+        the halves' 0.15-0.55, at overlapping levels, and on one seed it was missing (|G|^2 <= 0) at most
+        boundaries; not a default, GPU runs to come.
         Both backends (JAX: with noise_step_fn too, its two programs at the decided size). The torch
         demo's default for triaccel, with a ladder without the rung
         between half the top and the top (96/192/512: three micro-batch sizes instead of six; each
