@@ -8,8 +8,8 @@ batch. This counts them: optimizer steps, passes (a gradient-noise step runs as 
 the step at which each batch size was reached, and passes / the static batch's passes.
 
 Each noise measurement is synthesised exactly for the given B_noise (|G|^2 = 1, tr(Sigma) = B_noise:
-a micro-batch of b samples has |g|^2 = 1 + B_noise / b), so the law sees a noise-free estimate: the
-counts are the law's own floor (real estimates scatter, docs/results.md). Memory is not the limit.
+a micro-batch or step of b samples has |g|^2 = 1 + B_noise / b; under noise_split="steps", JAX's, every
+step's row is fed), so the law sees a noise-free estimate: the counts are the law's own floor (real estimates scatter, docs/results.md). Memory is not the limit.
 
     python3 benchmarks/climb_steps.py --b-noise 1000 --static 512 \
         --variant "" --variant "--set t_noise=10" --variant "--warmup-steps 50 --set t_noise=10"
@@ -39,6 +39,7 @@ import numpy as np
 from _results import write_json
 
 from triaccel import Controller
+from triaccel.batching import short_step_weight
 from triaccel.elastic import ElasticIndexLoader, controlled_step, noise_split
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +77,7 @@ def simulate(variant: str, b_noise: float, batch: int, batch_max: int, epochs: i
     opts = train.parse_args(["--method", "triaccel", "--batch", str(batch), "--batch-max", str(batch_max),
                              "--epochs", str(epochs), *shlex.split(variant)])
     ctl = Controller(opts.triaccel_config(), ["model"])
+    rows = ctl.config.noise_split == "steps"
     loader = _Indices(images, batch_size=batch)
     reached: dict[int, int] = {}   # batch size -> first step at it
     samples_at: dict[int, int] = {}
@@ -88,7 +90,10 @@ def simulate(variant: str, b_noise: float, batch: int, batch_max: int, epochs: i
             time_ms[0] += sum(cost(n) for n in sizes)
         reached.setdefault(decision.batch_size, step)
         samples_at[decision.batch_size] = samples_at.get(decision.batch_size, 0) + report.num_samples
-        if len(sizes) >= 2:   # the noise step's halves, each measured exactly: |g|^2 = 1 + B_noise / b
+        if rows:   # noise_split="steps": every step's row as applied (its short-step weight w: w^2 |g|^2)
+            w = short_step_weight(ctl.config.short_step_lr, report.num_samples, decision.logical_batch)
+            ctl.observe_noise_rows([step], np.array([[w * w * (1.0 + b_noise / report.num_samples)]]), np.array([True]))
+        elif len(sizes) >= 2:   # the noise step's halves, each measured exactly: |g|^2 = 1 + B_noise / b
             ctl.observe_gradient_noise(step, sizes, [[1.0 + b_noise / n] for n in sizes], [1.0 + b_noise / sum(sizes)])
         return len(sizes)
 

@@ -6,7 +6,7 @@
 # (seconds per run, default 200). Every run starts cold, as a first run on a machine does: JAX on its own
 # empty compilation cache and an empty jax-triton kernel cache; torch with inductor's caches
 # (/tmp/torchinductor_$USER) and Triton's kernel cache emptied; what only a machine's first process pays goes to a warm-up process
-# run before them (WARMUP=0: none), and the decoded images are cached for every run. WARM=1: each variant keeps its caches from seed to seed (the first
+# run before them (WARMUP=0: none; WARMUP_MODEL, default resnet18, is its model), and the decoded images are cached for every run. WARM=1: each variant keeps its caches from seed to seed (the first
 # seed runs cold, the others warm: for accuracy over seeds at a fraction of the device time; compare walls
 # within a seed only). Logs and summaries go to $OUT/s<seed>/ (step records into $OUT/step-records.tgz), packed into $OUT/runs.tgz past 8
 # files (the device returns at most 8 per call); one summary line per run, with the process's wall seconds.
@@ -39,9 +39,11 @@ clear_caches() { find "$TRIACCEL_CACHE" -mindepth 1 -maxdepth 1 ! -name '*.npz' 
 clear_caches
 # A short process first (WARMUP=0: none) pays what only a machine's first process pays, whichever run that
 # is: the packages' bytecode, matplotlib's font cache (5.5 s and 10.5 s under cProfile, 2026-11-28), the
-# driver's set-up; it also decodes the images into the cache.
+# driver's set-up; it also decodes the images into the cache. None of that depends on the model, so it runs
+# ResNet-18 (WARMUP_MODEL): an EfficientNet-B0 warm-up spent ~2 min compiling what clear_caches then drops
+# (s52 call 2).
 if [ "${WARMUP:-1}" = 1 ]; then
-  timeout 300 python3 -m examples.cifar.train --backend $B --model ${MODEL:-resnet18} --data $D --epochs 1 \
+  timeout 300 python3 -m examples.cifar.train --backend $B --model ${WARMUP_MODEL:-resnet18} --data $D --epochs 1 \
     --train-subset 512 --test-subset 500 --no-progress --method amp --out /tmp/runs/warmup > $OUT/warmup.log 2>&1
   echo "warm-up process rc $?"; clear_caches
 fi

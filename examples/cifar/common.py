@@ -143,9 +143,13 @@ class RunOptions:
         # on the mean of six seeds against 1.02x (H200, graphed, 2026-12-02, docs/results.md). JAX keeps
         # the rung and the halves: under its pad floor every step runs at the top's program, a smaller
         # rung costs as much as the top and the climb through 192 to 512 is slower (ResNet-18 seed 0:
-        # 1.21x AMP bs 192's wall against 1.11x, same call).
+        # 1.21x AMP bs 192's wall against 1.11x, same call). JAX measures the noise from a half-batch step
+        # and the full steps after it ("steps"): no halves in the compiled step, which compiled 2.5-6.9 s
+        # sooner and ran the bs-512 epochs 0.7 s against 0.8 s; ResNet-18 0.82 / 0.92x the halves' wall,
+        # accuracy held (H200, 2026-12-04, docs/results.md).
         fewer_sizes = self.method == "triaccel" and self.backend == "torch"
-        sizes = {"noise_split": "double"} if fewer_sizes else {}
+        sizes = ({"noise_split": "double"} if fewer_sizes
+                 else {"noise_split": "steps"} if self.method == "triaccel" and self.backend == "jax" else {})
         self.check_extra()
         extra = {"batch_min": 8, "t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl,
                  "offload": self.offload if self.method == "triaccel" else "off", **static, **sizes,
