@@ -299,32 +299,44 @@ def moments_reference_jnp(flat: Any, offsets: Sequence[int], inv_scale: Any = No
 
 # Arrays of at most this many elements are reduced together, by size bucket (see below).
 SMALL_MAX = 1 << 16
+# Larger arrays: 0 = each in one whole reduction (XLA splits it in two stages itself); > 0 = in rows of
+# this many elements, every large array's row sums then in one reduction together (see below). XLA made
+# 4 kernels of each of ResNet-18's 13 large gradients (an optimized H200 dump of the step, 2026-12-04);
+# rows should make 1 each and 1 for all. 0 until that is dumped and timed on a GPU.
+ROW = 0
 
 
-def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None,
-                               small_max: int = SMALL_MAX) -> tuple[Any, list[Any] | None]:
+def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None, small_max: int = SMALL_MAX,
+                               row: int = ROW) -> tuple[Any, list[Any] | None]:
     """jnp reference over separate arrays: ((n, 3) float32 [sum, sumsq, nonfinite], the unscaled arrays
     (each in its own dtype) or None). Sums in FP32 (FP64 for a float64 array), the three in one pass
     XLA fuses with the unscaling; no concatenation of the whole set and no scatter
     (`moments_reference_jnp`'s segment sums are atomics on a GPU), so inside a jitted step the
     unscaled arrays fuse into their consumers and nothing is written back.
 
-    An array of more than ``small_max`` elements is reduced on its own. Smaller ones are zero-padded
-    to the next power of two (at least 16) and stacked per length, one row reduction per length: a
-    ResNet's BatchNorm vectors and small convolutions cost a handful of kernels instead of one or two
-    each (a bs-96 JAX step is launch-bound). Zero padding changes no sum and no count."""
+    An array of at most ``small_max`` elements is zero-padded to the next power of two (at least 16)
+    and stacked with the others of its length, one row reduction per length: a ResNet's BatchNorm
+    vectors and small convolutions cost a handful of kernels instead of one or two each (a bs-96 JAX
+    step is launch-bound). With ``row > 0`` a larger one is zero-padded to a multiple of ``row`` elements
+    and reduced per row, and every large array's row sums go through one more reduction together: XLA would split
+    each large array's whole reduction in two stages itself, the second stage three small kernels per
+    array (ResNet-18's step on an H200: 4 kernels per large array). ``row=0`` (the default, `ROW`):
+    each large array in one whole reduction, XLA's split. Zero padding changes no sum and no count."""
     import jax.numpy as jnp
 
     if small_max < 0:
         raise ValueError(f"small_max={small_max}: must be >= 0 (elements; 0 reduces every array alone)")
+    if row < 0:
+        raise ValueError(f"row={row}: must be >= 0 (elements per row of a large array; 0: one whole reduction)")
     rows: list[Any] = [None] * len(leaves)
     parts: list[Any] = []
     buckets: dict[tuple[int, Any], list[tuple[int, Any]]] = {}
+    large: dict[Any, list[tuple[int, Any]]] = {}   # accumulation dtype -> [(leaf, (3, R) row sums)]
 
-    def sums(x: Any, axis: Any) -> Any:  # (..., 3) [sum, sumsq, nonfinite] along `axis`
+    def sums(x: Any, axis: Any, out: int = -1) -> Any:  # [sum, sumsq, nonfinite] along `axis`, stacked at `out`
         fin = jnp.isfinite(x)
         xf = jnp.where(fin, x, 0.0)
-        return jnp.stack([jnp.sum(xf, axis), jnp.sum(xf * xf, axis), jnp.sum(~fin, axis, dtype=x.dtype)], axis=-1)
+        return jnp.stack([jnp.sum(xf, axis), jnp.sum(xf * xf, axis), jnp.sum(~fin, axis, dtype=x.dtype)], axis=out)
 
     for i, a in enumerate(leaves):
         acc = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
@@ -334,11 +346,21 @@ def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None,
             parts.append(x.astype(a.dtype))
         if 0 < a.size <= small_max:
             buckets.setdefault((max(16, 1 << (a.size - 1).bit_length()), acc), []).append((i, x.reshape(-1)))
+        elif row and a.size > row:
+            n_rows = -(-a.size // row)
+            per_row = sums(jnp.pad(x.reshape(-1), (0, n_rows * row - a.size)).reshape(n_rows, row), 1, out=0)
+            large.setdefault(acc, []).append((i, per_row))
         else:
             rows[i] = sums(x, None).astype(jnp.float32)
     for (length, _), items in buckets.items():
         stacked = jnp.stack([jnp.pad(x, (0, length - x.size)) for _, x in items])
         r = sums(stacked, 1).astype(jnp.float32)
+        for k, (i, _) in enumerate(items):
+            rows[i] = r[k]
+    for items in large.values():   # (3, n, R_max) row sums, zero-padded: one row reduction
+        r_max = max(p.shape[1] for _, p in items)
+        stacked = jnp.stack([jnp.pad(p, ((0, 0), (0, r_max - p.shape[1]))) for _, p in items], axis=1)
+        r = jnp.sum(stacked, axis=2).T.astype(jnp.float32)
         for k, (i, _) in enumerate(items):
             rows[i] = r[k]
     out = jnp.stack(rows) if rows else jnp.zeros((0, 3), jnp.float32)

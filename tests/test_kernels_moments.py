@@ -220,14 +220,44 @@ def test_xla_tree_stacks_small_arrays_by_length():
                 assert u.dtype == w.dtype
                 np.testing.assert_array_equal(np.asarray(u.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)))
 
-    def reductions(small_max):
-        jaxpr = jax.make_jaxpr(lambda ls: moments_reference_jnp_tree(ls, small_max=small_max)[0])(leaves)
+    def reductions(small_max, row=0):
+        jaxpr = jax.make_jaxpr(lambda ls: moments_reference_jnp_tree(ls, small_max=small_max, row=row)[0])(leaves)
         return sum(e.primitive.name.startswith("reduce_") for e in jaxpr.jaxpr.eqns)
 
     # lengths 64 (two arrays), 128 (100 and 128), 16 (7, 1, 2), 4096, 2**16; 0 and 70000 alone
     assert reductions(0) == 3 * len(sizes) and reductions(2**16) == 3 * 7
+    # up to 3000 elements: lengths 64, 128, 16, 4096; 0 alone; 70000 and 2**16 per row of 1024, then
+    # their rows' three sums together in one
+    assert reductions(3000, row=1024) == 3 * (4 + 1 + 2) + 1
     with pytest.raises(ValueError, match="small_max=-1"):
         moments_reference_jnp_tree(leaves, small_max=-1)
+    with pytest.raises(ValueError, match="row=-1"):
+        moments_reference_jnp_tree(leaves, row=-1)
+
+
+def test_xla_tree_reduces_large_arrays_in_rows():
+    """A large array is reduced per row of `row` elements (zero-padded), all large arrays' rows in one more
+    reduction: the statistics of one whole reduction each, non-finite values counted, in each
+    accumulation dtype apart, whatever the shapes."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rng = np.random.default_rng(5)
+    shapes = [(3, 3, 64, 129), (70001,), (1025,), (1024,), (2, 1023), (5000, 3), (17,)]
+    dtypes = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.float32, jnp.float32, jnp.bfloat16, jnp.float32]
+    leaves = [jnp.asarray(rng.standard_normal(s).astype(np.float32)).astype(d) for s, d in zip(shapes, dtypes)]
+    leaves[1] = leaves[1].at[7].set(jnp.nan).at[70000].set(-jnp.inf)
+    leaves[4] = leaves[4].at[1, 1022].set(jnp.inf)
+    for scale in (None, 0.25):
+        whole, parts_whole = moments_reference_jnp_tree(leaves, scale, small_max=16, row=0)
+        for row in (16, 1000, 1024, 4096):
+            got, parts = moments_reference_jnp_tree(leaves, scale, small_max=16, row=row)
+            np.testing.assert_allclose(np.asarray(got), np.asarray(whole), rtol=3e-6, atol=1e-4)
+            assert np.asarray(got)[:, 2].tolist() == [0, 2, 0, 0, 1, 0, 0]
+            if scale is not None:
+                assert all(u.dtype == w.dtype and u.shape == w.shape for u, w in zip(parts, parts_whole))
+    jitted = jax.jit(lambda ls: moments_reference_jnp_tree(ls, 0.5, row=1024)[0])(leaves)
+    np.testing.assert_allclose(np.asarray(jitted), np.asarray(moments_reference_jnp_tree(leaves, 0.5, row=0)[0]),
+                               rtol=3e-6, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
