@@ -6,7 +6,7 @@ import pytest
 
 from triaccel import TriAccelConfig
 from triaccel.swap_plan import (CostModel, CostTable, LayerCost, OffloadPlanner, choose_batch, plan_for_budget,
-                                scale_plan, simulate)
+                                scale_plan, simulate, throughput_bound)
 
 MB = 10**6
 
@@ -338,3 +338,39 @@ def test_largest_fitting_bisects_a_monotone_feasibility():
     assert largest_fitting(grid, lambda b: asked.append(b) or b <= 40) == 2 and len(asked) <= 3
     assert largest_fitting(grid, lambda b: True) == 4
     assert largest_fitting(grid, lambda b: False) is None and largest_fitting([], lambda b: True) is None
+
+
+def test_throughput_bound_by_hand_and_validated():
+    """10 units of 100 MB saved (10 MB inputs), 2 ms forward each: room 500 MB leaves 500 MB over;
+    at 10 GB/s 200 MB leave during the 20 ms forward, the other 300 MB cost 300/90 units' recompute."""
+    t = table(bw=10e9)                       # static 200 MB, transient 50 MB
+    b = throughput_bound(t, 750 * MB)
+    assert (b.over_bytes, b.copy_bytes, b.recompute_bytes) == (500 * MB, 200 * MB, 300 * MB)
+    assert b.recompute_ms == pytest.approx(2.0 * 300 / 90)
+    assert b.ratio == pytest.approx(61.0 / (61.0 + 2.0 * 300 / 90))
+    assert throughput_bound(t, 2000 * MB).ratio == 1.0                    # fits as it is
+    assert throughput_bound(table(bw=1e15), 750 * MB).ratio == 1.0        # an instant link hides it all
+    assert throughput_bound(table(bw=1.0), 300 * MB).ratio == 0.0         # not even recomputing all fits
+    assert throughput_bound(t, 750 * MB).to_dict()["batch"] == 64
+    with pytest.raises(ValueError, match="budget"):
+        throughput_bound(t, 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_plan_beats_the_throughput_bound(seed):
+    """The bound relaxes the model the planner plans in: on random tables and budgets, every plan that
+    fits stays at or under it."""
+    import random
+    rng = random.Random(seed)
+    for _ in range(8):
+        layers = [LayerCost(f"u{i}", rng.randint(20, 200) * MB, rng.uniform(0.5, 4), rng.uniform(1, 8),
+                            input_bytes=rng.randint(1, 15) * MB, recompute_ms=rng.choice([None, rng.uniform(0.2, 3)]))
+                  for i in range(rng.randint(3, 12))]
+        t = CostTable(64, layers, rng.uniform(1e9, 60e9), rng.uniform(1e9, 60e9), static_bytes=100 * MB,
+                      transient_bytes=40 * MB, other_ms=1.0)
+        budget = int(t.static_bytes + t.transient_bytes + t.resident_bytes * rng.uniform(0.15, 0.9))
+        plan, bound = plan_for_budget(t, budget), throughput_bound(t, budget)
+        plain = simulate(t, ["keep"] * len(layers))
+        assert bound.step_ms == pytest.approx(plain.step_ms)
+        if plan.fits:
+            assert plan.samples_per_s <= plain.samples_per_s * bound.ratio * (1 + 1e-9)

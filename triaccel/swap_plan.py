@@ -30,7 +30,8 @@ from .batching import BatchLaw
 from .config import TriAccelConfig
 
 __all__ = ["ACTIONS", "RECOMPUTING", "SWAPPING", "LayerCost", "CostTable", "CostModel", "SwapPlan", "simulate",
-           "plan_for_budget", "largest_fitting", "BatchChoice", "choose_batch", "scale_plan", "OffloadPlanner"]
+           "plan_for_budget", "ThroughputBound", "throughput_bound", "largest_fitting", "BatchChoice", "choose_batch",
+           "scale_plan", "OffloadPlanner"]
 
 ACTIONS = ("keep", "swap", "recompute", "recompute_swap")
 SWAPPING = frozenset(("swap", "recompute_swap"))        # actions whose unit copies to host and back
@@ -513,6 +514,59 @@ def _greedy(table: CostTable, budget: int, moves: dict[str, tuple[str, ...]],
         cur = best[3]
         acts = list(cur.actions)
     return cur
+
+
+@dataclass(frozen=True)
+class ThroughputBound:
+    """The most any plan of `simulate`'s model can keep of a table's no-plan throughput under a budget.
+
+    ratio: upper bound on plan samples/s over no-plan samples/s (1.0: the table fits as it is; 0.0: no
+    plan fits). step_ms: the no-plan step. over_bytes: resident saved bytes over the room the budget
+    leaves them (budget - static - transient). copy_bytes: the most the device->host stream can move
+    before the forward pass ends. recompute_bytes: what recomputation must free beyond that.
+    recompute_ms: the least recompute time that frees it.
+    """
+
+    batch: int
+    ratio: float
+    step_ms: float
+    over_bytes: int
+    copy_bytes: int
+    recompute_bytes: int
+    recompute_ms: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def throughput_bound(table: CostTable, budget: int) -> ThroughputBound:
+    """An upper bound on what any plan of `table` under `budget` bytes keeps of its throughput.
+
+    When the forward pass ends the device must hold at most the budget's room for saved tensors;
+    by then at most d2h_bytes_per_s x (the forward's time) bytes can have left for host memory,
+    and every recomputed unit frees at most its saved_bytes less its input_bytes and adds its
+    remat_ms to the step (transfer waits only add more). The least recompute time that frees the
+    rest, units taken fractionally in order of ms per freed byte, bounds the plan's step from below:
+    ratio = step / (step + that time). A relaxation of `simulate`, so no plan `plan_for_budget`
+    returns can beat it; how close a plan comes says what is left to gain by planning."""
+    if not (isinstance(budget, int) and not isinstance(budget, bool) and budget > 0):
+        raise ValueError(f"budget={budget!r} is invalid: allowed an integer > 0 (bytes)")
+    units = table.layers
+    step = sum(x.forward_ms + x.backward_ms for x in units) + table.other_ms
+    room = budget - table.static_bytes - table.transient_bytes
+    over = table.resident_bytes - room
+    copy = int(table.d2h_bytes_per_s * sum(x.forward_ms for x in units) / 1e3)
+    need = max(0, over - copy)
+    left, ms = float(need), 0.0
+    for x in sorted(units, key=lambda x: x.remat_ms / max(1, x.saved_bytes - x.input_bytes)):
+        if left <= 0:
+            break
+        free = max(0, x.saved_bytes - x.input_bytes)
+        take = min(free, left)
+        ms += x.remat_ms * take / free if free else 0.0
+        left -= take
+    ratio = 0.0 if left > 0 else (step / (step + ms) if step > 0 else 1.0)
+    return ThroughputBound(table.batch, ratio, step, over, copy, need, ms)
 
 
 def largest_fitting(batches: Sequence[int], fits: Callable[[int], bool]) -> int | None:
