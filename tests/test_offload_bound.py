@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import offload_bound
-from triaccel.swap_plan import throughput_bound
+from triaccel.swap_plan import plan_for_budget, simulate, throughput_bound
 
 RUN = Path(__file__).resolve().parents[1] / "benchmarks/results/s30/offload-remeasure/offload-bf16-remeasure.json"
 
@@ -37,3 +37,15 @@ def test_scaled_times_and_the_measured_table():
         offload_bound.scaled(t, 0.0)
     with pytest.raises(SystemExit):
         offload_bound.main([str(RUN), "--batch", "0", "--out", "/dev/null"])
+    with pytest.raises(SystemExit):
+        offload_bound.main([str(RUN), "--search-iters", "-1", "--out", "/dev/null"])
+
+
+def test_search_keeps_a_fitting_plan_and_never_loses_to_its_start(tmp_path):
+    run = json.loads(RUN.read_text())
+    t, budget = offload_bound.cost_model(run).at(336), run["budget_bytes"]
+    greedy = plan_for_budget(t, budget)
+    best = simulate(t, offload_bound.searched(t, budget, greedy.actions, 300), budget=budget)
+    assert greedy.fits and best.fits and best.step_ms <= greedy.step_ms
+    row = offload_bound.main([str(RUN), "--batch", "336", "--search-iters", "50", "--out", str(tmp_path / "s.json")])["rows"][0]
+    assert row["greedy_model_ratio"] <= row["searched_model_ratio"] <= row["model"]["ratio"]
