@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="batches to bound (repeatable; default: ceil(4.2 x B0) and the run's Bp)")
     p.add_argument("--search-iters", type=int, default=0,
                    help="also plan each batch in the model: the greedy planner's plan and the best of a simulated "
-                        "annealing from it over N steps (0: off; ~0.5 ms a step on ResNet-152's 52 units)")
+                        "annealing from it over N steps (0: off; ~0.8 ms a step on ResNet-152's 52 units on a 2-core CPU)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "offload_bound.json")
     a = p.parse_args(argv)
     import json
