@@ -5,7 +5,7 @@ import math
 import pytest
 
 from triaccel import TriAccelConfig
-from triaccel.swap_plan import (CostModel, CostTable, LayerCost, OffloadPlanner, choose_batch, plan_for_budget,
+from triaccel.swap_plan import (ACTIONS, CostModel, CostTable, LayerCost, OffloadPlanner, choose_batch, plan_for_budget,
                                 scale_plan, simulate, throughput_bound)
 
 MB = 10**6
@@ -374,3 +374,26 @@ def test_no_plan_beats_the_throughput_bound(seed):
         assert bound.step_ms == pytest.approx(plain.step_ms)
         if plan.fits:
             assert plan.samples_per_s <= plain.samples_per_s * bound.ratio * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_planned_step_cannot_be_shortened_by_keeping_or_swapping_one_unit(seed):
+    """After the greedy the planner takes back what it no longer needs: no unit of a fitting plan can be
+    kept or swapped instead and leave a fitting, faster plan (the JAX action set too)."""
+    import random
+    rng = random.Random(100 + seed)
+    for allowed in (ACTIONS, ("keep", "recompute")):
+        layers = [LayerCost(f"u{i}", rng.randint(20, 200) * MB, rng.uniform(0.5, 4), rng.uniform(1, 8),
+                            input_bytes=rng.randint(1, 15) * MB) for i in range(rng.randint(4, 14))]
+        t = CostTable(64, layers, rng.uniform(2e9, 40e9), rng.uniform(2e9, 40e9), static_bytes=100 * MB,
+                      transient_bytes=40 * MB, other_ms=1.0)
+        budget = int(t.static_bytes + t.transient_bytes + t.resident_bytes * rng.uniform(0.3, 0.8))
+        plan = plan_for_budget(t, budget, actions=allowed)
+        if not plan.fits:
+            continue
+        assert set(plan.actions) <= set(allowed)
+        for i, a in enumerate(plan.actions):
+            for lighter in ("keep", "swap"):
+                if lighter in allowed and a not in ("keep", lighter):
+                    trial = simulate(t, plan.actions[:i] + (lighter,) + plan.actions[i + 1:], budget=budget)
+                    assert not (trial.fits and trial.step_ms < plan.step_ms)
