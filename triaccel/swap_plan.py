@@ -493,7 +493,7 @@ def _refine(table: CostTable, budget: int, plan: SwapPlan, allowed: tuple[str, .
     kept or swapped instead where the plan still fits and the step is shorter (the last units'
     backward comes first, so their recompute cannot hide); repeated while anything moves. The
     greedy adds moves until the peak fits and never takes one back: on ResNet-152's tables at 4.2x
-    B0 this makes its modelled plans 0.6-7.5% faster (benchmarks/offload_bound.py, 2026-12-04)."""
+    B0 this made its modelled plans 2.3-7.6% faster (benchmarks/offload_bound.py, 2026-12-04)."""
     acts, cur = list(plan.actions), plan
     swap_inputs = "recompute_swap" in allowed
     lighter = tuple(a for a in ("keep", "swap") if a in allowed)
