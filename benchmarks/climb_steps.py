@@ -9,7 +9,8 @@ the step at which each batch size was reached, and passes / the static batch's p
 
 Each noise measurement is synthesised exactly for the given B_noise (|G|^2 = 1, tr(Sigma) = B_noise:
 a micro-batch or step of b samples has |g|^2 = 1 + B_noise / b; under noise_split="steps", JAX's, every
-step's row is fed), so the law sees a noise-free estimate: the counts are the law's own floor (real estimates scatter, docs/results.md). Memory is not the limit.
+step's row is fed), so the law sees a noise-free estimate: the counts are the law's own floor (real
+estimates scatter, docs/results.md). Memory is not the limit.
 
     python3 benchmarks/climb_steps.py --b-noise 1000 --static 512 \
         --variant "" --variant "--set t_noise=10" --variant "--warmup-steps 50 --set t_noise=10"

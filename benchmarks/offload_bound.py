@@ -6,9 +6,9 @@ For each batch (default: the smallest at >= 4.2x B0, the issue's target, and the
 the no-plan step equals the run's measured no-budget step at Bp (the tables are measured at small
 batches, where per-unit times run long; the bound's copy capacity is the forward's time x the
 bandwidth, so longer times make a looser bound). Beside it, the run's measured plan at Bp against its
-no-budget run; with --search-iters N, the model's greedy plan and the best a simulated annealing from it
-finds (is the gap to the bound the planner's, or the bound's?). Reads JSON, runs nothing on a GPU; prints a table and writes JSON (default
-benchmarks/results/offload_bound.json).
+no-budget run; with --search-iters N, the model's plan (`plan_for_budget`) and the best a simulated
+annealing from it finds (is the gap to the bound the planner's, or the bound's?). Reads JSON, runs nothing
+on a GPU; prints a table and writes JSON (default benchmarks/results/offload_bound.json).
 
     python3 benchmarks/offload_bound.py benchmarks/results/s30/offload-remeasure/offload-bf16-remeasure.json
 """
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="batches to bound (repeatable; default: ceil(4.2 x B0) and the run's Bp)")
     p.add_argument("--search-iters", type=int, default=0,
                    help="also plan each batch in the model: the greedy planner's plan and the best of a simulated "
-                        "annealing from it over N steps (0: off; ~0.8 ms a step on ResNet-152's 52 units on a 2-core CPU)")
+                        "annealing from it over N steps (0: off; ~0.8 ms a step on ResNet-152's 52 units, "
+                        "2-core CPU)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "offload_bound.json")
     a = p.parse_args(argv)
     import json
@@ -127,10 +128,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.search_iters < 0:
         p.error(f"--search-iters={a.search_iters}: allowed an integer >= 0")
     rows = bounds(run, batches, a.search_iters)
+    d2h = run["bandwidth_bytes_per_s"]["d2h"] / 1e9
     print(f"{run.get('model')} {run.get('image')}px {run.get('amp')}, budget {run['budget_bytes'] / 2**30:.2f} GiB, "
-          f"{run.get('device')}, {run.get('date')}; d2h {run['bandwidth_bytes_per_s']['d2h'] / 1e9:.1f} GB/s; B0 {run['b0']}")
+          f"{run.get('device')}, {run.get('date')}; d2h {d2h:.1f} GB/s; B0 {run['b0']}")
+    search_head = f" {'greedy model':>12} {'searched':>8}" if a.search_iters else ""
     print(f"{'batch':>6} {'xB0':>5} {'over GiB':>9} {'copy GiB':>9} {'recompute GiB':>13} {'bound':>6} "
-          f"{'bound (measured times)':>23} {'plan measured':>14}" + (f" {'greedy model':>12} {'searched':>8}" if a.search_iters else ""))
+          f"{'bound (measured times)':>23} {'plan measured':>14}{search_head}")
     for r in rows:
         m, s = r["model"], r.get("measured_times")
         print(f"{r['batch']:>6} {r['over_b0']:>5.2f} {m['over_bytes'] / 2**30:>9.2f} {m['copy_bytes'] / 2**30:>9.2f} "
@@ -138,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{(format(s['ratio'], '.3f') + ' (x' + format(r['time_scale'], '.3f') + ')') if s else '':>23} "
               f"{format(r['measured_plan_ratio'], '.3f') if 'measured_plan_ratio' in r else '':>14}"
               + (f" {r['greedy_model_ratio']:>12.3f} {r['searched_model_ratio']:>8.3f}" if a.search_iters else ""))
-    result = {"issue": 17, "benchmark": "offload_bound", "source": str(a.run), "date": _dt.datetime.now().isoformat(timespec="seconds"),
+    result = {"issue": 17, "benchmark": "offload_bound", "source": str(a.run),
+              "date": _dt.datetime.now().isoformat(timespec="seconds"),
               "command": " ".join(shlex.quote(x) for x in [sys.executable, *sys.argv]), "rows": rows}
     write_json(result, a.out)
     return result

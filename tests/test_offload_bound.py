@@ -47,5 +47,6 @@ def test_search_keeps_a_fitting_plan_and_never_loses_to_its_start(tmp_path):
     greedy = plan_for_budget(t, budget)
     best = simulate(t, offload_bound.searched(t, budget, greedy.actions, 300), budget=budget)
     assert greedy.fits and best.fits and best.step_ms <= greedy.step_ms
-    row = offload_bound.main([str(RUN), "--batch", "336", "--search-iters", "50", "--out", str(tmp_path / "s.json")])["rows"][0]
+    argv = [str(RUN), "--batch", "336", "--search-iters", "50", "--out", str(tmp_path / "s.json")]
+    row = offload_bound.main(argv)["rows"][0]
     assert row["greedy_model_ratio"] <= row["searched_model_ratio"] <= row["model"]["ratio"]

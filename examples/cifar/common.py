@@ -141,7 +141,7 @@ class RunOptions:
         # decided size ("double", no half sizes), visit 96/192/512 instead of 48/96/192/256/384/512:
         # EfficientNet-B0 1.06-1.14x AMP bs 512's wall against 1.13-1.23x, ResNet-18 0.98x AMP bs 192's
         # on the mean of six seeds against 1.02x (H200, graphed, 2026-12-02, docs/results.md). JAX keeps
-        # the rung and the halves: under its pad floor every step runs at the top's program, a smaller
+        # the rung: under its pad floor every step runs at the top's program, a smaller
         # rung costs as much as the top and the climb through 192 to 512 is slower (ResNet-18 seed 0:
         # 1.21x AMP bs 192's wall against 1.11x, same call). JAX measures the noise from a half-batch step
         # and the full steps after it ("steps"): no halves in the compiled step, which compiled 2.5-6.9 s
