@@ -34,10 +34,8 @@ TARGET_RATIO = 4.2   # #17: the planned batch at least 4.2x the largest without 
 
 def cost_model(run: dict[str, Any]) -> CostModel:
     """The run's measured tables (offload.py's "cost_tables", the bandwidth beside them) as a model."""
-    bw = run["bandwidth_bytes_per_s"]
-    tables = tuple(CostTable(t["batch"], tuple(LayerCost(**u) for u in t["layers"]), bw["d2h"], bw["h2d"],
-                             t["static_bytes"], t["transient_bytes"], t["other_ms"]) for t in run["cost_tables"])
-    return CostModel(tables)
+    bw = {"d2h_bytes_per_s": run["bandwidth_bytes_per_s"]["d2h"], "h2d_bytes_per_s": run["bandwidth_bytes_per_s"]["h2d"]}
+    return CostModel(tuple(CostTable.from_dict({**t, **bw}) for t in run["cost_tables"]))
 
 
 def scaled(table: CostTable, factor: float) -> CostTable:
@@ -88,12 +86,13 @@ def bounds(run: dict[str, Any], batches: list[int], search_iters: int = 0) -> li
     rows = []
     for b in batches:
         t = model.at(b)
-        row: dict[str, Any] = {"batch": b, "over_b0": b / run["b0"], "model": throughput_bound(t, budget).to_dict()}
+        bound = throughput_bound(t, budget)
+        row: dict[str, Any] = {"batch": b, "over_b0": b / run["b0"], "model": bound.to_dict()}
         if fix is not None:
             row["time_scale"] = fix
             row["measured_times"] = throughput_bound(scaled(t, fix), budget).to_dict()
         if search_iters:   # the model's plans: the planner's greedy one, and the best a search finds from it
-            plain = simulate(t, ["keep"] * len(t.layers)).step_ms
+            plain = bound.step_ms   # the no-plan step
             greedy = plan_for_budget(t, budget)
             best = simulate(t, searched(t, budget, greedy.actions, search_iters), budget=budget)
             row["greedy_model_ratio"] = plain / greedy.step_ms if greedy.fits else 0.0

@@ -148,8 +148,8 @@ class RunOptions:
         # sooner and ran the bs-512 epochs 0.7 s against 0.8 s; ResNet-18 0.82 / 0.92x the halves' wall,
         # accuracy held (H200, 2026-12-04, docs/results.md).
         fewer_sizes = self.method == "triaccel" and self.backend == "torch"
-        sizes = ({"noise_split": "double"} if fewer_sizes
-                 else {"noise_split": "steps"} if self.method == "triaccel" and self.backend == "jax" else {})
+        split = {"torch": "double", "jax": "steps"}.get(self.backend) if self.method == "triaccel" else None
+        sizes = {"noise_split": split} if split else {}
         self.check_extra()
         extra = {"batch_min": 8, "t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl,
                  "offload": self.offload if self.method == "triaccel" else "off", **static, **sizes,
