@@ -421,6 +421,45 @@ def test_bound_function_compiled_ahead_under_current_and_likely_policy(monkeypat
     assert split.traces == traces and split.compiled_ahead == ahead + 2
 
 
+def test_static_step_compiles_its_bound_functions_ahead():
+    """Without a TriAccel (a static baseline's step): the bound functions with known shapes are
+    compiled in the background once the step is first lowered, and taken at their first call with
+    no trace, as beside a TriAccel; nothing is queued before that call, nothing again after it."""
+    from triaccel.backends.jax import SplitStep
+
+    model = Net()
+    opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+    split = SplitStep(_body, model, opt, compile_ahead=True, compile_cache=False)
+    x = jnp.full((3, 4), 0.5)
+    evaluate = split.bind(lambda m, x: m(x).sum(), model, example_args=(jax.ShapeDtypeStruct(x.shape, x.dtype),),
+                          soon=False)
+    assert split.traces == 0
+    split(XS[0])
+    split.wait_compiled()
+    assert split.traces == 2                        # the step on the caller's thread, the evaluation ahead
+    got = float(evaluate(x))
+    assert split.traces == 2 and split.compiled_ahead == 1
+    split.sync()
+    assert got == pytest.approx(float(model(x).sum()), rel=1e-6)
+    assert split.prepare(5) == 0                    # queued once: a later prepare finds it compiled
+    split(XS[0])
+    assert split.traces == 2
+
+
+def test_static_step_without_compile_ahead_compiles_at_first_call():
+    from triaccel.backends.jax import SplitStep
+
+    model = Net()
+    opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+    split = SplitStep(_body, model, opt, compile_ahead=False, compile_cache=False)
+    x = jnp.full((3, 4), 0.5)
+    evaluate = split.bind(lambda m, x: m(x).sum(), model, example_args=(x,))
+    split(XS[0])
+    assert split.traces == 1 and split.prepare(1) == 0
+    float(evaluate(x))
+    assert split.traces == 2 and split.compiled_ahead == 0
+
+
 def test_example_args_checked():
     _m, _ta, split = _split()
     with pytest.raises(ValueError, match="example_args"):

@@ -20,7 +20,8 @@ from the first step on, at each control boundary, the variants the controller ma
 half batches unless the loader pads them to the full batch, the precision policy the next decision
 would take) and the bound functions with known argument shapes (e.g. an evaluation, compiled per
 policy) are queued, nearest first, on a background thread from abstract shapes; the step takes them
-when the controller switches, with no trace. `compile_log.CompileLog` shows what still compiles on
+when the controller switches, with no trace. A step without a TriAccel (a static baseline) queues its
+bound functions' known shapes once, at its first lowering. `compile_log.CompileLog` shows what still compiles on
 the critical path. The persistent compilation cache is on by default (`compile_cache`, see
 `enable_compilation_cache`).
 """
@@ -52,7 +53,8 @@ class SplitStep:
     whose `control` runs at boundaries; its `jit` counts each variant's compilation and memory
     footprint (the micro-batch is the leading axis of the first array in ``args``).
     compile_ahead: True (default): compile the likely next variants on a background thread at
-    control boundaries (needs ``ta``; module docstring), beside the caller's own compilations.
+    control boundaries (module docstring), beside the caller's own compilations; without ``ta``
+    only the bound functions' known shapes, once the step's first call is lowered.
     "after": the same, but no background XLA compilation runs while the caller's thread compiles
     (the step's variants and bound functions are traced and lowered meanwhile): two XLA
     compilations at once end later than one after the other, the one the loop waits for took
@@ -107,7 +109,8 @@ class SplitStep:
         self.objects, self.ta = (model, optimizer), ta
         self.compile_cache = enable_compilation_cache(compile_cache)
         self.ahead: AheadCompiler | None = AheadCompiler() if compile_ahead else None
-        self._prepare_after_first_call = False
+        # with a TriAccel its first `control` asks for this; without one the first call does (`prepare`)
+        self._prepare_after_first_call = self.ahead is not None and ta is None
         self._also: list[tuple[str, Callable[[], Any]]] = []   # compile_in_background before the first call
         self.mesh = mesh if mesh is not None else getattr(ta, "mesh", None)
         self._place: Callable[[Any], Any] = commit
@@ -339,14 +342,20 @@ class SplitStep:
         shapes (`bind(example_args=...)`, or a call) under both policies: those bound with soon=True
         first, then the `compile_in_background` jobs, then those bound with soon=False. Returns the number queued
         (the step's own sizes wait for its first call, which then triggers this again)."""
-        ctl = self.ta.controller if self.ta is not None else None
-        if self.ahead is None or ctl is None:
+        if self.ahead is None or (self.ta is not None and self.ta.controller is None):
             return 0
         if self._main.last_sig is None:
             # Before the step's first call: everything waits for its lowering (`_obtain`), so that
             # background tracing (which holds the GIL) does not slow the step's own trace.
             self._prepare_after_first_call = True
             return 0
+        if self.ta is None:
+            # No controller, so no sizes or policies to foresee; the bound functions' known shapes
+            # (an evaluation at the epoch's end) compile off the loop's path as they do beside a
+            # TriAccel: a static baseline run through this step gets the same treatment.
+            self._prepare_after_first_call = False
+            return self._queue_bound((), soon=True) + self._queue_bound((), soon=False)
+        ctl = self.ta.controller
         cfg, d = ctl.config, ctl.decision
         buckets = cfg.batch_buckets
         likely, near = ctl.likely_next(step, reach=max(len(buckets or ()), 1))
@@ -380,6 +389,11 @@ class SplitStep:
         main = self.compile_ahead(sizes, policies, policy_batches=len(with_half(cur)))
         self._prepare_after_first_call = main is None
         return queued + (main or 0)
+
+    def _decided_step(self) -> int:
+        """The step of the controller's current decision (0 without a TriAccel)."""
+        ctl = getattr(self.ta, "controller", None)
+        return ctl.decision.step if ctl is not None else 0
 
     def compile_ahead(self, batches: Iterable[int] = (), policies: Sequence[Any] = (),
                       policy_batches: int | None = None) -> int | None:
@@ -613,10 +627,10 @@ class _Bound:
         exe = o.ahead.take((id(self), self.key, sig)) if o.ahead is not None else None
         if exe is None:
             hook = None
-            if self.everything and o._prepare_after_first_call and o.ta is not None and o.ta.controller is not None:
+            if self.everything and o._prepare_after_first_call:
                 def hook() -> None:
                     self.last_sig = sig
-                    o.prepare(o.ta.controller.decision.step)
+                    o.prepare(o._decided_step())
             with o.ahead.hold() if o.ahead is not None and o._hold_ahead else contextlib.nullcontext():
                 exe = self.step_for(self.key).compile(leaves, *args, after_lowering=hook)
         return exe
@@ -632,8 +646,8 @@ class _Bound:
         if exe is None:
             exe = cur[sig] = self._obtain(sig, buffers, args)
         self.last_sig = sig
-        if self.everything and o._prepare_after_first_call and o.ta is not None and o.ta.controller is not None:
-            o.prepare(o.ta.controller.decision.step)
+        if self.everything and o._prepare_after_first_call:
+            o.prepare(o._decided_step())
         out, new = exe(buffers, *args)
         o._buffers, o._flat = list(new), None
         return out
