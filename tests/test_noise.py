@@ -259,55 +259,75 @@ def _steps_controller(**kw):
 
 def test_half_step_pairs_recover_the_noise_terms_across_boundaries():
     """noise_split="steps": a noise step's row (8 of a 16-sample batch, weight 1/2 under "linear": its
-    gradient as applied is half its mean gradient) and the mean of the next 8 full steps' rows are one
-    measurement: E|g_b|^2 = |G|^2 + tr(Sigma)/b gives back |G|^2 and tr(Sigma) exactly, also when a
-    boundary falls among the rows and when the run resumes from a state_dict taken there."""
+    gradient as applied is half its mean gradient) and the mean of the 4 full steps' rows before it
+    and the 4 after it are one measurement: E|g_b|^2 = |G|^2 + tr(Sigma)/b gives back |G|^2 and
+    tr(Sigma) exactly under a linear drift of the rows along the run (rows after the step alone
+    would read the large batch 2.5% high here), also when a boundary falls among the rows and when
+    the run resumes from a state_dict taken there."""
     g2, tr = np.array([2.0, 0.5]), np.array([40.0, 8.0])
     ctl = _steps_controller()
     sq = {8: g2 + tr / 8, 16: g2 + tr / 16}
-    for t in range(3, 13):
+    drift = {t: 1 + 0.01 * (t - 4) for t in range(9)}   # the noise step (4) at the drift's centre
+    for t in range(-2, 9):
         ctl.observe_step_samples(t, 8 if t == 4 else 16, 16, t == 4)
-    ctl.observe_noise_rows([3, 4, 5], np.stack([sq[16], 0.25 * sq[8], sq[16] * 0.9]), np.ones(3, bool))
-    assert ctl.report()["noise_measurements"] == 0            # gathering the full steps' rows
+    rows = {t: sq[16] * drift[t] for t in range(9) if t != 4}
+    rows[4], rows[-2], rows[-1] = 0.25 * sq[8], sq[16] * 5, sq[16] * 5   # -2, -1: beyond the 4 nearest
+    first = list(range(-2, 6))
+    ctl.observe_noise_rows(first, np.stack([rows[t] for t in first]), np.ones(len(first), bool))
+    assert ctl.report()["noise_measurements"] == 0            # gathering the full steps' rows after it
     state = ctl.state_dict()
-    rest = np.stack([sq[16] * 1.1] + [sq[16]] * 6)            # steps 6-12: the mean over 5-12 is sq[16]
-    ctl.observe_noise_rows(list(range(6, 13)), rest, np.ones(7, bool))
+    rest = [6, 7, 8]
+    ctl.observe_noise_rows(rest, np.stack([rows[t] for t in rest]), np.ones(3, bool))
     assert ctl.report()["noise_measurements"] == 1
     np.testing.assert_allclose(ctl._noise.g2, g2, rtol=1e-12)
     np.testing.assert_allclose(ctl._noise.trace, tr, rtol=1e-12)
     assert ctl.b_noise == pytest.approx(tr.sum() / g2.sum())
     again = _steps_controller()   # resumed among the rows: the same measurement
     again.load_state_dict(json.loads(json.dumps(state)))
-    again.observe_noise_rows(list(range(6, 13)), rest, np.ones(7, bool))
+    again.observe_noise_rows(rest, np.stack([rows[t] for t in rest]), np.ones(3, bool))
     assert again.b_noise == pytest.approx(ctl.b_noise)
 
 
-def test_half_step_pairs_end_the_full_rows_at_a_break():
-    """The large-batch rows end early at the next noise step, a non-finite row or a missing one: the
-    rows so far make the measurement."""
+def test_half_step_pairs_take_as_many_rows_after_as_before():
+    """The rows after the noise step end early at the next noise step, a non-finite row or a
+    missing one, and stop at as many as there were before it: n rows on each side, the nearest."""
     ctl = _steps_controller()
-    for t, n, noise in ((0, 8, True), (1, 16, False), (2, 16, False), (3, 8, True)):
+    for t, n, noise in ((0, 16, False), (1, 8, True), (2, 16, False), (3, 16, False), (4, 8, True)):
         ctl.observe_step_samples(t, n, 16, noise)
-    ctl.observe_noise_rows(np.arange(4), np.stack([np.full(2, 0.25 * 3.0), np.full(2, 1.0), np.full(2, 2.0),
-                                                   np.full(2, 1.0)]), np.ones(4, bool))   # steps as an array too
-    assert ctl.report()["noise_measurements"] == 1   # 0 against the mean of 1-2; 3 opens the next one
+    ctl.observe_noise_rows(np.arange(5), np.stack([np.full(2, 1.0), np.full(2, 0.25 * 3.0), np.full(2, 2.0),
+                                                   np.full(2, 7.0), np.full(2, 1.0)]), np.ones(5, bool))
+    assert ctl.report()["noise_measurements"] == 1   # 1 against the mean of 0 and 2; 4 opens the next one
     np.testing.assert_allclose(ctl._noise.trace, (3.0 - 1.5) / (1 / 8 - 1 / 16))
+    assert ctl._pairs._open is not None and len(ctl._pairs._open["before"]) == 2   # steps 2-3
 
 
-@pytest.mark.parametrize("case", ["nonfinite", "short", "gap"])
+@pytest.mark.parametrize("case", ["nonfinite", "short", "gap", "none before", "other size before"])
 def test_half_step_pairs_measure_nothing_from_a_broken_pair(case):
-    """A non-finite next row, a next step no larger than the half (an epoch's short last step) or a
-    missing row measure nothing; nothing is held after them."""
+    """A non-finite next row, a next step no larger than the half (an epoch's short last step), a
+    missing row, or no full step of the noise step's batch right before it measure nothing; nothing
+    is held after them."""
     ctl = _steps_controller()
-    ctl.observe_step_samples(0, 8, 16, True)
-    ctl.observe_step_samples(1, 8 if case == "short" else 16, 16, False)
-    rows = np.ones((2, 2))
+    before = {"none before": 8, "other size before": 8}.get(case, 16)   # 8: a short step, or a batch of 8
+    ctl.observe_step_samples(0, before, 8 if case == "other size before" else 16, False)
+    ctl.observe_step_samples(1, 8, 16, True)
+    ctl.observe_step_samples(2, 8 if case == "short" else 16, 16, False)
+    rows = np.ones((3, 2))
     if case == "gap":
-        ctl.observe_noise_rows([0, 2], rows, np.array([True, True]))
-        ctl.observe_noise_rows([1], rows[:1], np.array([True]))
+        ctl.observe_noise_rows([0, 1, 3], rows, np.ones(3, bool))
+        ctl.observe_noise_rows([2], rows[:1], np.array([True]))
     else:
-        ctl.observe_noise_rows([0, 1], rows, np.array([True, case != "nonfinite"]))
+        ctl.observe_noise_rows([0, 1, 2], rows, np.array([True, True, case != "nonfinite"]))
     assert ctl.report()["noise_measurements"] == 0 and ctl._pairs._open is None and not ctl._pairs._ran
+
+
+def test_half_step_pairs_resume_from_an_after_only_state():
+    """A state_dict written by the earlier after-only pairing (no rows before) loads: its open
+    measurement is dropped, the next noise step measures."""
+    ctl = _steps_controller()
+    ctl.load_state_dict({**ctl.state_dict(), "noise_pairs": {
+        "ran": [[5, 16, 16, 0]], "open": {"small": 8, "small_sq": [1.0, 1.0], "big": 16, "big_sq": [1.0, 1.0],
+                                          "n": 1, "last": 4}}})
+    assert ctl._pairs._open is None and ctl._pairs._prev == []
 
 
 def test_half_step_pairs_are_off_for_the_other_splits():

@@ -11,7 +11,7 @@ and the "simple" noise scale B_noise = tr(Sigma) / |G|^2 is the ratio of their E
 alone is too noisy to divide). The backends get the two sizes for free from a step split into
 micro-batches: each micro-batch's mean gradient is a small-batch sample, their weighted sum the
 step's gradient; or (noise_split="steps", `HalfStepPairs`) from consecutive steps, a half-batch step
-and the full ones after it, whose statistics rows every step writes anyway. Everything here is per
+and the full ones on both sides of it, whose statistics rows every step writes anyway. Everything here is per
 layer (L,), so the controller can also compare a layer's 16-bit rounding error with its sampling
 noise; the network's B_noise sums over layers.
 """
@@ -150,28 +150,36 @@ class GradientNoise:
 
 class HalfStepPairs:
     """noise_split="steps": a noise step runs half its logical batch as an optimizer step of its own;
-    its statistics row against the rows of the full steps after it is one measurement at two batch
-    sizes (the halves' estimator with its gradients from consecutive steps).
+    its statistics row against the rows of the full steps on both sides of it is one measurement at
+    two batch sizes (the halves' estimator with its gradients from neighbouring steps).
 
     The rows hold per-layer squared norms of each step's unscaled gradient as applied, i.e. its mean
     gradient times the short-step weight w (`triaccel.batching.short_step_weight` by `rule`, the
-    config's short_step_lr): w is divided out. The large-batch term is the mean over up to
-    `big_rows` consecutive full steps after the noise step (same samples, weight 1): the halves of one
-    step share their samples, which makes their difference less noisy; steps do not: with one full row
-    log B_noise moved 1.94 between boundaries (median) against the halves' 0.15 (torch, CPU, ResNet-18
-    width 1/4, seed 0, 2026-12-04, benchmarks/noise_split_compare.py), with 8 rows 1.15. `ran`
-    records what each step runs, before it runs (both backends' `controlled_step`: a row may come in
-    while its step runs); `rows` takes the rows as they are fed (`triaccel.stats.feed_statistics`),
-    in step order.
+    config's short_step_lr): w is divided out. The large-batch term is the mean over the n
+    consecutive full steps (same samples, weight 1) right before the noise step and the n right
+    after it, n at most `side_rows`: the squared norms drift along a run (down as the loss falls,
+    up under an LR warm-up), and rows from after the step alone put the large-batch term at a later
+    point than the small one: with up to 8 rows after, the estimate ran 6-10x above the halves' on
+    CPU ResNet-18 (s51) and at 0.3x or none on GPU EfficientNet-B0 (JAX, H100, 2026-12-07, s53
+    calls 1 and 3); rows on both sides, centred on the noise step, cancel a linear drift. Steps do
+    not share their samples as a step's halves do, which makes the difference noisier: with one
+    full row after, log B_noise moved 1.94 between boundaries (median) against the halves' 0.15
+    (torch, CPU, ResNet-18 width 1/4, seed 0, 2026-12-04, benchmarks/noise_split_compare.py).
+    `ran` records what each step runs, before it runs (both backends' `controlled_step`: a row may
+    come in while its step runs); `rows` takes the rows as they are fed
+    (`triaccel.stats.feed_statistics`), in step order. A noise step with no full step of its
+    logical batch right before it, or none right after it, measures nothing.
     """
 
-    def __init__(self, rule: str, big_rows: int = 8) -> None:
-        if isinstance(big_rows, bool) or not isinstance(big_rows, int) or big_rows < 1:
-            raise ValueError(f"big_rows={big_rows!r}: allowed integers >= 1")
-        self.rule, self.big_rows = rule, big_rows
+    def __init__(self, rule: str, side_rows: int = 4) -> None:
+        if isinstance(side_rows, bool) or not isinstance(side_rows, int) or side_rows < 1:
+            raise ValueError(f"side_rows={side_rows!r}: allowed integers >= 1")
+        self.rule, self.side_rows = rule, side_rows
         self._ran: dict[int, tuple[int, int, bool]] = {}   # step -> (samples, logical batch, noise step)
-        # the measurement being gathered: noise step's samples and |mean grad|^2, the big rows' samples,
-        # their summed |mean grad|^2 and count, the last step taken
+        # the last consecutive full steps (up to side_rows): (step, samples, per-layer |mean grad|^2)
+        self._prev: list[tuple[int, int, np.ndarray]] = []
+        # the measurement being gathered: the noise step's samples and |mean grad|^2, the full steps'
+        # samples, their rows before and after it, the last step taken
         self._open: dict[str, Any] | None = None
 
     def ran(self, step: int, samples: int, logical_batch: int, noise: bool) -> None:
@@ -180,35 +188,49 @@ class HalfStepPairs:
 
     def _close(self, out: list[tuple[float, np.ndarray, float, np.ndarray]]) -> None:
         o, self._open = self._open, None
-        if o is not None and o["n"] and o["big"] > o["small"]:
-            out.append((float(o["small"]), o["small_sq"], float(o["big"]), o["big_sq"] / o["n"]))
+        n = 0 if o is None else len(o["after"])
+        if n and o["big"] > o["small"]:
+            rows = o["before"][-n:] + o["after"]
+            out.append((float(o["small"]), o["small_sq"], float(o["big"]), sum(rows) / len(rows)))
 
     def rows(self, steps: Sequence[int], sumsqs: Any, finite: Any) -> list[tuple[float, np.ndarray, float, np.ndarray]]:
         """The measurements (b_small, |g_small|^2, b_big, |g_big|^2) that rows complete. steps: (n,)
         in step order, each row once; sumsqs: (n, L) per-layer squared norms of the unscaled gradient
         as applied; finite: (n,) bool. A non-finite row, a step of another size, a missing step or the
-        next noise step ends the large-batch rows; a measurement still gathering waits for the next call."""
+        next noise step ends the full rows on either side; a measurement still gathering waits for
+        the next call."""
         q = np.asarray(sumsqs, dtype=np.float64)
         out: list[tuple[float, np.ndarray, float, np.ndarray]] = []
         for t, row, ok in zip(steps, q, finite):
             t = int(t)
             info = self._ran.pop(t, None)
-            o = self._open
             if info is None or not ok:
                 self._close(out)
+                self._prev = []
                 continue
             samples, logical, noise = info
             mean_sq = row / short_step_weight(self.rule, samples, logical) ** 2
             full = not noise and samples == logical
-            if o is not None and full and t == o["last"] + 1 and o["big"] in (None, samples):
-                o["big"], o["last"], o["n"] = samples, t, o["n"] + 1
-                o["big_sq"] = mean_sq if o["big_sq"] is None else o["big_sq"] + mean_sq
-                if o["n"] == self.big_rows:
+            o = self._open
+            if o is not None and full and t == o["last"] + 1 and samples == o["big"]:
+                o["after"].append(mean_sq)
+                o["last"] = t
+                if len(o["after"]) == len(o["before"]):
                     self._close(out)
-                continue
-            self._close(out)
+            else:
+                self._close(out)
+            prev = self._prev
             if noise:
-                self._open = {"small": samples, "small_sq": mean_sq, "big": None, "big_sq": None, "n": 0, "last": t}
+                before = [r for _, n, r in prev] if prev and prev[-1][0] == t - 1 and prev[-1][1] == logical else []
+                if before:
+                    self._open = {"small": samples, "small_sq": mean_sq, "big": logical, "before": before,
+                                  "after": [], "last": t}
+                self._prev = []
+            elif full:
+                run = prev if prev and prev[-1][0] == t - 1 and prev[-1][1] == samples else []
+                self._prev = (run + [(t, samples, mean_sq)])[-self.side_rows:]
+            else:
+                self._prev = []
         last = int(steps[-1]) if len(steps) else None
         for t in [t for t in self._ran if last is not None and t <= last]:
             del self._ran[t]   # rows that never came (a step's row is fed once)
@@ -217,15 +239,21 @@ class HalfStepPairs:
     def state_dict(self) -> dict[str, Any]:
         o = self._open
         return {"ran": [[t, *v] for t, v in self._ran.items()],
-                "open": None if o is None else {k: v.tolist() if isinstance(v, np.ndarray) else v
-                                                for k, v in o.items()}}
+                "prev": [[t, n, r.tolist()] for t, n, r in self._prev],
+                "open": None if o is None else {
+                    **{k: o[k] for k in ("small", "big", "last")}, "small_sq": o["small_sq"].tolist(),
+                    "before": [r.tolist() for r in o["before"]], "after": [r.tolist() for r in o["after"]]}}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self._ran = {int(t): (int(n), int(b), bool(z)) for t, n, b, z in sd["ran"]}
+        self._prev = [(int(t), int(n), np.asarray(r, dtype=np.float64)) for t, n, r in sd.get("prev", [])]
         o = sd["open"]
+        if o is not None and "before" not in o:
+            o = None   # a measurement gathered by the older after-only pairing: dropped, the next one counts
         self._open = None if o is None else {
             **o, "small_sq": np.asarray(o["small_sq"], dtype=np.float64),
-            "big_sq": None if o["big_sq"] is None else np.asarray(o["big_sq"], dtype=np.float64)}
+            "before": [np.asarray(r, dtype=np.float64) for r in o["before"]],
+            "after": [np.asarray(r, dtype=np.float64) for r in o["after"]]}
 
 
 def observe_split_step(controller: Any, step: int, sizes: Sequence[int], weights: Sequence[float],

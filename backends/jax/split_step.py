@@ -21,7 +21,7 @@ half batches unless the loader pads them to the full batch, the precision policy
 would take) and the bound functions with known argument shapes (e.g. an evaluation, compiled per
 policy) are queued, nearest first, on a background thread from abstract shapes; the step takes them
 when the controller switches, with no trace. A step without a TriAccel (a static baseline) queues its
-bound functions' known shapes once, at its first lowering. `compile_log.CompileLog` shows what still compiles on
+bound functions' known shapes once, when its first compilation is done. `compile_log.CompileLog` shows what still compiles on
 the critical path. The persistent compilation cache is on by default (`compile_cache`, see
 `enable_compilation_cache`).
 """
@@ -54,7 +54,7 @@ class SplitStep:
     footprint (the micro-batch is the leading axis of the first array in ``args``).
     compile_ahead: True (default): compile the likely next variants on a background thread at
     control boundaries (module docstring), beside the caller's own compilations; without ``ta``
-    only the bound functions' known shapes, once the step's first call is lowered.
+    only the bound functions' known shapes, once the step's first call is compiled.
     "after": the same, but no background XLA compilation runs while the caller's thread compiles
     (the step's variants and bound functions are traced and lowered meanwhile): two XLA
     compilations at once end later than one after the other, the one the loop waits for took
@@ -109,7 +109,7 @@ class SplitStep:
         self.objects, self.ta = (model, optimizer), ta
         self.compile_cache = enable_compilation_cache(compile_cache)
         self.ahead: AheadCompiler | None = AheadCompiler() if compile_ahead else None
-        # with a TriAccel its first `control` asks for this; without one the first call does (`prepare`)
+        # with a TriAccel its first `control` asks for this; without one the first call's end does (`prepare`)
         self._prepare_after_first_call = self.ahead is not None and ta is None
         self._also: list[tuple[str, Callable[[], Any]]] = []   # compile_in_background before the first call
         self.mesh = mesh if mesh is not None else getattr(ta, "mesh", None)
@@ -627,7 +627,11 @@ class _Bound:
         exe = o.ahead.take((id(self), self.key, sig)) if o.ahead is not None else None
         if exe is None:
             hook = None
-            if self.everything and o._prepare_after_first_call:
+            # with a TriAccel the variants queue at the first lowering, to compile beside it; without
+            # one the bound functions queue once the call returns (below): an evaluation compiled
+            # beside a static step's first compilation took 14-15 s instead of 3.2 s and held that
+            # compilation 15 -> 20.5 s (JAX ResNet-18 bs 192, H100, 2026-12-07, s53 call 3)
+            if self.everything and o._prepare_after_first_call and o.ta is not None:
                 def hook() -> None:
                     self.last_sig = sig
                     o.prepare(o._decided_step())
