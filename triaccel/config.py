@@ -144,16 +144,18 @@ class TriAccelConfig:
         micro-batch shape beside the batch buckets, so no extra CUDA-graph capture or compilation for
         half batches; the step's update is then the mean gradient of its 2B samples at the LR of B, one
         step for two batches' samples) or "steps" (the noise step runs half the decided batch as an optimizer
-        step of its own, weighted by short_step_lr, and the steps after it the whole batch: its statistics row
-        and the mean of up to 8 full rows after it, which every step writes anyway, are the measurement at the
-        two sizes (`triaccel.noise.HalfStepPairs`): no micro-batch, program or gradient accumulator of its
+        step of its own, weighted by short_step_lr, and the steps around it the whole batch: its statistics row
+        and the mean of the n full rows right before it and the n right after it (n <= 4), which every step
+        writes anyway, are the measurement at the two sizes (`triaccel.noise.HalfStepPairs`; centred on the
+        noise step, so a drift of the norms along the run cancels): no micro-batch, program or gradient accumulator of its
         own; under a JAX pad floor the half step runs at the floor's program, so the step compiles as it does
         without the batch lever, where the in-program halves made most of the wrapper's extra compilation,
         H200, 2026-12-04, docs/results.md). Its two gradients share no samples, so its estimate is noisier: on
-        a CPU (torch, ResNet-18 width 1/4, bs 64 fixed, seeds 0-2, 2026-12-04,
-        `benchmarks/noise_split_compare.py`) log B_noise moved 0.88-1.29 between boundaries (median) against
-        the halves' 0.15-0.55, at overlapping levels, and on one seed it was missing (|G|^2 <= 0) at most
-        boundaries; not a default, GPU runs to come.
+        a CPU (ResNet-18 width 1/4, bs 64 fixed, 2026-12-07, `benchmarks/noise_split_compare.py`) the median
+        log B_noise jump between boundaries 0.25-0.28 (torch seeds 0-1, JAX seed 0) against the halves'
+        0.16-0.97, levels 1.4-1.9x / 0.7x the halves', and on torch seed 2 missing (|G|^2 <= 0) at most
+        boundaries (with rows after the step only: levels 2-4x the halves', jumps 0.37-0.65). The JAX demo's
+        default; not the library's.
         Both backends (JAX: with noise_step_fn too, its two programs at the decided size). The torch
         demo's default for triaccel, with a ladder without the rung
         between half the top and the top (96/192/512: three micro-batch sizes instead of six; each

@@ -158,13 +158,14 @@ class HalfStepPairs:
     config's short_step_lr): w is divided out. The large-batch term is the mean over the n
     consecutive full steps (same samples, weight 1) right before the noise step and the n right
     after it, n at most `side_rows`: the squared norms drift along a run (down as the loss falls,
-    up under an LR warm-up), and rows from after the step alone put the large-batch term at a later
-    point than the small one: with up to 8 rows after, the estimate ran 6-10x above the halves' on
-    CPU ResNet-18 (s51) and at 0.3x or none on GPU EfficientNet-B0 (JAX, H100, 2026-12-07, s53
-    calls 1 and 3); rows on both sides, centred on the noise step, cancel a linear drift. Steps do
-    not share their samples as a step's halves do, which makes the difference noisier: with one
-    full row after, log B_noise moved 1.94 between boundaries (median) against the halves' 0.15
-    (torch, CPU, ResNet-18 width 1/4, seed 0, 2026-12-04, benchmarks/noise_split_compare.py).
+    up under an LR warm-up), and rows from after the step alone set the large-batch term at a later
+    point than the small one; centred on the noise step, a linear drift cancels. On a CPU (ResNet-18
+    width 1/4, bs 64 fixed, 2026-12-07, benchmarks/noise_split_compare.py, s53 `cpu/`) the median
+    B_noise with up to 8 rows after was 328.6 / 1003.9 (torch seeds 0 / 1) and 316.4 (JAX seed 0)
+    against the halves' 99.5 / 539.0 and 85.6; with 4 + 4 rows around it 142.8 / 391.8 and 160.1, its
+    median log jump between boundaries 0.26 / 0.25 / 0.28 against 0.59 / 0.37 / 0.65. Steps do not
+    share their samples as a step's halves do, so the difference stays noisier: on torch seed 2 both
+    pairings had an estimate (|G|^2 > 0) at 2-3 of 9-10 boundaries, the halves at 9.
     `ran` records what each step runs, before it runs (both backends' `controlled_step`: a row may
     come in while its step runs); `rows` takes the rows as they are fed
     (`triaccel.stats.feed_statistics`), in step order. A noise step with no full step of its
