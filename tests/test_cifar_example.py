@@ -158,6 +158,13 @@ def test_jax_demo_freezes_long_lived_objects_and_unfreezes_them_after(tmp_path, 
     summary, _ = _run(tmp_path, "--backend", "jax", "--method", "amp")
     assert summary["options"]["gc_freeze"] == "on" and len(frozen) == 2   # set-up, the one epoch
     assert gc.get_freeze_count() == 0
+    # the static run's evaluation compiled in the background after its step (as triaccel's), and taken
+    evals = summary["compile_log"]["evals"][0]
+    assert evals["critical"]["compiles"] == 0 and summary["compiled_ahead"] == 1
+    assert summary["compiled_ahead_unused"] == []
+    first = [r for r in summary["compile_log"]["records"] if r[0] == "compile"]
+    step_done = next(r[4] for r in first if r[1] == "jit(train_body)" and not r[3])
+    assert all(r[4] - r[2] >= step_done - 1e-3 for r in first if r[1] == "jit(eval_body)")   # began after it
     frozen.clear()
     _run(tmp_path, "--backend", "jax", "--method", "amp", "--gc-freeze", "off")
     assert frozen == [] and gc.get_freeze_count() == 0

@@ -437,13 +437,39 @@ def test_static_step_compiles_its_bound_functions_ahead():
     split(XS[0])
     split.wait_compiled()
     assert split.traces == 2                        # the step on the caller's thread, the evaluation ahead
+    assert split.never_taken == ["<lambda>@3"]      # compiled, not called yet
     got = float(evaluate(x))
+    assert split.never_taken == []
     assert split.traces == 2 and split.compiled_ahead == 1
     split.sync()
     assert got == pytest.approx(float(model(x).sum()), rel=1e-6)
     assert split.prepare(5) == 0                    # queued once: a later prepare finds it compiled
     split(XS[0])
     assert split.traces == 2
+
+
+def test_never_taken_lists_finished_background_compilations_no_call_took():
+    """A job taken, a job finished and never taken, a job that failed, a job still queued behind a
+    hold: only the finished, untaken one is listed."""
+    from triaccel.backends.jax.compile_ahead import AheadCompiler
+
+    ahead = AheadCompiler(nice=0)
+
+    def fail():
+        raise RuntimeError("no")
+
+    ahead.submit("a", lambda: 1, name="used")
+    ahead.submit("b", lambda: 2, name="unused")
+    ahead.submit("c", fail, name="failed")
+    ahead.wait()
+    assert ahead.take("a") == 1
+    with ahead.hold():
+        ahead.submit("d", lambda: 4, name="queued")
+        time.sleep(0.05)
+        assert sorted(ahead.never_taken()) == ["unused"]
+    ahead.wait()
+    assert sorted(ahead.never_taken()) == ["queued", "unused"]
+    ahead.close()
 
 
 def test_static_step_without_compile_ahead_compiles_at_first_call():

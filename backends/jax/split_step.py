@@ -510,6 +510,11 @@ class SplitStep:
         return self.ahead.compiled_ahead if self.ahead is not None else 0
 
     @property
+    def never_taken(self) -> list[str]:
+        """Variants compiled in the background that no call took (`AheadCompiler.never_taken`)."""
+        return self.ahead.never_taken() if self.ahead is not None else []
+
+    @property
     def traces(self) -> int:
         """Compilations of the step and of the bound functions over all graph definitions seen."""
         return sum(j.traces for b in self._bound for j in b.steps.values())

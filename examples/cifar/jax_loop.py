@@ -362,6 +362,9 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
         compiles["evals"].append(clog.window())   # evaluation and the epoch's records
         print(f"  train {describe(compiles['epochs'][-1])}\n  eval {eval_times[-1]:.1f}s, "
               f"{describe(compiles['evals'][-1])}", flush=True)
+    unused = split.never_taken   # before close: compiled in the background beside the training, never used
+    if unused:
+        print(f"compiled ahead and never used: {', '.join(unused)}", flush=True)
     split.close()   # the compilations still queued (variants the run did not reach) are not waited for at exit
     tracer.close()
     stats = dev.memory_stats() or {}
@@ -381,6 +384,6 @@ def _train(opts: RunOptions, data: CifarArrays, log: RunLog, progress: Any, heap
             "devices": 1 if mesh is None else num_shards(mesh), "fused_step": fused, "noise_in_update": in_update,
             "report": report, "wall_seconds": wall, "setup_seconds": setup_seconds, "eval_seconds": eval_times,
             "compile_log": compiles, "train_seconds": sum(epoch_times),
-            "step_traces": split.traces, "compiled_ahead": split.compiled_ahead,
+            "step_traces": split.traces, "compiled_ahead": split.compiled_ahead, "compiled_ahead_unused": unused,
             "compile_cache": split.compile_cache, "memory_budget": cfg.memory_budget, "pad_floor": pad_floor,
             "bn_masked": bn_masked, "bytes_limit": stats.get("bytes_limit")}

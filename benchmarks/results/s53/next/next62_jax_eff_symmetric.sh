@@ -2,7 +2,9 @@
 # #14 JAX EfficientNet-B0 seed 0, 10 epochs cold: AMP bs 512 (evaluation compiled after its first compilation), the
 # default (the steps split with rows on both sides) and the halves. s53 call 1 (the after-only steps split, AMP's
 # evaluation on its critical path): steps 1.138x, halves 1.079x AMP's wall; call 3: the steps split's estimate was
-# missing at 12 of the first 20 boundaries and the batch stayed at 96 for two epochs.
+# missing at the 11 boundaries from step 200 to 700 and the batch stayed at 96 for two epochs. Read each run's
+# summary's compiled_ahead_unused: call 1's steps run compiled a foreseen precision policy's step (21.6 s) beside
+# epochs 2-10 and never used it.
 O=$OUT; mkdir -p $O; date -u
 OUT=$O MODEL=efficientnet_b0 SEEDS="0" LIMIT=180 timeout 570 bash benchmarks/device/jax_variants.sh \
   "amp512=--method amp --batch 512" "tri=--method triaccel --budget 4GiB" \
