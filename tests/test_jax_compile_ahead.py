@@ -469,6 +469,13 @@ def test_never_taken_lists_finished_background_compilations_no_call_took():
         assert sorted(ahead.never_taken()) == ["unused"]
     ahead.wait()
     assert sorted(ahead.never_taken()) == ["queued", "unused"]
+    gate = threading.Event()
+    ahead.submit("e", gate.wait, name="slow")
+    while "slow (unfinished)" not in ahead.never_taken():   # running: listed as such
+        time.sleep(0.01)
+    gate.set()
+    ahead.wait()
+    assert sorted(ahead.never_taken()) == ["queued", "slow", "unused"]
     ahead.close()
 
 

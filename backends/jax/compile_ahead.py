@@ -69,6 +69,7 @@ class AheadCompiler:
                                            initializer=_lower_priority, initargs=(nice,))
         self._jobs: dict[Hashable, cf.Future[Any]] = {}
         self._names: dict[Hashable, str] = {}
+        self._started: set[Hashable] = set()   # jobs past their gate (tracing, lowering, compiling)
         self._lock = threading.Lock()
         self._open = threading.Event()
         self._open.set()
@@ -100,12 +101,14 @@ class AheadCompiler:
                     self._compiling += 1
                     return
 
-    def _job(self, fn: Callable[[], Any], gated: bool) -> Any:
+    def _job(self, key: Hashable, fn: Callable[[], Any], gated: bool) -> Any:
         with self._lock:
             before = self._compiling
         try:
             if gated:
                 self.wait_open()
+            with self._lock:
+                self._started.add(key)
             return fn()
         finally:
             with self._lock:   # the job passed the gate (wait_open) at most once
@@ -128,7 +131,7 @@ class AheadCompiler:
         `wait_open()` itself where a hold must stop it."""
         with self._lock:
             if key not in self._jobs:
-                self._jobs[key] = self._pool.submit(self._job, fn, gated)
+                self._jobs[key] = self._pool.submit(self._job, key, fn, gated)
                 self._names[key] = name
 
     def pending(self, key: Hashable) -> bool:
@@ -139,6 +142,7 @@ class AheadCompiler:
         with self._lock:
             job = self._jobs.pop(key, None)
             name = self._names.pop(key, "")
+            self._started.discard(key)
         if job is None or job.cancel():
             return None
         t0 = time.perf_counter()
@@ -154,13 +158,15 @@ class AheadCompiler:
         return out
 
     def never_taken(self) -> list[str]:
-        """The names of the compilations that finished in the background and were never taken: work
-        the training loop's thread shared the CPU with for nothing (e.g. a precision policy that
-        `Controller.likely_next` foresaw and the run never decided; on JAX EfficientNet-B0 one such
-        step variant compiled for 21.6 s across epochs 2-10, H100, 2026-12-07, docs/results.md)."""
+        """The names of the compilations that ran in the background and were never taken, one still
+        running marked " (unfinished)": work the training loop's thread shared the CPU with for
+        nothing so far (e.g. a precision policy that `Controller.likely_next` foresaw and the run
+        never decided; on JAX EfficientNet-B0 one such step variant compiled for 21.6 s across epochs
+        2-10, H100, 2026-12-07, docs/results.md). Jobs still waiting in the queue are not listed."""
         with self._lock:
-            return [self._names[k] for k, job in self._jobs.items()
-                    if job.done() and not job.cancelled() and job.exception() is None]
+            return [self._names[k] + ("" if job.done() else " (unfinished)") for k, job in self._jobs.items()
+                    if (k in self._started and not job.done())
+                    or (job.done() and not job.cancelled() and job.exception() is None)]
 
     def wait(self) -> None:
         """Block until every queued compilation has finished (tests, benchmarks)."""
