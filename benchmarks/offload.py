@@ -458,6 +458,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "--multiple), where the step is as busy per sample as at the planned batches. At 16/32 "
                          "ResNet-152's step is launch-bound (bf16, H200, 2026-11-27: 60.4 / 59.3 ms fwd+bwd), "
                          "and a line through them modelled the plan's step at 160.5 ms against 243 ms measured")
+    ap.add_argument("--calibrate", choices=("on", "off"), default="off",
+                    help="on: each cost table's times scaled so that they sum to a step timed with no hook "
+                         "(ActivationOffload.measure(calibrate=True)): the measuring hooks made the tables sum "
+                         "1.30-1.84x the plain step at B0 (benchmarks/offload_model_check.py, 2026-12-07)")
     ap.add_argument("--lr-batch", type=int, default=32,
                     help="batch the LR is set for (TriAccelConfig.batch_init): the joint choice's LR scale "
                          "is relative to it")
@@ -477,12 +481,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return bench_main(args, device, budget, mb, grid, mem)
 
 
-def measure_tables(bench: Bench, batches: Sequence[int], bw: tuple[float, float], n_units: int) -> list[CostTable]:
+def measure_tables(bench: Bench, batches: Sequence[int], bw: tuple[float, float], n_units: int,
+                   calibrate: bool = False) -> list[CostTable]:
     """One cost table per batch (`ActivationOffload.measure`), each logged with its modelled no-plan peak."""
     tables = []
     for b in batches:
         x, y = bench.data(b)
-        t = bench.off.measure(bench.loss_fn(x, y), b, bandwidth=bw, memory=bench.mem)
+        t = bench.off.measure(bench.loss_fn(x, y), b, bandwidth=bw, memory=bench.mem, calibrate=calibrate)
         tables.append(t)
         log(f"table bs {b}: static {nbytes(t.static_bytes)}, saved {nbytes(t.saved_bytes)} (resident "
             f"{nbytes(t.resident_bytes)}), transient {nbytes(t.transient_bytes)}, no-plan peak "
@@ -513,7 +518,7 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
     bw = measure_bandwidth(device)
     log(f"bandwidth: d2h {bw[0] / 1e9:.1f} GB/s, h2d {bw[1] / 1e9:.1f} GB/s")
     bench.run(mb[0], "plain", 1)  # optimizer state exists before the tables count static bytes
-    tables = measure_tables(bench, mb, bw, L)
+    tables = measure_tables(bench, mb, bw, L, args.calibrate == "on")
     model = CostModel(tuple(tables))
 
     # 2. largest batch without a plan (modelled, then checked by measurement)
@@ -544,7 +549,7 @@ def bench_main(args: argparse.Namespace, device: torch.device, budget: int, mb: 
     if args.remeasure == "on" and b0 is not None:
         half = max(b0 // 2 // args.multiple * args.multiple, args.multiple)
         if half < b0 and half > max(mb):
-            tables = measure_tables(bench, [half, b0], bw, L)
+            tables = measure_tables(bench, [half, b0], bw, L, args.calibrate == "on")
             model = CostModel(tuple(tables))
         else:
             log(f"cost tables kept: B0/2 = {half} is not above the first measurements' {max(mb)}")

@@ -1,5 +1,6 @@
 """benchmarks/offload.py end to end on the CPU (bottleneck net, live-bytes peaks): the plan's cost model is
-measured again at B0/2 and B0 once B0 is known (--remeasure on), or kept from --measure-batches (off)."""
+measured again at B0/2 and B0 once B0 is known (--remeasure on), or kept from --measure-batches (off); its
+tables scaled to a step timed with no hook (--calibrate on) or not."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ ARGS = ["--device", "cpu", "--depths", "1,1,1,1", "--base-width", "8", "--image"
         "--lr-batch", "8", "--min-bytes", "0"]
 
 
-@pytest.mark.parametrize("remeasure", ["on", "off"])
-def test_plan_model_measured_at_b0(tmp_path, remeasure):
+@pytest.mark.parametrize("remeasure, calibrate", [("on", "off"), ("off", "on")])
+def test_plan_model_measured_at_b0(tmp_path, remeasure, calibrate):
     out = tmp_path / "off.json"
-    offload.main([*ARGS, "--remeasure", remeasure, "--out", str(out)])
+    offload.main([*ARGS, "--remeasure", remeasure, "--calibrate", calibrate, "--out", str(out)])
     r = json.loads(out.read_text())
     b0 = r["b0"]
     assert b0 is not None and b0 >= 12 and r["bp"] is not None and r["bp"] > b0

@@ -116,6 +116,35 @@ def test_measured_table_feeds_the_planner_and_its_plan_keeps_gradients():
     assert all(torch.equal(g[n], ref_g[n]) for n in ref_g)
 
 
+def test_calibrated_table_keeps_the_units_shares_and_takes_the_plain_steps_total(monkeypatch):
+    """measure(calibrate=True): every time scaled by the plain step (no hook) over the hooked one; the
+    plain steps run with no hook of the offload installed, the observer kept; bytes unchanged."""
+    model, x, y = _model_and_batch()
+    off = ActivationOffload(model, min_bytes=0)
+    seen = []
+    off.observer = lambda kind, i: seen.append(kind)
+    loss = lambda: F.cross_entropy(model(x), y)  # noqa: E731
+    real = off._plain_step_ms
+    hooks_during = []
+
+    def plain(loss_fn, dev):
+        def counted():
+            hooks_during.append(len(off._handles))
+            return loss_fn()
+        real(counted, dev)
+        return 7.0   # ms: a fixed plain step, so the scale is known
+
+    monkeypatch.setattr(off, "_plain_step_ms", plain)
+    cal = off.measure(loss, 4, repeats=3, bandwidth=(1e9, 1e9), calibrate=True)
+    assert hooks_during == [0, 0, 0] and off._handles and off.observer is not None   # hooks back afterwards
+    total = sum(u.forward_ms + u.backward_ms for u in cal.layers) + cal.other_ms
+    assert total == pytest.approx(7.0, rel=1e-9)
+    raw = off.measure(loss, 4, repeats=1, bandwidth=(1e9, 1e9))
+    assert [u.saved_bytes for u in raw.layers] == [u.saved_bytes for u in cal.layers]
+    with pytest.raises(ValueError, match="calibrate"):
+        off.measure(loss, 4, calibrate="yes")
+
+
 def test_apply_validates_the_plan():
     model, _, _ = _model_and_batch()
     off = ActivationOffload(model)

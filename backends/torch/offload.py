@@ -488,7 +488,8 @@ class ActivationOffload:
         self._rec_transfer[i] += nbytes
 
     def measure(self, loss_fn: Callable[[], torch.Tensor], batch: int, repeats: int = 3,
-                bandwidth: tuple[float, float] | None = None, memory: Any = None) -> CostTable:
+                bandwidth: tuple[float, float] | None = None, memory: Any = None,
+                calibrate: bool = False) -> CostTable:
         """The cost table at `batch` samples: runs `loss_fn()` (a forward on `batch` samples giving a
         scalar loss) and its backward once to warm up, then `repeats` times with per-unit CUDA
         events (timestamps on CPU) and saved-tensor hooks, with no plan applied; medians of the
@@ -497,9 +498,17 @@ class ActivationOffload:
         reads the step's static and peak bytes (`allocated()`, `peak()`, `reset_peak()`): None is
         the CUDA allocator on CUDA; on CPU None leaves static_bytes and transient_bytes at 0, and a
         `LiveBytes` (entered by the caller) counts them.
+        calibrate: also time `repeats` forward and backward passes with no hook at all and scale every
+        time of the table (forward, backward, other) by the median plain step over the median hooked
+        one: the per-unit events and saved-tensor hooks make a small batch's step host-bound (ResNet-152
+        bf16 on an H100: its tables summed 1.30-1.84x the measured plain step at B0, 2026-12-07,
+        `benchmarks/offload_model_check.py`), so the units keep their shares and the table its plain
+        step's total. Off by default until measured on a GPU (`benchmarks/offload.py --calibrate on`).
         """
         if not (isinstance(batch, int) and batch >= 1) or not (isinstance(repeats, int) and repeats >= 1):
             raise ValueError(f"batch={batch!r}, repeats={repeats!r} are invalid: allowed integers >= 1")
+        if not isinstance(calibrate, bool):
+            raise ValueError(f"calibrate={calibrate!r}: allowed True or False")
         applied = self._applied
         self.apply(("keep",) * len(self.units))
         dev = self._device()
@@ -546,6 +555,7 @@ class ActivationOffload:
                 peak = mem.peak() if mem is not None else 0
                 runs.append(self._times(marks, cuda) | {"static": static, "peak": peak})
                 del loss
+            plain = [self._plain_step_ms(loss_fn, dev) for _ in range(repeats)] if calibrate else []
         finally:
             self.apply(applied)
         med = lambda key, i: statistics.median(r[key][i] for r in runs)  # noqa: E731
@@ -559,14 +569,18 @@ class ActivationOffload:
             common = (prev.keys() & mine.keys() & inp.keys()) - claimed
             shared[i] = sum(min(prev[p], mine[p], inp[p]) for p in common)
             claimed = common  # the next pair may not count these again from this unit's bytes
-        layers = tuple(LayerCost(self.units[i], saved[i], med("fwd", i), med("bwd", i),
+        other = statistics.median(r["other"] for r in runs)
+        # the table's total (its units' medians and "other") scaled to the median plain step
+        hooked = sum(med("fwd", i) + med("bwd", i) for i in range(L)) + other
+        scale = statistics.median(plain) / hooked if plain and hooked > 0 else 1.0
+        layers = tuple(LayerCost(self.units[i], saved[i], med("fwd", i) * scale, med("bwd", i) * scale,
                                  input_bytes=self._rec_inputs[i], transfer_bytes=self._rec_transfer[i],
                                  shared_bytes=shared[i])
                        for i in range(L))
         d2h, h2d = bandwidth if bandwidth is not None else measure_bandwidth(dev)
         static = min(r["static"] for r in runs) if counted else 0
         peak = max(r["peak"] for r in runs) if counted else 0
-        other = statistics.median(r["other"] for r in runs)
+        other *= scale
         transient = CostTable.transient_from_peak(peak, static, layers) if counted else 0
         return CostTable(batch, layers, d2h, h2d, static_bytes=static, transient_bytes=transient, other_ms=other)
 
@@ -597,6 +611,27 @@ class ActivationOffload:
         bwd_begin = bwd_marks[0][0] if bwd_marks else end
         other = max(fwd_done - sum(fwd), 0.0) + max(bwd_begin - fwd_done, 0.0)
         return {"fwd": fwd, "bwd": bwd, "other": other}
+
+    def _plain_step_ms(self, loss_fn: Callable[[], torch.Tensor], dev: torch.device) -> float:
+        """One forward and backward of `loss_fn` with no hook of this offload (no plan, no recorder,
+        no observer): its time in ms, CUDA events on CUDA, the host clock elsewhere."""
+        observer, self._observer = self._observer, None
+        self._sync_hooks()
+        try:
+            _sync(dev)
+            if dev.type == "cuda":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                loss_fn().backward()
+                e.record()
+                e.synchronize()
+                return s.elapsed_time(e)
+            t0 = time.perf_counter()
+            loss_fn().backward()
+            return (time.perf_counter() - t0) * 1e3
+        finally:
+            self._observer = observer
+            self._sync_hooks()
 
 
 
