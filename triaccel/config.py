@@ -152,10 +152,10 @@ class TriAccelConfig:
         without the batch lever, where the in-program halves made most of the wrapper's extra compilation,
         H200, 2026-12-04, docs/results.md). Its two gradients share no samples, so its estimate is noisier: on
         a CPU (ResNet-18 width 1/4, bs 64 fixed, 2026-12-07, `benchmarks/noise_split_compare.py`) the median
-        log B_noise jump between boundaries 0.25-0.28 (torch seeds 0-1, JAX seed 0) against the halves'
-        0.16-0.97, levels 1.4-1.9x / 0.7x the halves', and on torch seed 2 missing (|G|^2 <= 0) at most
-        boundaries (with rows after the step only: levels 2-4x the halves', jumps 0.37-0.65). The JAX demo's
-        default; not the library's.
+        log B_noise jump between boundaries 0.25-0.28 (torch and JAX seeds 0-1) against the halves'
+        0.16-0.97, levels 0.7-1.9x the halves', and on seed 2 missing (|G|^2 <= 0) at most boundaries in
+        both backends (with rows after the step only: levels 1.4-3.7x the halves', jumps 0.37-0.65). The JAX
+        demo's default; not the library's.
         Both backends (JAX: with noise_step_fn too, its two programs at the decided size). The torch
         demo's default for triaccel, with a ladder without the rung
         between half the top and the top (96/192/512: three micro-batch sizes instead of six; each

@@ -161,11 +161,11 @@ class HalfStepPairs:
     up under an LR warm-up), and rows from after the step alone set the large-batch term at a later
     point than the small one; centred on the noise step, a linear drift cancels. On a CPU (ResNet-18
     width 1/4, bs 64 fixed, 2026-12-07, benchmarks/noise_split_compare.py, s53 `cpu/`) the median
-    B_noise with up to 8 rows after was 328.6 / 1003.9 (torch seeds 0 / 1) and 316.4 (JAX seed 0)
-    against the halves' 99.5 / 539.0 and 85.6; with 4 + 4 rows around it 142.8 / 391.8 and 160.1, its
-    median log jump between boundaries 0.26 / 0.25 / 0.28 against 0.59 / 0.37 / 0.65. Steps do not
-    share their samples as a step's halves do, so the difference stays noisier: on torch seed 2 both
-    pairings had an estimate (|G|^2 > 0) at 2-3 of 9-10 boundaries, the halves at 9.
+    B_noise with up to 8 rows after was 328.6 / 1003.9 (torch seeds 0 / 1) and 316.4 / 341.1 (JAX
+    seeds 0 / 1) against the halves' 99.5 / 539.0 and 85.6 / 240.0; with 4 + 4 rows around it 142.8 /
+    391.8 and 160.1 / 292.7, its median log jump between boundaries 0.25-0.28 against 0.37-0.65. Steps
+    do not share their samples as a step's halves do, so the difference stays noisier: on seed 2 (both
+    backends) both pairings had an estimate (|G|^2 > 0) at 2-4 of 9-10 boundaries, the halves at 9.
     `ran` records what each step runs, before it runs (both backends' `controlled_step`: a row may
     come in while its step runs); `rows` takes the rows as they are fed
     (`triaccel.stats.feed_statistics`), in step order. A noise step with no full step of its
