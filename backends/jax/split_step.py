@@ -350,9 +350,9 @@ class SplitStep:
             self._prepare_after_first_call = True
             return 0
         if self.ta is None:
-            # No controller, so no sizes or policies to foresee; the bound functions' known shapes
-            # (an evaluation at the epoch's end) compile off the loop's path as they do beside a
-            # TriAccel: a static baseline run through this step gets the same treatment.
+            # No controller, so no sizes or policies to foresee: the bound functions' known shapes
+            # (an evaluation at the epoch's end) compile in the background, as beside a TriAccel, so
+            # that a static baseline run through this step does not pay them on its critical path.
             self._prepare_after_first_call = False
             return self._queue_bound((), soon=True) + self._queue_bound((), soon=False)
         ctl = self.ta.controller
