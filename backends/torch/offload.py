@@ -499,8 +499,8 @@ class ActivationOffload:
         the CUDA allocator on CUDA; on CPU None leaves static_bytes and transient_bytes at 0, and a
         `LiveBytes` (entered by the caller) counts them.
         calibrate: also time `repeats` forward and backward passes with no hook at all and scale every
-        time of the table (forward, backward, other) by the median plain step over the median hooked
-        one: the per-unit events and saved-tensor hooks make a small batch's step host-bound (ResNet-152
+        time of the table (forward, backward, other) by the median plain step over the table's own
+        total (its units' medians and other): the per-unit events and saved-tensor hooks make a small batch's step host-bound (ResNet-152
         bf16 on an H100: its tables summed 1.30-1.84x the measured plain step at B0, 2026-12-07,
         `benchmarks/offload_model_check.py`), so the units keep their shares and the table its plain
         step's total. Off by default until measured on a GPU (`benchmarks/offload.py --calibrate on`).
