@@ -33,7 +33,7 @@ def _body(m, o, x):
     return loss
 
 
-def _split(compile_ahead=True, compile_cache=False, **cfg_kw):
+def _split(compile_ahead=True, compile_cache=False, foresee_policies=False, **cfg_kw):
     from triaccel.backends.jax import SplitStep, TriAccel
 
     cfg = TriAccelConfig(**{**dict(curvature="off", t_ctrl=2, warmup_steps=2, batch_init=8, batch_min=4,
@@ -41,7 +41,8 @@ def _split(compile_ahead=True, compile_cache=False, **cfg_kw):
     model = Net()
     ta = TriAccel(cfg, model)
     opt = nnx.Optimizer(model, ta.wrap(optax.sgd(0.1)), wrt=nnx.Param)
-    return model, ta, SplitStep(_body, model, opt, ta=ta, compile_ahead=compile_ahead, compile_cache=compile_cache)
+    return model, ta, SplitStep(_body, model, opt, ta=ta, compile_ahead=compile_ahead, compile_cache=compile_cache,
+                                foresee_policies=foresee_policies)
 
 
 XS = [jnp.full((8, 4), 0.5), jnp.full((16, 4), -0.25), jnp.full((4, 4), 1.0)]
@@ -392,12 +393,30 @@ def test_prepare_compiles_nothing_below_the_loaders_pad_floor():
     assert rec.names == ["_body@8", "_body@16"]     # 32: the shape already compiled
 
 
+def test_foreseen_policy_compiled_ahead_only_when_asked(monkeypatch):
+    """By default a policy the controller foresees for the next boundary compiles when it comes (the
+    sizes and the bound functions under the current policy ahead); foresee_policies=True queues it."""
+    for foresee, want in ((False, 3), (True, 6)):   # step at 8, its half 4, probe; x 2 under fp32
+        model, ta, split = _split(foresee_policies=foresee)
+        split.bind(lambda m, x: m(x).sum(), model, example_args=(jax.ShapeDtypeStruct((3, 4), jnp.float32),))
+        fp32 = tuple([Precision.FP32] * ta.layers.num_layers)
+        monkeypatch.setattr(ta.controller, "likely_next", lambda step, reach=1: (fp32, ()))
+        split.control(0)
+        split(XS[0])
+        split.wait_compiled()
+        assert split.traces == want
+        split.close()
+    with pytest.raises(ValueError, match="foresee_policies"):
+        _split(foresee_policies="yes")
+
+
 def test_bound_function_compiled_ahead_under_current_and_likely_policy(monkeypatch):
     """bind(example_args=...) -> compiled in the background once the step is lowered, taken at its
-    first call with no trace; under the policy the controller expects next as well."""
+    first call with no trace; with foresee_policies, under the policy the controller expects next
+    as well."""
     from triaccel.backends.jax import precision_policy
 
-    model, ta, split = _split()
+    model, ta, split = _split(foresee_policies=True)
     x = jnp.full((3, 4), 0.5)
 
     def probe(m, x):

@@ -3,8 +3,8 @@
 `AheadCompiler` runs `jax.jit(...).lower(...).compile()` calls on one background thread (XLA
 releases the GIL while it compiles and autotunes, so the training loop keeps dispatching steps);
 `SplitStep` queues the variants the controller is likely to ask for next (`Controller.likely_next`:
-the next batch bucket down and up, the noise measurement's half batch, the precision policy the next
-decision would take) and takes the finished executable when the controller switches, with no trace
+the next batch bucket down and up, the noise measurement's half batch, and with `foresee_policies` the
+precision policy the next decision would take) and takes the finished executable when the controller switches, with no trace
 or compilation on the critical path. A variant needed while it is still queued is compiled at once
 on the caller's thread instead (cancelled in the queue); one already compiling is waited for.
 

@@ -17,8 +17,8 @@ Compilations off the critical path (`compile_ahead`, on by default): each varian
 definition x argument shapes) runs as an ahead-of-time executable (`jax.jit(...).lower(...).compile()`);
 from the first step on, at each control boundary, the variants the controller may ask for
 (`Controller.likely_next`: every batch bucket up to the ceiling, the gradient-noise
-half batches unless the loader pads them to the full batch, the precision policy the next decision
-would take) and the bound functions with known argument shapes (e.g. an evaluation, compiled per
+half batches unless the loader pads them to the full batch, and with ``foresee_policies`` the
+precision policy the next decision would take) and the bound functions with known argument shapes (e.g. an evaluation, compiled per
 policy) are queued, nearest first, on a background thread from abstract shapes; the step takes them
 when the controller switches, with no trace. A step without a TriAccel (a static baseline) queues its
 bound functions' known shapes once, when its first compilation is done. `compile_log.CompileLog` shows what still compiles on
@@ -83,6 +83,13 @@ class SplitStep:
     compiler_options: XLA options for every program this step and its bound functions compile
     (`jax.jit`'s ``compiler_options``, e.g. ``{"xla_gpu_autotune_level": 2}``); None: XLA's defaults.
     An option XLA does not know fails at the first compilation, naming it.
+    foresee_policies: also compile ahead the step and the bound functions under the precision policy
+    `Controller.likely_next` foresees for the next boundary (False, default: the batch sizes only).
+    That policy is one control interval away (50 steps, 0.2-0.6 s of training), less than its
+    compilation takes (15-85 s: one on time saves at most the interval), and when the foresight is
+    wrong the compilation shares the CPU with training for nothing: on JAX EfficientNet-B0 (H100,
+    2026-12-07) one ran 21.6 s beside epochs 2-10 and the policy never came, in both runs that
+    foresaw one; in the 49 committed JAX triaccel runs with decision records the policy never changed.
     jit_kwargs: passed to `jax.jit` (the state, argument 0, is donated unless ``donate_argnums``
     is given).
     """
@@ -91,6 +98,7 @@ class SplitStep:
                  compile_ahead: bool | str = True, compile_cache: str | Path | bool | None = True,
                  mesh: Any = None, pad_to_batch: bool = False, loader: Any = None,
                  pack: bool | str = "auto", compiler_options: Mapping[str, Any] | None = None,
+                 foresee_policies: bool = False,
                  **jit_kwargs: Any) -> None:
         import jax
         from flax import nnx
@@ -103,6 +111,9 @@ class SplitStep:
         if not (isinstance(pack, bool) or pack == "auto"):
             raise ValueError(f"pack={pack!r}: allowed True, False or 'auto'")
         self._pack = pack
+        if not isinstance(foresee_policies, bool):
+            raise ValueError(f"foresee_policies={foresee_policies!r}: allowed True or False")
+        self.foresee_policies = foresee_policies
         self.pad_to_batch = pad_to_batch
         self.loader = loader
         self._nnx, self._tree_util = nnx, jax.tree_util
@@ -337,9 +348,10 @@ class SplitStep:
         `step` (`Controller.likely_next`): under the current policy the gradient-noise half batch
         (unless ``pad_to_batch``), then every larger batch bucket up to the ceiling (the batch law
         climbs one per decision, or jumps under batch_growth="jump", and the ladder is short) with its half (not the buckets below:
-        those compile when the batch shrinks); under the policy the next precision decision would
-        take, the current size (and its half); and the bound functions that know their argument
-        shapes (`bind(example_args=...)`, or a call) under both policies: those bound with soon=True
+        those compile when the batch shrinks); with ``foresee_policies``, under the policy the next
+        precision decision would take, the current size (and its half); and the bound functions that
+        know their argument shapes (`bind(example_args=...)`, or a call) under the current policy
+        (and that one): those bound with soon=True
         first, then the `compile_in_background` jobs, then those bound with soon=False. Returns the number queued
         (the step's own sizes wait for its first call, which then triggers this again)."""
         if self.ahead is None or (self.ta is not None and self.ta.controller is None):
@@ -376,7 +388,7 @@ class SplitStep:
             b = self.run_size(n)
             if b not in sizes:
                 sizes.append(b)
-        policies = [likely] if policy_names(likely) != policy_names(d) else []
+        policies = [likely] if self.foresee_policies and policy_names(likely) != policy_names(d) else []
         queued = self._queue_bound(policies, soon=True)
         also, self._also = self._also, []
         if self._ctl_idx is not None and self._packing.groups:   # what the next boundary runs, first

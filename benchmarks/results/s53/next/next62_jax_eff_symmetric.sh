@@ -4,7 +4,7 @@
 # evaluation on its critical path): steps 1.138x, halves 1.079x AMP's wall; call 3: the steps split's estimate was
 # missing at the 11 boundaries from step 200 to 700 and the batch stayed at 96 for two epochs. Read each run's
 # summary's compiled_ahead_unused: call 1's steps run compiled a foreseen precision policy's step (21.6 s) beside
-# epochs 2-10 and never used it.
+# epochs 2-10 and never used it; since 2026-12-07 foreseen policies are not compiled ahead (SplitStep foresee_policies).
 O=$OUT; mkdir -p $O; date -u
 OUT=$O MODEL=efficientnet_b0 SEEDS="0" LIMIT=180 timeout 570 bash benchmarks/device/jax_variants.sh \
   "amp512=--method amp --batch 512" "tri=--method triaccel --budget 4GiB" \
