@@ -86,26 +86,30 @@ def measure_bandwidth(device: torch.device | str, nbytes: int = 256 * 2**20, rep
     n = nbytes // 4
     if device.type != "cuda":
         a, b = torch.empty(n), torch.empty(n)
-        best = min(_timed_cpu(lambda: b.copy_(a)) for _ in range(repeats))
+        best = min(_timed(lambda: b.copy_(a), device) for _ in range(repeats))
         return n * 4 / best, n * 4 / best
     host = _pinned(torch.empty(0), (n,), None, "bandwidth probe")
     dev = torch.empty(n, device=device)
 
     def timed(dst: torch.Tensor, src: torch.Tensor) -> float:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         dst.copy_(src, non_blocking=True)  # warm
-        s.record()
-        dst.copy_(src, non_blocking=True)
-        e.record()
-        e.synchronize()
-        return s.elapsed_time(e) / 1e3
+        return _timed(lambda: dst.copy_(src, non_blocking=True), device)
 
     d2h = min(timed(host, dev) for _ in range(repeats))
     h2d = min(timed(dev, host) for _ in range(repeats))
     return n * 4 / d2h, n * 4 / h2d
 
 
-def _timed_cpu(fn: Callable[[], Any]) -> float:
+def _timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds `fn()` takes: between two CUDA events on CUDA (its GPU work, after what is queued
+    before it), on the host clock elsewhere; at least 1e-9."""
+    if device.type == "cuda":
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        return max(s.elapsed_time(e) / 1e3, 1e-9)
     t0 = time.perf_counter()
     fn()
     return max(time.perf_counter() - t0, 1e-9)
@@ -500,10 +504,10 @@ class ActivationOffload:
         `LiveBytes` (entered by the caller) counts them.
         calibrate: also time `repeats` forward and backward passes with no hook at all and scale every
         time of the table (forward, backward, other) by the median plain step over the table's own
-        total (its units' medians and other): the per-unit events and saved-tensor hooks make a small batch's step host-bound (ResNet-152
-        bf16 on an H100: its tables summed 1.30-1.84x the measured plain step at B0, 2026-12-07,
-        `benchmarks/offload_model_check.py`), so the units keep their shares and the table its plain
-        step's total. Off by default until measured on a GPU (`benchmarks/offload.py --calibrate on`).
+        total (its units' medians and other): the per-unit events and saved-tensor hooks make a small
+        batch's step host-bound (ResNet-152 bf16 on an H100: the model from its tables ran 1.30-1.84x
+        the measured plain step at B0, 2026-12-07, `benchmarks/offload_model_check.py`), so the units
+        keep their shares and the table its plain step's total. Off by default until measured on a GPU (`benchmarks/offload.py --calibrate on`).
         """
         if not (isinstance(batch, int) and batch >= 1) or not (isinstance(repeats, int) and repeats >= 1):
             raise ValueError(f"batch={batch!r}, repeats={repeats!r} are invalid: allowed integers >= 1")
@@ -619,16 +623,7 @@ class ActivationOffload:
         self._sync_hooks()
         try:
             _sync(dev)
-            if dev.type == "cuda":
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                loss_fn().backward()
-                e.record()
-                e.synchronize()
-                return s.elapsed_time(e)
-            t0 = time.perf_counter()
-            loss_fn().backward()
-            return (time.perf_counter() - t0) * 1e3
+            return _timed(lambda: loss_fn().backward(), dev) * 1e3
         finally:
             self._observer = observer
             self._sync_hooks()
