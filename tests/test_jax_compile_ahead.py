@@ -457,6 +457,10 @@ def test_static_step_compiles_its_bound_functions_ahead():
     split.wait_compiled()
     assert split.traces == 2                        # the step on the caller's thread, the evaluation ahead
     assert split.never_taken == ["<lambda>@3"]      # compiled, not called yet
+    done: list[str] = []
+    assert split.compile_in_background("side", lambda: done.append("side"))   # keeps its own result
+    split.wait_compiled()
+    assert done == ["side"] and split.never_taken == ["<lambda>@3"]
     got = float(evaluate(x))
     assert split.never_taken == []
     assert split.traces == 2 and split.compiled_ahead == 1
@@ -495,6 +499,10 @@ def test_never_taken_lists_finished_background_compilations_no_call_took():
     gate.set()
     ahead.wait()
     assert sorted(ahead.never_taken()) == ["queued", "slow", "unused"]
+    kept: list[int] = []
+    ahead.submit("f", lambda: kept.append(6), name="stored", stores=True)   # its result kept by fn itself
+    ahead.wait()
+    assert kept == [6] and sorted(ahead.never_taken()) == ["queued", "slow", "unused"]
     ahead.close()
 
 

@@ -69,6 +69,7 @@ class AheadCompiler:
                                            initializer=_lower_priority, initargs=(nice,))
         self._jobs: dict[Hashable, cf.Future[Any]] = {}
         self._names: dict[Hashable, str] = {}
+        self._stored: set[Hashable] = set()   # jobs whose results their callers keep themselves (no `take`)
         self._started: set[Hashable] = set()   # jobs past their gate (tracing, lowering, compiling)
         self._lock = threading.Lock()
         self._open = threading.Event()
@@ -125,14 +126,19 @@ class AheadCompiler:
                 self._idle.wait_for(lambda: self._compiling == 0)
             yield
 
-    def submit(self, key: Hashable, fn: Callable[[], Any], name: str = "", gated: bool = True) -> None:
+    def submit(self, key: Hashable, fn: Callable[[], Any], name: str = "", gated: bool = True,
+               stores: bool = False) -> None:
         """Queue ``fn()`` under `key` (name: how the compile log calls a wait on it). gated: the job
         starts only outside a `hold()`; False: it starts when the thread is free and calls
-        `wait_open()` itself where a hold must stop it."""
+        `wait_open()` itself where a hold must stop it. stores: ``fn`` keeps its result where its
+        users find it (e.g. `packing.StatePacking.compile_take_put`), so no `take` will collect it and
+        `never_taken` does not list it."""
         with self._lock:
             if key not in self._jobs:
                 self._jobs[key] = self._pool.submit(self._job, key, fn, gated)
                 self._names[key] = name
+                if stores:
+                    self._stored.add(key)
 
     def pending(self, key: Hashable) -> bool:
         with self._lock:
@@ -162,11 +168,12 @@ class AheadCompiler:
         running marked " (unfinished)": work the training loop's thread shared the CPU with for
         nothing so far (e.g. a precision policy that `Controller.likely_next` foresaw and the run
         never decided; on JAX EfficientNet-B0 one such step variant compiled for 21.6 s across epochs
-        2-10, H100, 2026-12-07, docs/results.md). Jobs still waiting in the queue are not listed."""
+        2-10, H100, 2026-12-07, docs/results.md). Jobs still waiting in the queue are not listed, nor
+        those submitted with ``stores=True``."""
         with self._lock:
             return [self._names[k] + ("" if job.done() else " (unfinished)") for k, job in self._jobs.items()
-                    if (k in self._started and not job.done())
-                    or (job.done() and not job.cancelled() and job.exception() is None)]
+                    if k not in self._stored and ((k in self._started and not job.done())
+                                                  or (job.done() and not job.cancelled() and job.exception() is None))]
 
     def wait(self) -> None:
         """Block until every queued compilation has finished (tests, benchmarks)."""

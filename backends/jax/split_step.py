@@ -393,9 +393,9 @@ class SplitStep:
         also, self._also = self._also, []
         if self._ctl_idx is not None and self._packing.groups:   # what the next boundary runs, first
             self.ahead.submit(("control", self._packing), functools.partial(self._packing.compile_take_put,
-                                                                            self._ctl_idx), name="control:take-put")
+                                                                            self._ctl_idx), name="control:take-put", stores=True)
         for name, fn in also:
-            self.ahead.submit(("also", name), fn, name=name)
+            self.ahead.submit(("also", name), fn, name=name, stores=True)
         queued += len(also) + self._queue_bound(policies, soon=False)
         # under the likely policy: the current size and its half (sizes[:2] with halves)
         main = self.compile_ahead(sizes, policies, policy_batches=len(with_half(cur)))
@@ -493,7 +493,7 @@ class SplitStep:
         if self._main.last_sig is None and self.ta is not None:   # `prepare` will queue it
             self._also.append((name, fn))
         else:
-            self.ahead.submit(("also", name), fn, name=name)
+            self.ahead.submit(("also", name), fn, name=name, stores=True)
         return True
 
     def quiet(self) -> Any:
