@@ -1,0 +1,3 @@
+# s54 call 4 (run as one command line on the warm machine of call 2, 17:23Z): the halves that call 2's
+# next62 had no time left for, JAX EfficientNet-B0 seed 0, 10 epochs cold
+O=$OUT; mkdir -p $O; OUT=$O MODEL=efficientnet_b0 SEEDS="0" LIMIT=180 timeout 380 bash benchmarks/device/jax_variants.sh "halves=--method triaccel --budget 4GiB --set noise_split=halves" > $O/jax.log 2>&1; grep -v "^W1\|Warning" $O/jax.log | grep "acc\|wall_s\|rror" | sed "s/'loader'.*'flops'/'flops'/;s/process_s.*steps/steps/;s/peak.*//;s/setup_phases.*//"; cd $O && tar czf all.tgz --remove-files -- * 2>/dev/null; ls $O
