@@ -317,7 +317,7 @@ class _Recorder:
     def __init__(self):
         self.names, self.keys = [], set()
 
-    def submit(self, key, fn, name="", gated=True):
+    def submit(self, key, fn, name="", gated=True, stores=False):
         self.names.append(name)
         self.keys.add(key)
 
