@@ -154,8 +154,11 @@ class TriAccelConfig:
         a CPU (ResNet-18 width 1/4, bs 64 fixed, 2026-12-07, `benchmarks/noise_split_compare.py`) the median
         log B_noise jump between boundaries 0.25-0.28 (torch and JAX seeds 0-1) against the halves'
         0.16-0.97, levels 0.7-1.9x the halves', and on seed 2 missing (|G|^2 <= 0) at most boundaries in
-        both backends (with rows after the step only: levels 1.4-3.7x the halves', jumps 0.37-0.65). The JAX
-        demo's default; not the library's.
+        both backends (with rows after the step only: levels 1.4-3.7x the halves', jumps 0.37-0.65). Its two
+        sizes' BatchNorm statistics span different batches (b and B), which the estimator does not model: on
+        EfficientNet-B0 (width 1/2, 150 steps, CPU, `benchmarks/noise_bn_bias.py`) that pairing gave |G|^2 < 0
+        where the halves' gave 35 (B_noise 295), and on the GPU its estimate ran 2.8-4.8x the halves' (H100,
+        2026-12-07, docs/results.md). The JAX demo's default from 2026-12-04 to 2026-12-07.
         Both backends (JAX: with noise_step_fn too, its two programs at the decided size). The torch
         demo's default for triaccel, with a ladder without the rung
         between half the top and the top (96/192/512: three micro-batch sizes instead of six; each

@@ -143,12 +143,16 @@ class RunOptions:
         # on the mean of six seeds against 1.02x (H200, graphed, 2026-12-02, docs/results.md). JAX keeps
         # the rung: under its pad floor every step runs at the top's program, a smaller
         # rung costs as much as the top and the climb through 192 to 512 is slower (ResNet-18 seed 0:
-        # 1.21x AMP bs 192's wall against 1.11x, same call). JAX measures the noise from a half-batch step
-        # and the full steps after it ("steps"): no halves in the compiled step, which compiled 2.5-6.9 s
-        # sooner and ran the bs-512 epochs 0.7 s against 0.8 s; ResNet-18 0.82 / 0.92x the halves' wall,
-        # accuracy held (H200, 2026-12-04, docs/results.md).
+        # 1.21x AMP bs 192's wall against 1.11x, same call). JAX measures the noise as the library does,
+        # from a step's two halves: "steps" (a half-batch step against the full steps around it, its default
+        # from 2026-12-04) pairs norms whose BatchNorm statistics span different batches, which biases its
+        # estimate on EfficientNet-B0 (CPU, benchmarks/noise_bn_bias.py: |G|^2 < 0 against the halves' 35),
+        # and on the GPU it ended under AMP bs 512's accuracy on seed 0 (71.65% against 72.68%; the halves
+        # 76.88% and 77.08% in two runs) at 1.027x / 1.138x its wall (the halves 1.032x / 1.079x); its
+        # compilation is now no shorter (H100, 2026-12-07, docs/results.md). On ResNet-18 it was faster
+        # (0.82-0.99x the halves' wall, same accuracy): --set noise_split=steps.
         fewer_sizes = self.method == "triaccel" and self.backend == "torch"
-        split = {"torch": "double", "jax": "steps"}.get(self.backend) if self.method == "triaccel" else None
+        split = "double" if self.method == "triaccel" and self.backend == "torch" else None
         sizes = {"noise_split": split} if split else {}
         self.check_extra()
         extra = {"batch_min": 8, "t_precision": 10 * self.t_ctrl, "t_curv": 10 * self.t_ctrl,

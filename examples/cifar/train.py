@@ -217,9 +217,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunOptions:
                         "docs/results.md); off waits for every micro-batch")
     p.add_argument("--fused-step", choices=["auto", "on", "off"], default="auto",
                    help="JAX with --in-flight on: run each micro-batch as one program, gradient and update together "
-                        "(elastic_step(step_fn=...)); under --set noise_split=halves a gradient-noise step as two of them, its "
-                        "halves, accumulated and measured in the wrapper's update (TriAccel(noise_in_update=True); "
-                        "the JAX default, steps, runs it as a half-batch step of its own); off: two programs, "
+                        "(elastic_step(step_fn=...)); a gradient-noise step as two of them, its "
+                        "halves (noise_split=halves, the default) or two batches of the decided size (double), accumulated "
+                        "and measured in the wrapper's update (TriAccel(noise_in_update=True); --set noise_split=steps "
+                        "runs it as a half-batch step of its own); off: two programs, "
                         "as OOM replays. auto (default): on (with --in-flight off: off; 'on' refuses it). "
                         "The demo's AMP at bs 96 on one H200 (2026-11-27): 1.48 s per epoch as one program (state "
                         "packed), 3.1-3.5 s as two (unpacked; benchmarks/device/jax_harness.sh); 4 H200s, 1024 per "
