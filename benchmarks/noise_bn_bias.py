@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = create_model(a.model, num_classes=10, width=a.width, seed=a.seed)
     model.train()   # batch statistics: what this measures
 
+    def loss(m: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        return optax.softmax_cross_entropy_with_integer_labels(m(x).astype(jnp.float32), y).mean()
+
     @nnx.jit
     def grad(m: Any, x: jax.Array, y: jax.Array) -> Any:
-        def loss(m: Any) -> jax.Array:
-            return optax.softmax_cross_entropy_with_integer_labels(m(x).astype(jnp.float32), y).mean()
-
-        return nnx.grad(loss)(m)
+        return nnx.grad(loss)(m, x, y)
 
     def sqnorm(t: Any) -> float:
         return float(sum(jnp.vdot(v, v).real for v in jax.tree_util.tree_leaves(t)))
@@ -90,12 +90,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         opt = nnx.Optimizer(model, optax.sgd(lr, momentum=0.9), wrt=nnx.Param)
 
         @nnx.jit
-        def train(m: Any, o: Any, x: jax.Array, y: jax.Array) -> None:
-            o.update(m, grad(m, x, y))
+        def train(m: Any, o: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+            value, g = nnx.value_and_grad(loss)(m, x, y)
+            o.update(m, g)
+            return value
 
         for k in range(a.train_steps):
             sl = slice((a.batches + k) * B, (a.batches + k + 1) * B)
-            train(model, opt, xs[sl], ys[sl])
+            last = train(model, opt, xs[sl], ys[sl])
+            if k == 0 or k + 1 == a.train_steps:
+                print(f"training step {k + 1}: loss {float(last):.4f}", flush=True)
     big, half1, mean_h = [], [], []
     for k in range(a.batches):
         x, y = xs[k * B:(k + 1) * B], ys[k * B:(k + 1) * B]
