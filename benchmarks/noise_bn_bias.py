@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="SGD-momentum steps at bs B before measuring, the LR rising linearly to --train-lr over them")
     ap.add_argument("--train-lr", type=float, default=0.05)
     ap.add_argument("--data", default=None, help="CIFAR-10 root (default: $TRIACCEL_DATA or the user cache)")
+    ap.add_argument("--skip", action="append", default=[], metavar="TEXT",
+                    help="leave out the parameters whose path holds TEXT (e.g. fc: the classifier, whose gradient "
+                         "can dominate the network's norm); repeatable")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.batch < 4 or a.batch % 2:
@@ -81,7 +84,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return nnx.grad(loss)(m, x, y)
 
     def sqnorm(t: Any) -> float:
-        return float(sum(jnp.vdot(v, v).real for v in jax.tree_util.tree_leaves(t)))
+        return float(sum(jnp.vdot(v, v).real for path, v in jax.tree_util.tree_leaves_with_path(t)
+                         if not any(x in jax.tree_util.keystr(path) for x in a.skip)))
 
     b, B = a.batch // 2, a.batch
     t0 = time.perf_counter()
@@ -120,8 +124,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     dev = jax.devices()[0]
     device = getattr(dev, "device_kind", dev.platform)
-    print_table(f"{a.model} width {a.width}, B {B}, b {b}, {a.batches} batches, after {a.train_steps} SGD steps, "
-                f"{seconds:.1f} s on {device}", rows,
+    skipped = f", without {'/'.join(a.skip)}" if a.skip else ""
+    print_table(f"{a.model} width {a.width}{skipped}, B {B}, b {b}, {a.batches} batches, after {a.train_steps} SGD "
+                f"steps, {seconds:.1f} s on {device}", rows,
                 [("pairing", "pairing", "<28"), ("E small", "small", ">10.5g"), ("E big", "big", ">10.5g"),
                  ("|G|^2", "g2", ">11.4g"), ("tr(Sigma)", "trace", ">11.4g"), ("B_noise", "b_noise", ">9.1f")])
     ratio = eb / em
@@ -129,9 +134,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"E|g_B|^2 (statistics over B) / E|(g_1+g_2)/2|^2 (over b each) = {ratio:.4f} "
           f"(standard errors {sem(big):.4g}, {sem(mean_h):.4g} of {eb:.4g}, {em:.4g}); medians' ratio {med:.4f}")
     out = {**run_meta(device), "model": a.model, "width": a.width, "batch": B, "batches": a.batches,
-           "train_steps": a.train_steps, "train_lr": a.train_lr, "rows": rows, "ratio_big": ratio, "median_ratio_big": med,
+           "train_steps": a.train_steps, "train_lr": a.train_lr, "skip": a.skip, "rows": rows, "ratio_big": ratio, "median_ratio_big": med,
            "sq_big": big, "sq_small": half1, "sq_mean_halves": mean_h}
-    write_json(out, ROOT / "benchmarks" / "results" / f"noise_bn_bias-{a.model}-t{a.train_steps}-{device_tag(device)}.json")
+    write_json(out, ROOT / "benchmarks" / "results" / f"noise_bn_bias-{a.model}-t{a.train_steps}{''.join('-no-' + device_tag(x) for x in a.skip)}-{device_tag(device)}.json")
     return out
 
 

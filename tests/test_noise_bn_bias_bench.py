@@ -40,3 +40,7 @@ def test_tiny_run_writes_both_pairings(tmp_path, monkeypatch):
     assert len(out["sq_big"]) == len(out["sq_mean_halves"]) == 2 and out["ratio_big"] > 0
     written = json.loads(next((tmp_path / "benchmarks" / "results").glob("noise_bn_bias-*.json")).read_text())
     assert written["batch"] == 8
+    # without the classifier: smaller norms, the same batches, its own file
+    fc = noise_bn_bias.main(["--width", "0.125", "--batch", "8", "--batches", "2", "--skip", "fc", "--data", str(data)])
+    assert fc["skip"] == ["fc"] and all(x < y for x, y in zip(fc["sq_big"], out["sq_big"]))
+    assert len(list((tmp_path / "benchmarks" / "results").glob("noise_bn_bias-*-no-fc-*.json"))) == 1
