@@ -34,9 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def estimate(b_small: float, small: float, b_big: float, big: float) -> dict[str, float]:
-    """McCandlish et al.'s two-size estimate from mean squared norms at b_small < b_big samples."""
-    g2 = (b_big * big - b_small * small) / (b_big - b_small)
-    trace = (small - big) / (1.0 / b_small - 1.0 / b_big)
+    """McCandlish et al.'s two-size estimate from mean squared norms at b_small < b_big samples, as the
+    controller folds one measurement (`triaccel.noise.GradientNoise`); B_noise inf where |G|^2 <= 0."""
+    from triaccel.noise import GradientNoise
+
+    one = GradientNoise(1, beta=0.0)
+    one.observe(b_small, np.array([small]), b_big, np.array([big]))
+    g2, trace = float(one.g2[0]), float(one.trace[0])
     return {"g2": g2, "trace": trace, "b_noise": trace / g2 if g2 > 0 else float("inf")}
 
 
@@ -134,9 +138,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"E|g_B|^2 (statistics over B) / E|(g_1+g_2)/2|^2 (over b each) = {ratio:.4f} "
           f"(standard errors {sem(big):.4g}, {sem(mean_h):.4g} of {eb:.4g}, {em:.4g}); medians' ratio {med:.4f}")
     out = {**run_meta(device), "model": a.model, "width": a.width, "batch": B, "batches": a.batches,
-           "train_steps": a.train_steps, "train_lr": a.train_lr, "skip": a.skip, "rows": rows, "ratio_big": ratio, "median_ratio_big": med,
-           "sq_big": big, "sq_small": half1, "sq_mean_halves": mean_h}
-    write_json(out, ROOT / "benchmarks" / "results" / f"noise_bn_bias-{a.model}-t{a.train_steps}{''.join('-no-' + device_tag(x) for x in a.skip)}-{device_tag(device)}.json")
+           "train_steps": a.train_steps, "train_lr": a.train_lr, "skip": a.skip, "rows": rows, "ratio_big": ratio,
+           "median_ratio_big": med, "sq_big": big, "sq_small": half1, "sq_mean_halves": mean_h}
+    without = "".join("-no-" + device_tag(x) for x in a.skip)
+    write_json(out, ROOT / "benchmarks" / "results" /
+               f"noise_bn_bias-{a.model}-t{a.train_steps}{without}-{device_tag(device)}.json")
     return out
 
 
