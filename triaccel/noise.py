@@ -166,6 +166,9 @@ class HalfStepPairs:
     391.8 and 160.1 / 292.7, its median log jump between boundaries 0.25-0.28 against 0.37-0.65. Steps
     do not share their samples as a step's halves do, so the difference stays noisier: on seed 2 (both
     backends) both pairings had an estimate (|G|^2 > 0) at 2-4 of 9-10 boundaries, the halves at 9.
+    Under BatchNorm the two sizes are not one gradient distribution either (statistics over b against
+    over B): on EfficientNet-B0 and on ResNet-18 without its classifier this pairing over-reads the
+    noise (`benchmarks/noise_bn_bias.py`, CPU, 2026-12-07: no |G|^2, and B_noise 3.8x the halves').
     `ran` records what each step runs, before it runs (both backends' `controlled_step`: a row may
     come in while its step runs); `rows` takes the rows as they are fed
     (`triaccel.stats.feed_statistics`), in step order. A noise step with no full step of its
