@@ -461,7 +461,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--calibrate", choices=("on", "off"), default="off",
                     help="on: each cost table's times scaled so that they sum to a step timed with no hook "
                          "(ActivationOffload.measure(calibrate=True)): the model from the hooked tables ran "
-                         "1.30-1.84x the plain step at B0 (benchmarks/offload_model_check.py, 2026-12-07)")
+                         "1.30-1.84x the plain step at B0 (benchmarks/offload_model_check.py, 2026-12-07); with it 1.01x at B0, "
+                         "still 26-40% under the measured steps at Bp (ResNet-152 bf16, H100, 2026-12-07)")
     ap.add_argument("--lr-batch", type=int, default=32,
                     help="batch the LR is set for (TriAccelConfig.batch_init): the joint choice's LR scale "
                          "is relative to it")

@@ -507,7 +507,9 @@ class ActivationOffload:
         total (its units' medians and other): the per-unit events and saved-tensor hooks make a small
         batch's step host-bound (ResNet-152 bf16 on an H100: the model from its tables ran 1.30-1.84x
         the measured plain step at B0, 2026-12-07, `benchmarks/offload_model_check.py`), so the units
-        keep their shares and the table its plain step's total. Off by default until measured on a GPU (`benchmarks/offload.py --calibrate on`).
+        keep their shares and the table its plain step's total. Off by default: on an H100 (2026-12-07,
+        `benchmarks/offload.py --calibrate on`, docs/results.md) it brought the model's step at B0 from 1.56x
+        to 1.01x the measured one, but at Bp the model stayed 26-40% under, as without it.
         """
         if not (isinstance(batch, int) and batch >= 1) or not (isinstance(repeats, int) and repeats >= 1):
             raise ValueError(f"batch={batch!r}, repeats={repeats!r} are invalid: allowed integers >= 1")
