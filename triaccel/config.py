@@ -157,8 +157,9 @@ class TriAccelConfig:
         both backends (with rows after the step only: levels 1.4-3.7x the halves', jumps 0.37-0.65). Its two
         sizes' BatchNorm statistics span different batches (b and B), which the estimator does not model: on
         EfficientNet-B0 (width 1/2, 150 steps, CPU, `benchmarks/noise_bn_bias.py`) that pairing gave |G|^2 < 0
-        where the halves' gave 35 (B_noise 295), on ResNet-18 without its classifier B_noise 3.8x the halves', and on the GPU its estimate ran above the halves' at 22 of 24
-        boundaries, median 2.85x (H100, 2026-12-07, docs/results.md). The JAX demo's default from 2026-12-04 to 2026-12-07.
+        where the halves' gave 35 (B_noise 295), on ResNet-18 without its classifier B_noise 3.8x the
+        halves', and on the GPU its estimate ran above the halves' at 22 of 24 boundaries, median 2.85x
+        (H100, 2026-12-07, docs/results.md). The JAX demo's default from 2026-12-04 to 2026-12-07.
         Both backends (JAX: with noise_step_fn too, its two programs at the decided size). The torch
         demo's default for triaccel, with a ladder without the rung
         between half the top and the top (96/192/512: three micro-batch sizes instead of six; each

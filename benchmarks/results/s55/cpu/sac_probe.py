@@ -1,3 +1,6 @@
+"""#17 probe, as run (dev box CPU, 2026-12-07): saved bytes after the forward of benchmarks/offload.py's ResNet-152
+(224px, bs 2, fp32): plain, every block under a selective checkpoint keeping its convolution outputs only, every
+block checkpointed whole. From the repository root: .venv/bin/python benchmarks/results/s55/cpu/sac_probe.py"""
 import functools, sys, torch
 sys.path.insert(0, "benchmarks")
 from offload import resnet152
