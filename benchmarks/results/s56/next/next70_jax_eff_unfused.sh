@@ -2,7 +2,9 @@
 # #14 JAX EfficientNet-B0 seed 1 (s54's next65 with s56's question), 10 epochs cold: AMP bs 512, the default, the
 # default with --fused-step off. EfficientNet-B0 has 213 parameter arrays: as two programs the gradients travel as
 # 213 buffers between them (the state is packed, the gradients are not; a call costs the host per buffer), where s31
-# saw two programs per step at 2.0-3.0 s per steady epoch against AMP's 1.1 s, before the state was packed.
+# s32 (2026-11-27, H200, after the state was packed, the moments then a jax-triton custom call) saw two programs per
+# step at 2.0-3.0 s per steady epoch against AMP's 1.1 s: if they are still slow, the way out is to start with two
+# programs and switch to the fused one once the background thread has compiled it (not built; s56 README).
 O=$OUT; mkdir -p $O; date -u
 OUT=$O MODEL=efficientnet_b0 SEEDS="1" LIMIT=180 timeout 570 bash benchmarks/device/jax_variants.sh \
   "amp512=--method amp --batch 512" "tri=--method triaccel --budget 4GiB" \
