@@ -31,10 +31,12 @@ for c in calls[:2]:
     print("----", c); print(comps.get(c, "")[:1500])
 PY
 head -20 $O/triton_fusions.txt; cd $R
+(cd $O && tar czf probe.tgz --remove-files xla_flags*.txt triton_fusions.txt upd* 2>/dev/null)   # each part packed as it ends: a cut call still returns few files
 mkdir -p $O/eff $O/r18
+show() { echo "== $1"; grep -v "^W1\|Warning" $O/$1/jax.log | grep "acc\|wall_s\|rror\|train compiles" | sed "s/'loader'.*'flops'/'flops'/;s/process_s.*steps/steps/;s/peak.*//;s/setup_phases.*//"; }
 OUT=$O/eff MODEL=efficientnet_b0 SEEDS="1" LIMIT=180 timeout 340 bash benchmarks/device/jax_variants.sh \
   "amp512=--method amp --batch 512" "unfused=--method triaccel --budget 4GiB --fused-step off" > $O/eff/jax.log 2>&1
+show eff; (cd $O && tar czf eff.tgz --remove-files eff)
 OUT=$O/r18 MODEL=resnet18 SEEDS="6" LIMIT=80 WARMUP=0 timeout 170 bash benchmarks/device/jax_variants.sh \
   "amp192=--method amp --batch 192" "unfused=--method triaccel --budget 4GiB --fused-step off" > $O/r18/jax.log 2>&1
-for m in eff r18; do echo "== $m"; grep -v "^W1\|Warning" $O/$m/jax.log | grep "acc\|wall_s\|rror\|train compiles" | sed "s/'loader'.*'flops'/'flops'/;s/process_s.*steps/steps/;s/peak.*//;s/setup_phases.*//"; done
-cd $O && tar czf all.tgz --remove-files -- * 2>/dev/null; ls $O
+show r18; (cd $O && tar czf r18.tgz --remove-files r18); ls $O
