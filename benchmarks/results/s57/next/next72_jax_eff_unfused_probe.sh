@@ -1,4 +1,4 @@
-# (~8.5 min; LIGHT=1: ~6 min, without the default's run (s55 seed 0: 1.027-1.032x AMP's wall); nvidia-h100-x1 or nvidia-h200, carry [".device"]; copy it to .device/; timeout_s 590)
+# (~8.5 min; LIGHT=1: ~6 min, without the default's run (s54 seed 0 (2026-12-07 ~17:05Z): 1.027-1.032x AMP's wall); nvidia-h100-x1 or nvidia-h200, carry [".device"]; copy it to .device/; timeout_s 590)
 # s56's next70 (JAX EfficientNet-B0 seed 1, 10 epochs cold: AMP bs 512, the default, --fused-step off), after a
 # ~40 s probe of where the wrapped update's 45 Triton fusions come from (s56 call 2: EfficientNet-B0's wrapped update
 # compiles 6.45 s against plain SGD's 1.52 s): jax 0.11's XLA flags naming triton / fusion, and the optimized

@@ -1,6 +1,6 @@
 # (~8 min, nvidia-h100-x1 or nvidia-h200, carry [".device"]; copy it to .device/; timeout_s 590)
 # next72 made to fit a short device budget: the probe, then EfficientNet-B0 seed 1 AMP bs 512 / --fused-step off (no
-# default run: s55 seed 0 had it at 1.027-1.032x AMP's wall), then ResNet-18 seed 6 AMP bs 192 / --fused-step off (s56
+# default run: s54 seed 0 (2026-12-07 ~17:05Z) had it at 1.027-1.032x AMP's wall), then ResNet-18 seed 6 AMP bs 192 / --fused-step off (s56
 # call 1 had the default at 1.187x on seed 6). Each pair's ratio within this call.
 # next72's header: nvidia-h100-x1 or nvidia-h200, carry [".device"]; copy it to .device/; timeout_s 590)
 # s56's next70 (JAX EfficientNet-B0 seed 1, 10 epochs cold: AMP bs 512, the default, --fused-step off), after a

@@ -1,6 +1,6 @@
 # (~6 min, nvidia-h100-x1 or nvidia-h200, carry [".device"]; copy it to .device/; timeout_s 590)
 # next73 without its ResNet-18 pair, for ~6 min of device time: the probe, then EfficientNet-B0 seed 1 AMP bs 512 /
-# --fused-step off (no default run: s55 seed 0 had it at 1.027-1.032x AMP's wall). The pair's ratio within this call.
+# --fused-step off (no default run: s54 seed 0 (2026-12-07 ~17:05Z) had it at 1.027-1.032x AMP's wall). The pair's ratio within this call.
 # next72's header: nvidia-h100-x1 or nvidia-h200, carry [".device"]; copy it to .device/; timeout_s 590)
 # s56's next70 (JAX EfficientNet-B0 seed 1, 10 epochs cold: AMP bs 512, the default, --fused-step off), after a
 # ~40 s probe of where the wrapped update's 45 Triton fusions come from (s56 call 2: EfficientNet-B0's wrapped update
