@@ -9,29 +9,8 @@
 # update's Triton fusion computations (their op mix) from an HLO dump of `jax_update_compile.py --variants auto`.
 O=$OUT; mkdir -p $O; date -u
 R=$PWD; source benchmarks/device/prep.sh; cd /tmp/pkg
-XLA_FLAGS=--helpfull timeout 30 python3 -c "import jax; jax.devices()" > $O/xla_flags.txt 2>&1
-grep -i "triton\|softmax\|fusion" $O/xla_flags.txt | grep -o "xla_gpu[a-z0-9_]*" | sort -u > $O/xla_flags_triton.txt
-echo "flags: $(wc -l < $O/xla_flags.txt) lines, triton/fusion: $(wc -l < $O/xla_flags_triton.txt)"; cat $O/xla_flags_triton.txt | tr '\n' ' '; echo
-rm -rf /tmp/dump; XLA_FLAGS="--xla_dump_to=/tmp/dump --xla_dump_hlo_as_text" timeout 60 python3 benchmarks/jax_update_compile.py \
-  --model efficientnet_b0 --width 1 --variants auto --calls 3 --out $O/upd 2>&1 | tail -2
-F=$(ls -S /tmp/dump/*after_optimizations.txt 2>/dev/null | head -1); echo "dump: $F"
-[ -n "$F" ] && python3 - "$F" > $O/triton_fusions.txt <<'PY'
-import re, sys, collections
-text = open(sys.argv[1]).read()
-comps = dict(re.findall(r"\n(%?[\w.\-]+) [^\n]*\{\n(.*?)\n\}", text, re.S))
-calls = re.findall(r"fusion\([^\n]*calls=(%?[\w.\-]+)[^\n]*__triton", text)
-print(len(calls), "triton fusions")
-mix = collections.Counter()
-for c in calls:
-    ops = tuple(sorted(set(re.findall(r"= [\w\[\]{},0-9]+ ([a-z\-]+)\(", comps.get(c, "")))))
-    mix[ops] += 1
-for ops, n in mix.most_common(12):
-    print(n, " ".join(ops))
-for c in calls[:2]:
-    print("----", c); print(comps.get(c, "")[:1500])
-PY
-head -20 $O/triton_fusions.txt; cd $R
-(cd $O && tar czf probe.tgz --remove-files xla_flags*.txt triton_fusions.txt upd* 2>/dev/null)   # each part packed as it ends: a cut call still returns few files
+source benchmarks/results/s57/next/probe_update_fusions.sh; cd $R   # the probe (its header)
+(cd $O && tar czf probe.tgz --remove-files xla_flags*.txt triton_fusions.txt hlo_fusions.txt upd* 2>/dev/null)   # each part packed as it ends: a cut call still returns few files
 mkdir -p $O/eff $O/r18
 show() { echo "== $1"; grep -v "^W1\|Warning" $O/$1/jax.log | grep "acc\|wall_s\|rror\|train compiles" | sed "s/'loader'.*'flops'/'flops'/;s/process_s.*steps/steps/;s/peak.*//;s/setup_phases.*//"; }
 OUT=$O/eff MODEL=efficientnet_b0 SEEDS="1" LIMIT=180 timeout 340 bash benchmarks/device/jax_variants.sh \
