@@ -614,6 +614,32 @@ def test_trace_summary_gaps_name_the_step_and_the_host_event_of_each_device_idle
     assert "gaps" not in trace_summary.summarize(ev, top=3)
 
 
+def test_jax_demo_two_programs_train_as_the_fused_step(tmp_path):
+    """--fused-step off (the gradient program, then the update; a noise step's halves as two gradient
+    calls the host measures) trains as the fused step (one program; the halves measured inside the
+    update and fed at the next boundary): the same losses, batches, noise measurements and accuracy."""
+    runs = {}
+    for mode in ("on", "off"):
+        summary, out = _run(tmp_path / mode, "--backend", "jax", "--method", "triaccel", "--budget", "4GiB",
+                            "--batch-max", "32", "--set", "noise_beta=0", "--set", "min_dwell=0", "--fused-step", mode)
+        rows = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+        runs[mode] = (summary, [r for r in rows if r["type"] == "step"],
+                      [(r["step"], r["b_noise"]) for r in rows if r["type"] == "decision"])
+    (on, on_steps, on_noise), (off, off_steps, off_noise) = runs["on"], runs["off"]
+    assert (on["fused_step"], on["noise_in_update"]) == (True, True)
+    assert (off["fused_step"], off["noise_in_update"]) == (False, False)
+    assert off["report"]["noise_measurements"] == on["report"]["noise_measurements"] >= 2
+    assert [r["samples"] for r in off_steps] == [r["samples"] for r in on_steps]
+    assert sum(r["samples"] for r in off_steps) == 192
+    assert [r["loss"] for r in off_steps] == pytest.approx([r["loss"] for r in on_steps], rel=1e-4)
+    # t_ctrl 2: the fused run's halves, read at the next boundary, reach the same decisions
+    assert [(s, b is None) for s, b in off_noise] == [(s, b is None) for s, b in on_noise]
+    assert any(b is not None for _, b in on_noise)
+    assert [b for _, b in off_noise if b is not None] == pytest.approx([b for _, b in on_noise if b is not None],
+                                                                       rel=1e-4)
+    assert off["final_acc"] == pytest.approx(on["final_acc"], abs=1 / 64)
+
+
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_demo_measures_the_noise_from_half_steps(tmp_path, backend):
     """--set noise_split=steps: the noise steps (every t_ctrl = 2 steps from step 2) run 16 of the
