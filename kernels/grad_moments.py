@@ -306,6 +306,106 @@ SMALL_MAX = 1 << 16
 ROW = 0
 
 
+class StackLayout(NamedTuple):
+    """How `moments_reference_jnp_tree` groups a list of arrays: groups[j] = (length, leaf indices),
+    the arrays of at most ``small_max`` elements (and of one accumulation dtype) zero-padded to
+    ``length`` elements and stacked, one row each; whole: the other leaves, reduced alone; slot: leaf
+    index -> (group, row) for the grouped ones. Static: from shapes and dtypes only."""
+
+    groups: tuple[tuple[int, tuple[int, ...]], ...]
+    whole: tuple[int, ...]
+    slot: dict[int, tuple[int, int]]
+
+
+def _acc_dtype(a: Any) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.float64 if a.dtype == jnp.float64 else jnp.float32
+
+
+def stack_layout(leaves: Sequence[Any], small_max: int = SMALL_MAX) -> StackLayout:
+    """The grouping of `leaves` (arrays or anything with ``size`` and ``dtype``) that
+    `moments_reference_jnp_tree` reduces with: an array of 1 to ``small_max`` elements goes to the
+    group of its length rounded up to a power of two (at least 16) and its accumulation dtype."""
+    groups: dict[tuple[int, Any], list[int]] = {}
+    whole: list[int] = []
+    for i, a in enumerate(leaves):
+        if 0 < a.size <= small_max:
+            groups.setdefault((max(16, 1 << (a.size - 1).bit_length()), _acc_dtype(a)), []).append(i)
+        else:
+            whole.append(i)
+    slot = {i: (g, r) for g, idx in enumerate(groups.values()) for r, i in enumerate(idx)}
+    return StackLayout(tuple((length, tuple(idx)) for (length, _), idx in groups.items()), tuple(whole), slot)
+
+
+def _stacked(xs: Sequence[Any], length: int) -> Any:
+    """(len(xs), length): each array flattened and zero-padded to `length` elements, one row each."""
+    import jax.numpy as jnp
+
+    return jnp.stack([jnp.pad(x.reshape(-1), (0, length - x.size)) for x in xs])
+
+
+def stacked_zeros(leaves: Sequence[Any], small_max: int = SMALL_MAX) -> tuple[np.ndarray, ...]:
+    """Host float32 zeros in `stack_layout`'s stacked form of `leaves`: one (rows, length) array per
+    group, then each whole leaf's shape (`stacked_dot`'s companion)."""
+    layout = stack_layout(leaves, small_max)
+    return (tuple(np.zeros((len(idx), length), np.float32) for length, idx in layout.groups)
+            + tuple(np.zeros(np.shape(leaves[i]), np.float32) for i in layout.whole))
+
+
+def _unscaled(a: Any, inv_scale: Any) -> Any:
+    """`a` in its accumulation dtype, times `inv_scale` when given (the moments' unscaling)."""
+    import jax.numpy as jnp
+
+    acc = _acc_dtype(a)
+    x = a.astype(acc)
+    return x if inv_scale is None else x * jnp.asarray(inv_scale, dtype=acc).reshape(())
+
+
+def stacked_dot(leaves: Sequence[Any], companion: Sequence[Any], inv_scale: Any = None,
+                small_max: int = SMALL_MAX) -> tuple[Any, list[Any]]:
+    """Per leaf the dot product of the leaf (unscaled by `inv_scale` as `moments_reference_jnp_tree`
+    unscales it) with its part of `companion` (float32 arrays in the stacked form `stacked_zeros`
+    makes), summed in the leaf's accumulation dtype and returned as float32 (n,), and the unscaled
+    leaves themselves in that stacked form (in their accumulation dtype). Given the same leaves and
+    scale as `moments_reference_jnp_tree` inside one jitted program, the unscaling and the stacking
+    are the same operations, which XLA's common-subexpression pass merges (EfficientNet-B0's update
+    on the CPU: no pad or concatenate fusion more than the moments' alone)."""
+    import jax.numpy as jnp
+
+    layout = stack_layout(leaves, small_max)
+    if len(companion) != len(layout.groups) + len(layout.whole):
+        raise ValueError(f"companion: {len(companion)} arrays; the stacked form of these leaves has "
+                         f"{len(layout.groups) + len(layout.whole)} (stacked_zeros)")
+    xs = [_unscaled(a, inv_scale) for a in leaves]
+    dots: list[Any] = [None] * len(leaves)
+    stacks: list[Any] = []
+    for (length, idx), c in zip(layout.groups, companion):
+        s = _stacked([xs[i] for i in idx], length)
+        stacks.append(s)
+        d = jnp.sum(c * s, axis=1)
+        for r, i in enumerate(idx):
+            dots[i] = d[r]
+    for i, c in zip(layout.whole, companion[len(layout.groups):]):
+        stacks.append(xs[i])
+        dots[i] = jnp.sum(c * xs[i])
+    out = jnp.stack(dots).astype(jnp.float32) if dots else jnp.zeros((0,), jnp.float32)
+    return out, stacks
+
+
+def unstacked(companion: Sequence[Any], leaves: Sequence[Any], small_max: int = SMALL_MAX) -> list[Any]:
+    """`companion`'s parts (stacked form, `stacked_zeros`) back in the shapes of `leaves`."""
+    layout = stack_layout(leaves, small_max)
+    out = []
+    for i, a in enumerate(leaves):
+        if i in layout.slot:
+            g, r = layout.slot[i]
+            out.append(companion[g][r, :a.size].reshape(a.shape))
+        else:
+            out.append(companion[len(layout.groups) + layout.whole.index(i)].reshape(a.shape))
+    return out
+
+
 def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None, small_max: int = SMALL_MAX,
                                row: int = ROW) -> tuple[Any, list[Any] | None]:
     """jnp reference over separate arrays: ((n, 3) float32 [sum, sumsq, nonfinite], the unscaled arrays
@@ -330,7 +430,7 @@ def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None, sma
         raise ValueError(f"row={row}: must be >= 0 (elements per row of a large array; 0: one whole reduction)")
     rows: list[Any] = [None] * len(leaves)
     parts: list[Any] = []
-    buckets: dict[tuple[int, Any], list[tuple[int, Any]]] = {}
+    xs: list[Any] = []   # each leaf in its accumulation dtype, unscaled
     large: dict[Any, list[tuple[int, Any]]] = {}   # accumulation dtype -> [(leaf, (3, R) row sums)]
 
     def sums(x: Any, axis: Any, out: int = -1) -> Any:  # [sum, sumsq, nonfinite] along `axis`, stacked at `out`
@@ -338,24 +438,24 @@ def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None, sma
         xf = jnp.where(fin, x, 0.0)
         return jnp.stack([jnp.sum(xf, axis), jnp.sum(xf * xf, axis), jnp.sum(~fin, axis, dtype=x.dtype)], axis=out)
 
+    layout = stack_layout(leaves, small_max)
     for i, a in enumerate(leaves):
-        acc = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
-        x = a.astype(acc)
+        acc = _acc_dtype(a)
+        x = _unscaled(a, inv_scale)
         if inv_scale is not None:
-            x = x * jnp.asarray(inv_scale, dtype=acc).reshape(())
             parts.append(x.astype(a.dtype))
-        if 0 < a.size <= small_max:
-            buckets.setdefault((max(16, 1 << (a.size - 1).bit_length()), acc), []).append((i, x.reshape(-1)))
-        elif row and a.size > row:
+        xs.append(x)
+        if i in layout.slot:
+            continue
+        if row and a.size > row:
             n_rows = -(-a.size // row)
             per_row = sums(jnp.pad(x.reshape(-1), (0, n_rows * row - a.size)).reshape(n_rows, row), 1, out=0)
             large.setdefault(acc, []).append((i, per_row))
         else:
             rows[i] = sums(x, None).astype(jnp.float32)
-    for (length, _), items in buckets.items():
-        stacked = jnp.stack([jnp.pad(x, (0, length - x.size)) for _, x in items])
-        r = sums(stacked, 1).astype(jnp.float32)
-        for k, (i, _) in enumerate(items):
+    for length, idx in layout.groups:
+        r = sums(_stacked([xs[i] for i in idx], length), 1).astype(jnp.float32)
+        for k, i in enumerate(idx):
             rows[i] = r[k]
     for items in large.values():   # (3, n, R_max) row sums, zero-padded: one row reduction
         r_max = max(p.shape[1] for _, p in items)

@@ -235,6 +235,35 @@ def test_xla_tree_stacks_small_arrays_by_length():
         moments_reference_jnp_tree(leaves, row=-1)
 
 
+def test_stacked_form_holds_each_array_and_dots_it_as_the_moments_group_it():
+    """`stacked_zeros` / `stacked_dot` / `unstacked`: a companion in the moments' stacked form (odd sizes,
+    empty, large, mixed dtypes) gives per array the dot product of one reduction per array, the arrays
+    come back from their stacked form unscaled as the moments unscale them."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    from triaccel.kernels.grad_moments import stack_layout, stacked_dot, stacked_zeros, unstacked
+
+    rng = np.random.default_rng(3)
+    shapes = [(3, 3, 4, 8), (7,), (0,), (70001,), (1,), (5, 13), (17,), (300, 300)]
+    dtypes = [jnp.float32, jnp.bfloat16, jnp.float32, jnp.float32, jnp.float16, jnp.float32, jnp.float32, jnp.bfloat16]
+    leaves = [jnp.asarray(rng.standard_normal(s).astype(np.float32)).astype(d) for s, d in zip(shapes, dtypes)]
+    layout = stack_layout(leaves)
+    assert layout.whole == (2, 3, 7) and sorted(layout.slot) == [0, 1, 4, 5, 6]
+    zeros = stacked_zeros(leaves)
+    assert all(z.dtype == np.float32 and not z.any() for z in zeros) and len(zeros) == len(layout.groups) + 3
+    comp = [jnp.asarray(rng.standard_normal(z.shape).astype(np.float32)) for z in zeros]
+    dots, stacks = stacked_dot(leaves, comp, inv_scale=0.5)
+    parts = unstacked(comp, leaves)
+    assert [p.shape for p in parts] == [a.shape for a in leaves]
+    want = [float(jnp.sum(p * a.astype(jnp.float32))) / 2 for p, a in zip(parts, leaves)]
+    np.testing.assert_allclose(np.asarray(dots), want, rtol=2e-5, atol=1e-4)
+    back = unstacked(stacks, leaves)
+    for b, a in zip(back, leaves):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a.astype(jnp.float32) * 0.5))
+    with pytest.raises(ValueError, match="companion: 2 arrays"):
+        stacked_dot(leaves, comp[:2])
+
+
 def test_xla_tree_reduces_large_arrays_in_rows():
     """A large array is reduced per row of `row` elements (zero-padded), all large arrays' rows in one more
     reduction: the statistics of one whole reduction each, non-finite values counted, in each

@@ -32,6 +32,7 @@ per-layer dtypes. All decisions are the core's.
 from __future__ import annotations
 
 import functools
+import importlib
 import types
 import warnings
 from typing import Any, Callable, NamedTuple
@@ -83,8 +84,9 @@ class TriAccelState(NamedTuple):
     accumulator (``()`` unless lr_rule="accumulate"); micro: int32 () micro-batches in acc;
     accum: int32 () micro-batches per optimizer step.
     Gradient-noise halves (``noise_in_update``; else ``()``): noise_acc: the first half's
-    gradient x its samples, float32, params-shaped; noise_held: float32 (T + 1,) its squared norm per
-    tensor and its samples; noise_rows: float32 (S, 3 T + 2) a ring of measurements, each the
+    gradient x its samples, float32, in the stacked form of the gradient moments' small arrays
+    (`triaccel.kernels.grad_moments.stacked_zeros`); noise_held: float32 (3 T + 1,) its squared norm,
+    sum and non-finite count per tensor, then its samples; noise_rows: float32 (S, 3 T + 2) a ring of measurements, each the
     squared norms per tensor of the two halves' and the step's mean (unscaled) gradients, then
     the halves' samples; noise_steps: int32 (S,) the step of each row (-1: empty); noise_count:
     int32 () measurements logged so far.
@@ -107,6 +109,11 @@ class TriAccelState(NamedTuple):
     noise_rows: Any = ()
     noise_steps: Any = ()
     noise_count: Any = ()
+
+
+def _moments_module() -> types.ModuleType:
+    """`triaccel.kernels.grad_moments`, imported on first use (it imports Triton when present)."""
+    return importlib.import_module("triaccel.kernels.grad_moments")
 
 
 def _grad_moments_fn() -> Callable[..., Any]:
@@ -168,11 +175,12 @@ class _Half(NamedTuple):
     def log(self, state: TriAccelState, step_moments: Any) -> dict[str, Any]:
         """The state's noise fields after this half: the first one held, the second one's
         measurement logged in the ring (only when every value of it is finite)."""
-        n, f32 = self.samples, jnp.float32
-        held = jnp.where(self.first, jnp.concatenate([self.moments.sumsq.astype(f32), n[None]]), state.noise_held)
-        t = state.noise_held.shape[0] - 1
-        row = jnp.concatenate([state.noise_held[:t], self.moments.sumsq.astype(f32), step_moments.sumsq.astype(f32),
-                               state.noise_held[t:], n[None]])
+        n, f32, m = self.samples, jnp.float32, self.moments
+        held = jnp.where(self.first, jnp.concatenate([m.sumsq.astype(f32), m.sum.astype(f32),
+                                                      m.nonfinite.astype(f32), n[None]]), state.noise_held)
+        t = (state.noise_held.shape[0] - 1) // 3
+        row = jnp.concatenate([state.noise_held[:t], m.sumsq.astype(f32), step_moments.sumsq.astype(f32),
+                               state.noise_held[-1:], n[None]])
         ok = (self.second & (jnp.sum(self.moments.nonfinite) == 0) & (jnp.sum(step_moments.nonfinite) == 0)
               & jnp.all(jnp.isfinite(row)))
         slot = state.noise_count % state.noise_steps.shape[0]
@@ -182,26 +190,43 @@ class _Half(NamedTuple):
                 "noise_count": state.noise_count + ok.astype(jnp.int32)}
 
 
-def _noise_halves(state: TriAccelState, m: Any, g: Any, part: Any, samples: Any,
-                  grad_moments: Callable[..., Any]) -> tuple[Any, Any, _Half]:
+def _noise_halves(state: TriAccelState, m: Any, g: Any, grads: Any, inv: Any, part: Any,
+                  samples: Any) -> tuple[Any, Any, _Half]:
     """(moments, gradient) the update goes on with, and the half: on the second half the two halves'
-    sample-weighted mean gradient and its moments, else the micro-batch's own; per parameter array
-    (a select, a mean and a reduction each). One zero-padded vector instead compiled EfficientNet-B0's
-    update in 24.4 s against 14.0 s and called it in 9.57 against 7.43 ms (H200, 2026-12-02,
-    `benchmarks/jax_update_compile.py`, docs/results.md): removed.
-    The second statistics pass runs on every call (one more read of the gradients), not under
-    `lax.cond`: with the conditional, ResNet-18's bs-512 epoch took 0.90-0.95 s on an H200, without
-    it 0.79 s (the only change to the step program between those two calls, 2026-11-27,
-    docs/results.md); XLA's GPU conditional reading its predicate on the host is the likely cause,
-    not profiled."""
+    sample-weighted mean gradient and its moments, else the micro-batch's own.
+
+    No program of its own per half (`lax.cond` reads its predicate on the host: ResNet-18's bs-512
+    epoch took 0.90-0.95 s on an H200 with it, 0.79 s without, 2026-11-27, docs/results.md), so
+    this runs on every call of the update; it is kept to what fuses. The held gradient lives in the
+    moments' stacked form (`stacked_dot`: the stacking is the moments' own), its dot product with
+    this half's comes with it, and the mean's moments follow from the halves' own: sum (n1 s1 + n2 s2)
+    / N, squared norm (n1^2 q1 + 2 n2 <acc, g2> + n2^2 q2) / N^2 (acc = n1 g1), non-finite counts
+    added (a bound: the step is skipped either way). A second moments pass over the mean instead
+    doubled the wrapped update's fusions (EfficientNet-B0 on the CPU: 936 to 1,872), and with it the
+    fused bs-512 step took 15.95 ms against 13.15 ms without halves (H100, step records of
+    2026-12-07, docs/results.md); this form has 1,184 of those fusions (CPU).
+    One zero-padded vector for the whole held gradient compiled EfficientNet-B0's update in 24.4 s
+    against 14.0 s per array (H200, 2026-12-02)."""
     part, n = jnp.asarray(part, jnp.int32), jnp.asarray(samples, jnp.float32)
     first, second = part == 1, part == 2
-    total = jnp.maximum(state.noise_held[-1] + n, 1.0)
-    g_step = jax.tree_util.tree_map(
-        lambda a, x: jnp.where(second, ((a + x.astype(jnp.float32) * n) / total).astype(x.dtype), x),
-        state.noise_acc, g)
-    m_step = jax.tree_util.tree_map(lambda a, b: jnp.where(second, a, b), grad_moments(g_step), m)
-    acc = jax.tree_util.tree_map(lambda a, x: jnp.where(first, x.astype(jnp.float32) * n, a), state.noise_acc, g)
+    gm = _moments_module()
+    leaves, treedef = jax.tree_util.tree_flatten(g)
+    # from the scaled gradients and inv, as the moments took them: the same stacking, merged by XLA
+    dots, stacks = gm.stacked_dot(jax.tree_util.tree_leaves(grads), state.noise_acc, inv_scale=inv)
+    held = state.noise_held
+    t = (held.shape[0] - 1) // 3
+    n1 = held[-1]
+    total = jnp.maximum(n1 + n, 1.0)
+    per = 1.0 / total   # a product per element, not a division: XLA fuses it into the update's own kernels
+    mean = [jnp.where(second, ((a + x.astype(jnp.float32) * n) * per).astype(x.dtype), x)
+            for a, x in zip(gm.unstacked(state.noise_acc, leaves), leaves)]
+    g_step = jax.tree_util.tree_unflatten(treedef, mean)
+    f32 = jnp.float32
+    both = gm.Moments((n1 * held[t:2 * t] + n * m.sum.astype(f32)) / total,
+                   (n1 * n1 * held[:t] + 2.0 * n * dots + n * n * m.sumsq.astype(f32)) / (total * total),
+                   held[2 * t:3 * t].astype(m.nonfinite.dtype) + m.nonfinite)
+    m_step = jax.tree_util.tree_map(lambda a, b: jnp.where(second, a, b), both, m)
+    acc = tuple(jnp.where(first, (x * n).astype(a.dtype), a) for a, x in zip(state.noise_acc, stacks))
     return m_step, g_step, _Half(first, second, m, acc, n)
 
 
@@ -371,7 +396,7 @@ class TriAccel:
                     raise ValueError("noise_part: the update takes noise halves only with TriAccel(noise_in_update=True)")
                 if self.accumulate:
                     raise ValueError("noise_part: not with lr_rule='accumulate' (a noise step runs at accumulation 1)")
-                m, g, held = _noise_halves(state, m, g, noise_part, noise_samples, grad_moments)
+                m, g, held = _noise_halves(state, m, g, grads, inv, noise_part, noise_samples)
             m0 = m
             finite_micro = jnp.sum(m.nonfinite) == 0
             if self.accumulate:
@@ -442,9 +467,10 @@ class TriAccel:
         c = self.config
         slots = max_noise_steps_per_window(c.t_ctrl, c.t_noise or c.t_ctrl, c.t_noise_warm, c.noise_beta)
         is_var = lambda x: hasattr(x, "get_value")   # noqa: E731
-        acc = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(_value(p)), jnp.float32), params, is_leaf=is_var)
         # from host arrays: an eager jnp.zeros of a new shape is one XLA compilation each, in set-up
-        return {"noise_acc": acc, "noise_held": jnp.asarray(np.zeros((n + 1,), np.float32)),
+        leaves = [_value(p) for p in jax.tree_util.tree_leaves(params, is_leaf=is_var)]
+        acc = tuple(map(jnp.asarray, _moments_module().stacked_zeros(leaves)))
+        return {"noise_acc": acc, "noise_held": jnp.asarray(np.zeros((3 * n + 1,), np.float32)),
                 "noise_rows": jnp.asarray(np.zeros((slots, 3 * n + 2), np.float32)),
                 "noise_steps": jnp.asarray(np.full((slots,), -1, np.int32)),
                 "noise_count": jnp.asarray(np.zeros((), np.int32))}
