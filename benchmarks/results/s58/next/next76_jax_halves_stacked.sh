@@ -18,7 +18,7 @@ run() { rm -rf /tmp/runs/$1 /tmp/cc/$1; timeout 230 python3 -m examples.cifar.tr
   python3 benchmarks/device/step_gaps.py $O/$1.jsonl --epochs 3 | grep "bs  512\|boundaries" | tail -4; }
 upd base ""; upd new --noise
 run new
-cd $R && patch -s -R -p1 < $P && source benchmarks/device/prep.sh; cd /tmp/pkg
+cd $R && { patch -s -R -p1 < $P || git apply -R $P; } && source benchmarks/device/prep.sh; cd /tmp/pkg
 upd old --noise
 run old
 cd $O && tar czf all.tgz --remove-files -- * 2>/dev/null; ls $O
