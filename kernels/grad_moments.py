@@ -396,13 +396,14 @@ def stacked_dot(leaves: Sequence[Any], companion: Sequence[Any], inv_scale: Any 
 def unstacked(companion: Sequence[Any], leaves: Sequence[Any], small_max: int = SMALL_MAX) -> list[Any]:
     """`companion`'s parts (stacked form, `stacked_zeros`) back in the shapes of `leaves`."""
     layout = stack_layout(leaves, small_max)
+    whole = {i: len(layout.groups) + k for k, i in enumerate(layout.whole)}
     out = []
     for i, a in enumerate(leaves):
         if i in layout.slot:
             g, r = layout.slot[i]
             out.append(companion[g][r, :a.size].reshape(a.shape))
         else:
-            out.append(companion[len(layout.groups) + layout.whole.index(i)].reshape(a.shape))
+            out.append(companion[whole[i]].reshape(a.shape))
     return out
 
 
