@@ -25,9 +25,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:triaccel. device:RuntimeWarning"
 
 
 class _MLP(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs) -> None:
-        self.fc1 = nnx.Linear(5, 7, rngs=rngs)
-        self.fc2 = nnx.Linear(7, 3, rngs=rngs)
+    def __init__(self, rngs: nnx.Rngs, inputs: int = 5, hidden: int = 7) -> None:
+        self.fc1 = nnx.Linear(inputs, hidden, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden, 3, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.fc2(jax.nn.relu(self.fc1(x)))
@@ -38,15 +38,15 @@ def _cfg(**kw) -> TriAccelConfig:
                                     batch_buckets=(8, 16, 32, 64), adaptive_precision=False), **kw})
 
 
-def _build(flag: bool, cfg: TriAccelConfig | None = None):
-    model = _MLP(nnx.Rngs(0))
+def _build(flag: bool, cfg: TriAccelConfig | None = None, inputs: int = 5, hidden: int = 7):
+    model = _MLP(nnx.Rngs(0), inputs, hidden)
     ta = TriAccel(cfg or _cfg(), model, noise_in_update=flag)
     return model, ta, nnx.Optimizer(model, ta.wrap(optax.sgd(0.1, momentum=0.9)), wrt=nnx.Param)
 
 
-def _data(n: int = 10):
+def _data(n: int = 10, inputs: int = 5):
     r = np.random.default_rng(2)
-    return jnp.asarray(r.normal(size=(n, 5)), jnp.float32), jnp.asarray(r.integers(0, 3, n), jnp.int32)
+    return jnp.asarray(r.normal(size=(n, inputs)), jnp.float32), jnp.asarray(r.integers(0, 3, n), jnp.int32)
 
 
 def _loss(m, x, y):
@@ -65,9 +65,12 @@ def _half(opt, model, x, y, part, n):
     opt.update(model, nnx.grad(_loss)(model, x, y), noise_part=jnp.int32(part), noise_samples=jnp.float32(n))
 
 
-def test_two_halves_update_as_the_whole_batch_and_log_their_norms():
-    x, y = _data()
-    model, ta, opt = _build(True)
+# the small arrays only (stacked with the moments' groups), and a first layer of 300 x 256 = 76,800 weights:
+# over the moments' small_max (65,536), held and combined as a whole array
+@pytest.mark.parametrize("inputs, hidden", [(5, 7), (300, 256)])
+def test_two_halves_update_as_the_whole_batch_and_log_their_norms(inputs, hidden):
+    x, y = _data(inputs=inputs)
+    model, ta, opt = _build(True, inputs=inputs, hidden=hidden)
     g1, g2 = nnx.grad(_loss)(model, x[:4], y[:4]), nnx.grad(_loss)(model, x[4:], y[4:])
     before = _leaves(nnx.state(model, nnx.Param))
     inner_before = _leaves(find_state(opt.opt_state).inner)
@@ -80,7 +83,7 @@ def test_two_halves_update_as_the_whole_batch_and_log_their_norms():
     assert int(ts.count[...]) == 0 and int(ts.noise_count[...]) == 0 and int(ts.row_step[...].max()) == -1
     _half(opt, model, x[4:], y[4:], 2, 6)
 
-    ref_model, _, ref_opt = _build(False)
+    ref_model, _, ref_opt = _build(False, inputs=inputs, hidden=hidden)
     g = nnx.grad(_loss)(ref_model, x, y)
     ref_opt.update(ref_model, g)
     for a, b in zip(_leaves(nnx.state(model, nnx.Param)), _leaves(nnx.state(ref_model, nnx.Param))):
@@ -95,6 +98,10 @@ def test_two_halves_update_as_the_whole_batch_and_log_their_norms():
     np.testing.assert_allclose(row[2 * t:3 * t], _sq(g), rtol=1e-5)
     assert row[-2:].tolist() == [4.0, 6.0]
     np.testing.assert_allclose(np.asarray(ts.moments[...][0, :, 1]), _sq(g), rtol=1e-5)  # the step's own row
+    sums = np.array([float(jnp.sum(a)) for a in jax.tree_util.tree_leaves(g)])
+    # (the last bias sums to ~0: softmax gradients over the classes cancel, so an absolute tolerance)
+    np.testing.assert_allclose(np.asarray(ts.moments[...][0, :, 0]), sums, rtol=1e-4, atol=1e-5)
+    assert not np.asarray(ts.moments[...][0, :, 2]).any()
 
     seen = []
     observe = ta.controller.observe_gradient_noise
