@@ -86,8 +86,8 @@ class TriAccelState(NamedTuple):
     Gradient-noise halves (``noise_in_update``; else ``()``): noise_acc: the first half's
     gradient x its samples, float32, in the stacked form of the gradient moments' small arrays
     (`triaccel.kernels.grad_moments.stacked_zeros`); noise_held: float32 (3 T + 1,) its squared norm,
-    sum and non-finite count per tensor, then its samples; noise_rows: float32 (S, 3 T + 2) a ring of measurements, each the
-    squared norms per tensor of the two halves' and the step's mean (unscaled) gradients, then
+    sum and non-finite count per tensor, then its samples; noise_rows: float32 (S, 3 T + 2) a ring
+    of measurements, each the squared norms per tensor of the two halves' and the step's mean (unscaled) gradients, then
     the halves' samples; noise_steps: int32 (S,) the step of each row (-1: empty); noise_count:
     int32 () measurements logged so far.
     """
@@ -204,7 +204,7 @@ def _noise_halves(state: TriAccelState, m: Any, g: Any, grads: Any, inv: Any, pa
     added (a bound: the step is skipped either way). A second moments pass over the mean instead
     doubled the wrapped update's fusions (EfficientNet-B0 on the CPU: 936 to 1,872), and with it the
     fused bs-512 step took 15.95 ms against 13.15 ms without halves (H100, step records of
-    2026-12-07, docs/results.md); this form has 1,184 of those fusions (CPU).
+    2026-12-07, docs/results.md); this form has 880 (CPU, with the moments' rows in leaf order).
     One zero-padded vector for the whole held gradient compiled EfficientNet-B0's update in 24.4 s
     against 14.0 s per array (H200, 2026-12-02)."""
     part, n = jnp.asarray(part, jnp.int32), jnp.asarray(samples, jnp.float32)
@@ -223,8 +223,8 @@ def _noise_halves(state: TriAccelState, m: Any, g: Any, grads: Any, inv: Any, pa
     g_step = jax.tree_util.tree_unflatten(treedef, mean)
     f32 = jnp.float32
     both = gm.Moments((n1 * held[t:2 * t] + n * m.sum.astype(f32)) / total,
-                   (n1 * n1 * held[:t] + 2.0 * n * dots + n * n * m.sumsq.astype(f32)) / (total * total),
-                   held[2 * t:3 * t].astype(m.nonfinite.dtype) + m.nonfinite)
+                      (n1 * n1 * held[:t] + 2.0 * n * dots + n * n * m.sumsq.astype(f32)) / (total * total),
+                      held[2 * t:3 * t].astype(m.nonfinite.dtype) + m.nonfinite)
     m_step = jax.tree_util.tree_map(lambda a, b: jnp.where(second, a, b), both, m)
     acc = tuple(jnp.where(first, (x * n).astype(a.dtype), a) for a, x in zip(state.noise_acc, stacks))
     return m_step, g_step, _Half(first, second, m, acc, n)
