@@ -15,6 +15,9 @@ from .grad_moments import (
     moments_reference_jnp,
     moments_reference_jnp_tree,
     moments_reference_torch,
+    stacked_dot,
+    stacked_zeros,
+    unstacked,
 )
 
 __all__ = [
@@ -25,6 +28,9 @@ __all__ = [
     "moments_reference_torch",
     "moments_reference_jnp",
     "moments_reference_jnp_tree",
+    "stacked_dot",
+    "stacked_zeros",
+    "unstacked",
     "cast_to",
     "FixedCast",
     "cast_flat",

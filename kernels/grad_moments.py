@@ -367,23 +367,13 @@ def stacked_zeros(leaves: Sequence[Any], small_max: int = SMALL_MAX) -> tuple[np
             + tuple(np.zeros(np.shape(leaves[i]), np.float32) for i in layout.whole))
 
 
-def _unscaler(inv_scale: Any) -> Any:
-    """a -> `a` in its accumulation dtype, times `inv_scale` when given (the moments' unscaling); the
-    scale converted once per dtype, not once per array."""
+def _unscaled(a: Any, inv_scale: Any) -> Any:
+    """`a` in its accumulation dtype, times `inv_scale` when given (the moments' unscaling)."""
     import jax.numpy as jnp
 
-    scales: dict[Any, Any] = {}
-
-    def unscaled(a: Any) -> Any:
-        acc = _acc_dtype(a)
-        x = a.astype(acc)
-        if inv_scale is None:
-            return x
-        if acc not in scales:
-            scales[acc] = jnp.asarray(inv_scale, dtype=acc).reshape(())
-        return x * scales[acc]
-
-    return unscaled
+    acc = _acc_dtype(a)
+    x = a.astype(acc)
+    return x if inv_scale is None else x * jnp.asarray(inv_scale, dtype=acc).reshape(())
 
 
 def stacked_dot(leaves: Sequence[Any], companion: Sequence[Any], inv_scale: Any = None,
@@ -401,7 +391,7 @@ def stacked_dot(leaves: Sequence[Any], companion: Sequence[Any], inv_scale: Any 
     if len(companion) != len(layout.groups) + len(layout.whole):
         raise ValueError(f"companion: {len(companion)} arrays; the stacked form of these leaves has "
                          f"{len(layout.groups) + len(layout.whole)} (stacked_zeros)")
-    xs = list(map(_unscaler(inv_scale), leaves))
+    xs = [_unscaled(a, inv_scale) for a in leaves]
     blocks: list[tuple[Sequence[int], Any]] = []
     stacks: list[Any] = []
     for (length, idx), c in zip(layout.groups, companion):
@@ -461,10 +451,9 @@ def moments_reference_jnp_tree(leaves: Sequence[Any], inv_scale: Any = None, sma
         return jnp.stack([jnp.sum(xf, axis), jnp.sum(xf * xf, axis), jnp.sum(~fin, axis, dtype=x.dtype)], axis=out)
 
     layout = stack_layout(leaves, small_max)
-    unscaled = _unscaler(inv_scale)
     for i, a in enumerate(leaves):
         acc = _acc_dtype(a)
-        x = unscaled(a)
+        x = _unscaled(a, inv_scale)
         if inv_scale is not None:
             parts.append(x.astype(a.dtype))
         xs.append(x)

@@ -32,7 +32,6 @@ per-layer dtypes. All decisions are the core's.
 from __future__ import annotations
 
 import functools
-import importlib
 import types
 import warnings
 from typing import Any, Callable, NamedTuple
@@ -111,15 +110,15 @@ class TriAccelState(NamedTuple):
     noise_count: Any = ()
 
 
-def _moments_module() -> types.ModuleType:
-    """`triaccel.kernels.grad_moments`, imported on first use (it imports Triton when present)."""
-    return importlib.import_module("triaccel.kernels.grad_moments")
+def _kernels() -> types.ModuleType:
+    """`triaccel.kernels`, imported on first use (it imports Triton when present)."""
+    import triaccel.kernels as K
+
+    return K
 
 
 def _grad_moments_fn() -> Callable[..., Any]:
-    import triaccel.kernels as K
-
-    f = getattr(K, "grad_moments", None)
+    f = getattr(_kernels(), "grad_moments", None)
     if isinstance(f, types.ModuleType) or f is None:  # package exports the module, not the function
         from triaccel.kernels.grad_moments import grad_moments as f
     return f
@@ -209,7 +208,7 @@ def _noise_halves(state: TriAccelState, m: Any, g: Any, grads: Any, inv: Any, pa
     against 14.0 s per array (H200, 2026-12-02)."""
     part, n = jnp.asarray(part, jnp.int32), jnp.asarray(samples, jnp.float32)
     first, second = part == 1, part == 2
-    gm = _moments_module()
+    gm = _kernels()
     leaves, treedef = jax.tree_util.tree_flatten(g)
     # from the scaled gradients and inv, as the moments took them: the same stacking, merged by XLA
     dots, stacks = gm.stacked_dot(jax.tree_util.tree_leaves(grads), state.noise_acc, inv_scale=inv)
@@ -469,7 +468,7 @@ class TriAccel:
         is_var = lambda x: hasattr(x, "get_value")   # noqa: E731
         # from host arrays: an eager jnp.zeros of a new shape is one XLA compilation each, in set-up
         leaves = [_value(p) for p in jax.tree_util.tree_leaves(params, is_leaf=is_var)]
-        acc = tuple(map(jnp.asarray, _moments_module().stacked_zeros(leaves)))
+        acc = tuple(map(jnp.asarray, _kernels().stacked_zeros(leaves)))
         return {"noise_acc": acc, "noise_held": jnp.asarray(np.zeros((3 * n + 1,), np.float32)),
                 "noise_rows": jnp.asarray(np.zeros((slots, 3 * n + 2), np.float32)),
                 "noise_steps": jnp.asarray(np.full((slots,), -1, np.int32)),
